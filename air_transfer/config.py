@@ -1,0 +1,94 @@
+"""Transfer knobs in one frozen, validated place (torchsnapshot keeps its in ``knobs.py``).
+
+A bad value fails when the config is built, naming the field, the value and the limit,
+instead of surfacing later as an odd failure deep in a transfer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+#: Smallest chunk accepted: below this the per-object overhead of the Ray object
+#: store dominates and a checkpoint turns into millions of objects.
+MIN_CHUNK_BYTES = 1 * KiB
+#: Largest chunk accepted: each chunk is one buffer in process memory while it is
+#: read or written, so this bounds private memory per in-flight chunk.
+MAX_CHUNK_BYTES = 2 * GiB
+#: Up to this size a checkpoint travels as one object: per-chunk overhead would
+#: dominate, and one put/get is the lowest latency.
+DEFAULT_INLINE_MAX_BYTES = 8 * MiB
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """How a checkpoint is cut, carried and checked.
+
+    Attributes:
+        chunk_bytes: size of one chunk of the file byte stream. Producer and consumer
+            memory is bounded by a few chunks, whatever the checkpoint size.
+        inline_max_bytes: checkpoints of at most this many bytes travel as a single
+            object (strategy ``inline``); it must fit in ``window * chunk_bytes`` so
+            that even the inline path keeps the memory bound.
+        window: how many chunks the reader fetches ahead of the one being written.
+        strategy: a registered strategy name that overrides size-based selection.
+        verify: check every chunk against its manifest checksum when unpacking.
+        follow_symlinks: pack the target of a symlink that leaves the checkpoint
+            instead of refusing it.
+    """
+
+    chunk_bytes: int = 32 * MiB
+    inline_max_bytes: int | None = None
+    window: int = 4
+    strategy: str | None = None
+    verify: bool = True
+    follow_symlinks: bool = False
+
+    def __post_init__(self) -> None:
+        _require_int("chunk_bytes", self.chunk_bytes, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
+        _require_int("window", self.window, 1, 1024)
+        if self.inline_max_bytes is not None:
+            _require_int(
+                "inline_max_bytes",
+                self.inline_max_bytes,
+                0,
+                self.window * self.chunk_bytes,
+                limit_name="window * chunk_bytes",
+            )
+        if self.strategy is not None and (not isinstance(self.strategy, str) or not self.strategy):
+            raise ValueError(
+                f"TransferConfig.strategy must be a registered strategy name or None, "
+                f"got {self.strategy!r}"
+            )
+        for flag in ("verify", "follow_symlinks"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(
+                    f"TransferConfig.{flag} must be a bool, got {getattr(self, flag)!r}"
+                )
+
+    @property
+    def inline_limit(self) -> int:
+        """The effective ``inline_max_bytes`` (its default resolved)."""
+        if self.inline_max_bytes is not None:
+            return self.inline_max_bytes
+        return min(DEFAULT_INLINE_MAX_BYTES, self.window * self.chunk_bytes)
+
+    def replace(self, **changes: object) -> TransferConfig:
+        """A copy with ``changes`` applied and validated again."""
+        return dataclasses.replace(self, **changes)
+
+
+def _require_int(
+    name: str, value: object, low: int, high: int, limit_name: str | None = None
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"TransferConfig.{name} must be an int, got {value!r}")
+    if not low <= value <= high:
+        upper = f"{limit_name} = {high}" if limit_name else str(high)
+        raise ValueError(
+            f"TransferConfig.{name} = {value} is outside the allowed range [{low}, {upper}]"
+        )

@@ -1,0 +1,27 @@
+"""The few exceptions air-transfer raises, each a subclass of the built-in a caller
+would already catch (fsspec's ``exceptions.py`` is the model: small, built-in bases).
+
+Every message names the path, chunk, size or limit involved and says what to do.
+"""
+
+from __future__ import annotations
+
+
+class ManifestError(ValueError):
+    """A manifest (or the directory it was made from) cannot be trusted or reproduced:
+    an unsafe path, an inconsistent size, an unknown schema, a link leaving the tree."""
+
+
+class ChecksumError(OSError):
+    """A chunk's bytes do not match the checksum recorded when it was packed; the
+    target is not published."""
+
+
+class SourceChangedError(OSError):
+    """A source file changed (size) between the directory scan and the read of its
+    bytes, so the packed checkpoint would not be the one that was described."""
+
+
+class CheckpointLostError(RuntimeError):
+    """A chunk of a transferred checkpoint can no longer be fetched because its owner
+    died or it was freed; the message names the owner and how to keep it alive."""

@@ -1,0 +1,195 @@
+"""Walk a checkpoint directory into manifest entries, and cut the files' concatenated
+byte stream into chunk spans.
+
+The walk works on any pyarrow filesystem (``ChunkedCheckpoint.from_checkpoint`` packs
+from S3, GCS or a mock as well as from local disk); on the local filesystem it uses
+``os.lstat`` so that modes and symlinks are seen, which pyarrow's FileInfo hides.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+
+from air_transfer.errors import ManifestError
+from air_transfer.manifest import Entry
+
+
+@dataclass(frozen=True)
+class Span:
+    """``length`` bytes of file number ``file_index`` (in stream order), starting at
+    ``file_offset`` in that file, found at ``chunk_offset`` in their chunk."""
+
+    file_index: int
+    file_offset: int
+    length: int
+    chunk_offset: int
+
+
+@dataclass(frozen=True)
+class Source:
+    """A checkpoint directory to pack: a pyarrow filesystem and a path on it.
+
+    It pickles, so the reading can happen in another process (a node agent).
+    """
+
+    filesystem: pafs.FileSystem
+    root: str
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.filesystem, pafs.LocalFileSystem)
+
+    def local_path(self, relpath: str) -> str:
+        return os.path.join(self.root, *relpath.split("/"))
+
+    def open(self, relpath: str):
+        """Open one file of the checkpoint for reading, unbuffered where local."""
+        if self.is_local:
+            return open(self.local_path(relpath), "rb", buffering=0)
+        return self.filesystem.open_input_stream(posixpath.join(self.root, relpath))
+
+
+def chunk_count(total_bytes: int, chunk_bytes: int) -> int:
+    return -(-total_bytes // chunk_bytes)
+
+
+def iter_chunk_spans(
+    file_sizes: Sequence[int], chunk_bytes: int, start_chunk: int = 0
+) -> Iterator[list[Span]]:
+    """Yield, for each chunk from ``start_chunk`` on, the file spans it carries.
+
+    Empty files carry no span. Lazy, so a million chunks never materialise at once.
+    """
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    total = sum(file_sizes)
+    n_chunks = chunk_count(total, chunk_bytes)
+    file_index, file_start = 0, 0  # file_start: stream offset of file_index
+    for chunk in range(start_chunk, n_chunks):
+        lo = chunk * chunk_bytes
+        hi = min(lo + chunk_bytes, total)
+        while file_start + file_sizes[file_index] <= lo:
+            file_start += file_sizes[file_index]
+            file_index += 1
+        spans: list[Span] = []
+        pos, i, fstart = lo, file_index, file_start
+        while pos < hi:
+            size = file_sizes[i]
+            take = min(fstart + size, hi) - pos
+            if take > 0:
+                spans.append(Span(i, pos - fstart, take, pos - lo))
+                pos += take
+            fstart += size
+            i += 1
+        yield spans
+
+
+def scan(source: Source, follow_symlinks: bool = False) -> list[Entry]:
+    """List every entry under ``source`` in a stable order (parents first, siblings
+    sorted by name).
+
+    Raises FileNotFoundError if the source is missing, NotADirectoryError if it is a
+    file, and ManifestError for a symlink leaving the checkpoint unless
+    ``follow_symlinks`` asks to pack what it points to.
+    """
+    if source.is_local:
+        return _scan_local(source.root, follow_symlinks)
+    return _scan_pyarrow(source)
+
+
+def _scan_local(root: str, follow_symlinks: bool) -> list[Entry]:
+    st = os.stat(root)  # FileNotFoundError names the path
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"checkpoint source {root!r} is not a directory")
+    real_root = os.path.realpath(root)
+    entries: list[Entry] = []
+    visiting: set[tuple[int, int]] = {(st.st_dev, st.st_ino)}
+
+    def walk(dir_path: str, rel_dir: str) -> None:
+        with os.scandir(dir_path) as it:
+            names = sorted(it, key=lambda d: d.name)
+        for d in names:
+            rel = f"{rel_dir}/{d.name}" if rel_dir else d.name
+            lst = os.lstat(d.path)
+            if stat.S_ISLNK(lst.st_mode):
+                target = os.readlink(d.path)
+                resolved = os.path.realpath(d.path)
+                inside = resolved == real_root or resolved.startswith(real_root + os.sep)
+                if inside:
+                    if os.path.isabs(target) or not _stays_inside(rel, target):
+                        # Absolute (or roundabout) links into the tree are stored
+                        # relative, so they still point inside on the consumer.
+                        parent = os.path.join(real_root, *rel.split("/")[:-1])
+                        target = os.path.relpath(resolved, parent).replace(os.sep, "/")
+                    entries.append(Entry(rel, "symlink", 0, 0o777, lst.st_mtime_ns, target))
+                    continue
+                if not follow_symlinks:
+                    raise ManifestError(
+                        f"symlink {os.path.join(root, rel)!r} -> {target!r} points "
+                        f"outside the checkpoint {root!r}; remove it, make it relative "
+                        "inside the checkpoint, or pass "
+                        "TransferConfig(follow_symlinks=True) to pack its target"
+                    )
+                try:
+                    lst = os.stat(d.path)
+                except FileNotFoundError as e:
+                    raise ManifestError(
+                        f"symlink {os.path.join(root, rel)!r} -> {target!r} is dangling "
+                        "and points outside the checkpoint"
+                    ) from e
+            if stat.S_ISDIR(lst.st_mode):
+                key = (lst.st_dev, lst.st_ino)
+                if key in visiting:
+                    raise ManifestError(
+                        f"directory {os.path.join(root, rel)!r} is reached again through "
+                        "a symlink (a loop)"
+                    )
+                entries.append(Entry(rel, "dir", 0, stat.S_IMODE(lst.st_mode), lst.st_mtime_ns))
+                visiting.add(key)
+                walk(d.path, rel)
+                visiting.discard(key)
+            elif stat.S_ISREG(lst.st_mode):
+                entries.append(
+                    Entry(rel, "file", lst.st_size, stat.S_IMODE(lst.st_mode), lst.st_mtime_ns)
+                )
+            else:
+                raise ManifestError(
+                    f"{os.path.join(root, rel)!r} is neither a file, a directory nor a "
+                    "symlink (a socket, FIFO or device) and cannot be checkpointed"
+                )
+
+    walk(root, "")
+    return entries
+
+
+def _stays_inside(rel: str, target: str) -> bool:
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+    return resolved != ".." and not resolved.startswith("../")
+
+
+def _scan_pyarrow(source: Source) -> list[Entry]:
+    fs, root = source.filesystem, source.root
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"checkpoint source {root!r} does not exist on {fs.type_name}")
+    if info.type != pafs.FileType.Directory:
+        raise NotADirectoryError(f"checkpoint source {root!r} on {fs.type_name} is not a directory")
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    base = root.rstrip("/")
+    entries = []
+    for i in infos:
+        rel = i.path[len(base) :].lstrip("/") if base else i.path.lstrip("/")
+        mtime = i.mtime_ns or 0
+        if i.type == pafs.FileType.Directory:
+            entries.append(Entry(rel, "dir", 0, 0o755, mtime))
+        elif i.type == pafs.FileType.File:
+            entries.append(Entry(rel, "file", i.size, 0o644, mtime))
+        else:
+            raise ManifestError(f"{i.path!r} on {fs.type_name} has unsupported type {i.type}")
+    return sorted(entries, key=lambda e: e.path.split("/"))

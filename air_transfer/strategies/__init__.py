@@ -1,0 +1,25 @@
+"""Transfer strategies: the registry, and the built-ins registered in this one place."""
+
+from air_transfer.strategies.base import Packed, TransferStrategy
+from air_transfer.strategies.chunked import ChunkedStrategy
+from air_transfer.strategies.inline import InlineStrategy
+from air_transfer.strategies.registry import (
+    get_strategy,
+    register_strategy,
+    select_strategy,
+    strategies,
+)
+
+register_strategy(InlineStrategy)
+register_strategy(ChunkedStrategy)
+
+__all__ = [
+    "ChunkedStrategy",
+    "InlineStrategy",
+    "Packed",
+    "TransferStrategy",
+    "get_strategy",
+    "register_strategy",
+    "select_strategy",
+    "strategies",
+]

@@ -1,0 +1,58 @@
+"""The interface every transfer strategy implements (torchsnapshot's ``StoragePlugin``
+is the model: one small abstract class, one module per implementation)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from air_transfer.config import TransferConfig
+from air_transfer.layout import Source
+from air_transfer.manifest import Entry, Manifest
+
+
+@dataclass(frozen=True)
+class Packed:
+    """What packing produced: the payload (anything picklable that lets
+    ``iter_chunks`` produce the chunks again, typically ObjectRefs) and the checksum
+    of every chunk, in order."""
+
+    payload: Any
+    checksums: tuple[str, ...]
+
+
+class TransferStrategy(ABC):
+    """Carries a checkpoint's chunk stream from the packing process to readers.
+
+    Subclasses set ``name`` and are registered with ``register_strategy``. Instances
+    are stateless and picklable: a transfer handle stores the instance so a reading
+    process needs no registration of its own.
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def pack(self, source: Source, files: Sequence[Entry], config: TransferConfig) -> Packed:
+        """Read ``files`` (stream order) from ``source``, cut into
+        ``config.chunk_bytes`` chunks, and store them somewhere readers can reach."""
+
+    @abstractmethod
+    def iter_chunks(
+        self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
+    ) -> Iterator[Any]:
+        """Yield chunks ``start`` to ``stop - 1`` in order as buffers (numpy arrays,
+        bytes, memoryviews), with at most ``config.window`` fetched ahead.
+
+        The caller verifies checksums; a strategy only has to deliver bytes.
+        """
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
