@@ -16,6 +16,10 @@ from typing import Any
 
 import ray
 
+#: Gets in flight beyond this many threads only queue: Ray pulls a few large objects
+#: at a time per node anyway, and threads cost memory.
+_MAX_FETCH_THREADS = 8
+
 
 def fetch_in_order(refs: Sequence[ray.ObjectRef], window: int) -> Iterator[Any]:
     """Yield ``ray.get(ref)`` for each ref in order, keeping up to ``window`` gets in
@@ -27,7 +31,8 @@ def fetch_in_order(refs: Sequence[ray.ObjectRef], window: int) -> Iterator[Any]:
     if not refs:
         return
     pending: deque[Future[Any]] = deque()
-    pool = ThreadPoolExecutor(max_workers=window, thread_name_prefix="air-transfer-fetch")
+    threads = min(window, _MAX_FETCH_THREADS)
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="air-transfer-fetch")
     try:
         upcoming = iter(refs)
         for ref in upcoming:

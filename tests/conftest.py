@@ -1,0 +1,34 @@
+"""Shared fixtures: one local Ray per test session, and the test-only strategy
+registered so that every contract test runs over it as well."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import ray
+import ray.cloudpickle
+import strategies_for_tests
+
+from air_transfer import register_strategy
+
+# Workers unpickle the strategy stored in a transfer handle: ship its code by value
+# rather than relying on the tests directory being importable there.
+ray.cloudpickle.register_pickle_by_value(strategies_for_tests)
+register_strategy(strategies_for_tests.BytesChunksStrategy)
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[None]:
+    """A local Ray shared by every test that needs one (starting Ray costs seconds)."""
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=2,
+            object_store_memory=512 * 1024 * 1024,
+            include_dashboard=False,
+            logging_level="ERROR",
+            runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(__file__)}},
+        )
+    yield
+    ray.shutdown()
