@@ -19,9 +19,10 @@ ray.cloudpickle.register_pickle_by_value(strategies_for_tests)
 register_strategy(strategies_for_tests.BytesChunksStrategy)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_local() -> Iterator[None]:
-    """A local Ray shared by every test that needs one (starting Ray costs seconds)."""
+    """A local Ray shared by the tests of one module (starting Ray costs seconds;
+    per module, so that integration tests can start their own cluster)."""
     if not ray.is_initialized():
         ray.init(
             num_cpus=2,
