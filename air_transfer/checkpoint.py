@@ -20,7 +20,7 @@ from ray.train import Checkpoint
 
 from air_transfer.config import TransferConfig
 from air_transfer.fs import payload_filesystem
-from air_transfer.handle import TransferHandle, lost_error, pack
+from air_transfer.handle import TransferHandle, lost_error, pack, pack_to_ref
 from air_transfer.layout import Source
 from air_transfer.manifest import Manifest
 
@@ -56,17 +56,26 @@ class ChunkedCheckpoint(Checkpoint):
     def to_object_ref(self, config: TransferConfig | None = None) -> ray.ObjectRef:
         """Pack this checkpoint into chunks and return an ObjectRef to its handle.
 
-        The chunks are owned by the calling process: keep it alive (and the ref
-        referenced) until every reader is done. A transferred checkpoint is re-shared
+        The chunks are owned by the calling process (keep it alive, and the ref
+        referenced, until every reader is done) or, with ``owner="node"``, by the
+        node's long-lived agent. A transferred checkpoint is re-shared
         without repacking unless a ``config`` asks for a different cut.
         """
-        return ray.put(self.pack(config))
+        if self._reusable(config):
+            return ray.put(self._handle)
+        return pack_to_ref(Source(self.filesystem, self.path), config)
 
     def pack(self, config: TransferConfig | None = None) -> TransferHandle:
-        """Pack into chunks without wrapping them in an ObjectRef."""
-        if self._handle is not None and (config is None or config == self._handle.config):
+        """Pack into chunks without wrapping the handle in an ObjectRef."""
+        if self._reusable(config):
+            assert self._handle is not None
             return self._handle
+        if config is not None and config.owner == "node":
+            return ray.get(self.to_object_ref(config))
         return pack(Source(self.filesystem, self.path), config)
+
+    def _reusable(self, config: TransferConfig | None) -> bool:
+        return self._handle is not None and config in (None, self._handle.config)
 
     @classmethod
     def from_object_ref(cls, ref: ray.ObjectRef) -> ChunkedCheckpoint:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -22,6 +23,10 @@ MAX_CHUNK_BYTES = 2 * GiB
 #: Up to this size a checkpoint travels as one object: per-chunk overhead would
 #: dominate, and one put/get is the lowest latency.
 DEFAULT_INLINE_MAX_BYTES = 8 * MiB
+#: Use ``streamed`` rather than ``chunked`` when a checkpoint exceeds this share of
+#: the free object store: chunked would start spilling to disk.
+STREAM_ABOVE_STORE_FRACTION = 0.8
+OWNERS = ("caller", "node")
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,9 @@ class TransferConfig:
         verify: check every chunk against its manifest checksum when unpacking.
         follow_symlinks: pack the target of a symlink that leaves the checkpoint
             instead of refusing it.
+        owner: who owns the chunks. ``"caller"`` (like ``ray.put``): the process that
+            packs; they die with it. ``"node"``: the long-lived agent actor of the
+            caller's node, so the checkpoint outlives the worker that made it.
     """
 
     chunk_bytes: int = 32 * MiB
@@ -47,6 +55,7 @@ class TransferConfig:
     strategy: str | None = None
     verify: bool = True
     follow_symlinks: bool = False
+    owner: Literal["caller", "node"] = "caller"
 
     def __post_init__(self) -> None:
         _require_int("chunk_bytes", self.chunk_bytes, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
@@ -63,6 +72,11 @@ class TransferConfig:
             raise ValueError(
                 f"TransferConfig.strategy must be a registered strategy name or None, "
                 f"got {self.strategy!r}"
+            )
+        if self.owner not in OWNERS:
+            raise ValueError(
+                f"TransferConfig.owner must be one of {', '.join(map(repr, OWNERS))}, "
+                f"got {self.owner!r}"
             )
         for flag in ("verify", "follow_symlinks"):
             if not isinstance(getattr(self, flag), bool):

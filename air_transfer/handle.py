@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import ObjectLostError
+from ray.exceptions import ObjectLostError, RayActorError
 
+from air_transfer.agent import node_agent, object_store_free_bytes, running_in_agent
 from air_transfer.config import TransferConfig
 from air_transfer.errors import CheckpointLostError
 from air_transfer.layout import Source, scan
@@ -50,7 +51,7 @@ class TransferHandle:
             ):
                 yield chunk
                 index += 1
-        except ObjectLostError as e:
+        except (ObjectLostError, RayActorError) as e:
             raise lost_error(self, f"chunk {index} of {self.manifest.num_chunks}", e) from e
 
     def verified_chunks(self, start: int, stop: int) -> Iterator[tuple[int, memoryview]]:
@@ -89,13 +90,24 @@ class TransferHandle:
         )
 
 
+def pack_to_ref(source: Source, config: TransferConfig | None = None) -> ray.ObjectRef:
+    """Pack ``source`` and return an ObjectRef to the handle, owned (with the chunks)
+    by this process or, for ``owner="node"``, by this node's agent."""
+    config = config or TransferConfig()
+    if config.owner == "node" and not running_in_agent():
+        [ref] = ray.get(node_agent().pack.remote(source, config))
+        return ref
+    return ray.put(pack(source, config))
+
+
 def pack(source: Source, config: TransferConfig | None = None) -> TransferHandle:
-    """Scan ``source``, pick a strategy by size (or ``config.strategy``), and pack."""
+    """Scan ``source``, pick a strategy (``config.strategy``, else by size against
+    the free object store), and pack in this process."""
     config = config or TransferConfig()
     entries = scan(source, follow_symlinks=config.follow_symlinks)
     files = [e for e in entries if e.kind == "file"]
     total = sum(f.size for f in files)
-    strategy = get_strategy(select_strategy(total, config))()
+    strategy = get_strategy(select_strategy(total, config, object_store_free_bytes()))()
     packed = strategy.pack(source, files, config)
     manifest = Manifest(
         entries=tuple(entries), chunk_bytes=config.chunk_bytes, chunks=packed.checksums
@@ -133,5 +145,6 @@ def lost_error(
         f"{owner}, exited or the object was freed ({type(cause).__name__}). A Ray "
         "object lives only as long as the process that created it: keep the process "
         "that called to_object_ref() alive, holding the checkpoint or its ObjectRef, "
-        "until every reader has finished."
+        "until every reader has finished, or pack with TransferConfig(owner='node') so "
+        "that a long-lived agent on the node owns the chunks."
     )

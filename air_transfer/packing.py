@@ -49,9 +49,10 @@ class _OpenFile:
         self.position += filled
 
     def close(self) -> None:
-        """Close, checking the file did not grow past its scanned size."""
+        """Close, checking the file did not grow past its scanned size (when it was
+        read to that size: a stream that stops mid-file cannot tell)."""
         try:
-            extra = self.handle.read(1)
+            extra = self.handle.read(1) if self.position == self.entry.size else b""
         finally:
             self.handle.close()
         if extra:
@@ -67,9 +68,10 @@ def read_chunks(
     chunk_bytes: int,
     buffer_for: Callable[[int, int], memoryview],
     start_chunk: int = 0,
+    stop_chunk: int | None = None,
 ) -> Iterator[tuple[int, memoryview]]:
-    """Yield ``(index, view)`` for every chunk from ``start_chunk``, each filled with
-    the stream's bytes.
+    """Yield ``(index, view)`` for chunks ``start_chunk``..``stop_chunk - 1`` (default:
+    to the end), each filled with the stream's bytes.
 
     ``buffer_for(index, length)`` supplies a writable buffer of exactly ``length``
     bytes; the caller owns it and may reuse it once it moves on.
@@ -81,6 +83,8 @@ def read_chunks(
         for index, spans in enumerate(
             iter_chunk_spans(sizes, chunk_bytes, start_chunk), start_chunk
         ):
+            if stop_chunk is not None and index >= stop_chunk:
+                return
             length = min(chunk_bytes, total - index * chunk_bytes)
             view = buffer_for(index, length)
             for span in spans:
@@ -105,7 +109,11 @@ _DONE = object()
 
 
 def read_chunks_ahead(
-    source: Source, files: Sequence[Entry], chunk_bytes: int
+    source: Source,
+    files: Sequence[Entry],
+    chunk_bytes: int,
+    start_chunk: int = 0,
+    stop_chunk: int | None = None,
 ) -> Iterator[tuple[int, memoryview, str]]:
     """Yield ``(index, view, checksum)`` for every chunk, reading and hashing the next
     chunk in a background thread while the caller stores the current one.
@@ -131,7 +139,12 @@ def read_chunks_ahead(
     def produce() -> None:
         try:
             chunks = read_chunks(
-                source, files, chunk_bytes, lambda i, n: memoryview(ring[i % 3])[:n]
+                source,
+                files,
+                chunk_bytes,
+                lambda i, n: memoryview(ring[i % 3])[:n],
+                start_chunk,
+                stop_chunk,
             )
             for index, view in chunks:
                 if not offer((index, view, chunk_checksum(view))):

@@ -25,6 +25,9 @@ def ray_local() -> Iterator[None]:
     per module, so that integration tests can start their own cluster)."""
     if not ray.is_initialized():
         ray.init(
+            # "local": always a fresh instance, never a cluster that happens to be
+            # running on this machine (ray.init() would attach to it).
+            address="local",
             num_cpus=2,
             object_store_memory=512 * 1024 * 1024,
             include_dashboard=False,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 import ray
-from trees import rich_tree
+from trees import assert_same_tree, rich_tree
 
 from air_transfer import (
     CheckpointLostError,
@@ -82,11 +82,18 @@ def test_chunk_not_matching_its_checksum(tmp_path: Path, strategy: str) -> None:
         ChunkedCheckpoint.from_directory(src).to_object_ref(config=config_for(strategy))
     )
     corrupt = altered(restored, chunk=3)
-    with pytest.raises(ChecksumError, match=r"chunk 3 of \d+ .*carries 'model.bin'"):
+    # `streamed` reads the source at transfer time: there, bytes that differ from
+    # the packing-time checksum mean the directory changed, and the agent says so.
+    error, message = (
+        (SourceChangedError, r"changed since it was packed: chunk 3 \(files 'model.bin'\)")
+        if strategy == "streamed"
+        else (ChecksumError, r"chunk 3 of \d+ .*carries 'model.bin'")
+    )
+    with pytest.raises(error, match=message):
         corrupt.to_directory(tmp_path / "out")
     assert not (tmp_path / "out").exists()
     assert not [p for p in os.listdir(tmp_path) if "staging" in p]
-    with pytest.raises(ChecksumError, match="chunk 3"), corrupt.open("model.bin") as f:
+    with pytest.raises(error, match="chunk 3"), corrupt.open("model.bin") as f:
         f.read()
     # verify=False trusts the payload (and the writer still checks lengths)
     unchecked = ChunkedCheckpoint._from_handle(
@@ -152,7 +159,7 @@ class Producer:
         return [ref], ChunkedCheckpoint.from_object_ref(ref)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "streamed"])
 def test_owner_died(tmp_path: Path, strategy: str) -> None:
     src = rich_tree(tmp_path / "src")
     producer = Producer.options(name=f"producer-{strategy}").remote()
@@ -181,3 +188,16 @@ def read_until_lost(ckpt: ChunkedCheckpoint, target: Path, limit_s: float = 60) 
         shutil.rmtree(target)
         time.sleep(0.1)
     raise AssertionError(f"chunks of a dead owner were still readable after {limit_s} s")
+
+
+def test_streamed_survives_its_producer(tmp_path: Path) -> None:
+    """``streamed`` chunks are made on demand by the node agent, which outlives the
+    process that packed."""
+    src = rich_tree(tmp_path / "src")
+    producer = Producer.remote()
+    _, restored = ray.get(producer.share.remote(str(src), config_for("streamed")))
+    ray.kill(producer)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(producer.share.remote(str(src), config_for("streamed")))
+    restored.to_directory(tmp_path / "out")
+    assert_same_tree(src, tmp_path / "out")

@@ -9,14 +9,17 @@ from air_transfer.strategies.registry import (
     select_strategy,
     strategies,
 )
+from air_transfer.strategies.streamed import StreamedStrategy
 
 register_strategy(InlineStrategy)
 register_strategy(ChunkedStrategy)
+register_strategy(StreamedStrategy)
 
 __all__ = [
     "ChunkedStrategy",
     "InlineStrategy",
     "Packed",
+    "StreamedStrategy",
     "TransferStrategy",
     "get_strategy",
     "register_strategy",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from air_transfer.config import TransferConfig
+from air_transfer.config import STREAM_ABOVE_STORE_FRACTION, TransferConfig
 from air_transfer.strategies.base import TransferStrategy
 
 _registry: dict[str, type[TransferStrategy]] = {}
@@ -49,13 +49,23 @@ def get_strategy(name: str) -> type[TransferStrategy]:
         ) from None
 
 
-def select_strategy(total_bytes: int, config: TransferConfig) -> str:
+def select_strategy(
+    total_bytes: int, config: TransferConfig, store_free_bytes: int | None = None
+) -> str:
     """Pick the strategy for a checkpoint of ``total_bytes``: an explicit
     ``config.strategy`` wins (and must be registered); otherwise ``inline`` up to
-    ``config.inline_max_bytes`` and ``chunked`` above."""
+    ``config.inline_max_bytes``, ``streamed`` when the checkpoint would not fit in
+    the free object store (``store_free_bytes``, if known), and ``chunked`` between."""
     if isinstance(total_bytes, bool) or not isinstance(total_bytes, int) or total_bytes < 0:
         raise ValueError(f"total_bytes must be a non-negative int, got {total_bytes!r}")
     if config.strategy is not None:
         get_strategy(config.strategy)
         return config.strategy
-    return "inline" if total_bytes <= config.inline_limit else "chunked"
+    if total_bytes <= config.inline_limit:
+        return "inline"
+    if (
+        store_free_bytes is not None
+        and total_bytes > STREAM_ABOVE_STORE_FRACTION * store_free_bytes
+    ):
+        return "streamed"
+    return "chunked"

@@ -1,0 +1,74 @@
+"""``streamed``: the source node's agent reads the files at transfer time and yields
+chunks through a Ray streaming generator with backpressure.
+
+Object-store use stays near ``window x chunk_bytes`` on both nodes whatever the
+checkpoint size, so a checkpoint several times larger than the object store goes
+through without spilling. Packing only reads the files once to take the checksums;
+the bytes move when a reader asks, from the directory as it is then, and a directory
+that changed or vanished since packing is a SourceChangedError, not a wrong copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import ray.cloudpickle
+
+from air_transfer.agent import node_agent
+from air_transfer.config import TransferConfig
+from air_transfer.layout import Source
+from air_transfer.manifest import Entry, Manifest
+from air_transfer.packing import read_chunks_ahead
+from air_transfer.strategies.base import Packed, TransferStrategy
+
+
+@dataclass(frozen=True)
+class StreamSource:
+    """The payload: which agent streams which directory."""
+
+    agent: Any
+    source: Source
+    node_id: str
+
+
+class StreamedStrategy(TransferStrategy):
+    """Chunks are produced on demand by the source node's agent."""
+
+    name = "streamed"
+
+    def pack(self, source: Source, files: Sequence[Entry], config: TransferConfig) -> Packed:
+        try:
+            ray.cloudpickle.dumps(source)
+        except Exception as e:
+            raise ValueError(
+                f"the 'streamed' strategy has the node agent read {source.root!r} at "
+                f"transfer time, but its filesystem ({source.filesystem.type_name}) cannot "
+                "be sent to another process; use strategy='chunked'"
+            ) from e
+        checksums = tuple(c for _, _, c in read_chunks_ahead(source, files, config.chunk_bytes))
+        node_id = ray.get_runtime_context().get_node_id()
+        return Packed(StreamSource(node_agent(node_id), source, node_id), checksums)
+
+    def iter_chunks(
+        self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
+    ) -> Iterator[Any]:
+        if start >= stop:
+            return
+        refs = payload.agent.stream.options(
+            num_returns="streaming", _generator_backpressure_num_objects=config.window
+        ).remote(
+            payload.source,
+            list(manifest.files()),
+            manifest.chunk_bytes,
+            manifest.chunks,
+            start,
+            stop,
+            config.verify,
+        )
+        for ref in refs:
+            chunk = ray.get(ref)
+            del ref  # drop our reference so the store frees the chunk once written
+            yield chunk
