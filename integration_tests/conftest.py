@@ -1,33 +1,102 @@
-"""A mock multi-node cluster (``ray.cluster_utils.Cluster``: real raylets, one machine)
-shared by the tests of a module. Nodes are told apart by custom resources."""
+"""Mock multi-node clusters (``ray.cluster_utils.Cluster``: real raylets on one
+machine) shared by the tests of a module, and the checks every cluster test gets.
+
+Nodes are told apart by custom resources (``node_a``, ``node_b``); the driver runs on
+the head. Object stores are small so that spilling and streaming limits are reached
+with a few hundred MB.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import gc
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from air_transfer.agent import object_store_free_bytes
+
+sys.path.insert(0, os.path.dirname(__file__))
+
 MiB = 1024 * 1024
+STORE_BYTES = 128 * MiB
 
 
-@pytest.fixture(scope="module")
-def two_node_cluster() -> Iterator[Cluster]:
+def start_cluster(*node_names: str) -> Cluster:
     if ray.is_initialized():
         ray.shutdown()
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
             "num_cpus": 1,
-            "resources": {"node_a": 1},
-            "object_store_memory": 256 * MiB,
+            "resources": {"head": 1},
+            "object_store_memory": STORE_BYTES,
             "include_dashboard": False,
         },
     )
-    cluster.add_node(num_cpus=1, resources={"node_b": 1}, object_store_memory=256 * MiB)
+    for name in node_names:
+        cluster.add_node(num_cpus=1, resources={name: 1}, object_store_memory=STORE_BYTES)
     cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level="ERROR")
-    yield cluster
+    ray.init(
+        address=cluster.address,
+        logging_level="ERROR",
+        runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(__file__)}},
+    )
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """Head (driver) plus nodes ``node_a`` and ``node_b``."""
+    c = start_cluster("node_a", "node_b")
+    yield c
     ray.shutdown()
-    cluster.shutdown()
+    c.shutdown()
+
+
+def node_ids() -> dict[str, str]:
+    """Custom resource name ("head", "node_a", ...) -> node id, for live nodes."""
+    out = {}
+    for node in ray.nodes():
+        if node["Alive"]:
+            for name in node["Resources"]:
+                if name == "head" or name.startswith("node_"):
+                    out[name] = node["NodeID"]
+    return out
+
+
+def eventually(check: Callable[[], bool], what: str, limit_s: float = 30) -> None:
+    """Wait for something Ray does asynchronously (freeing objects, reporting
+    resources), with a deadline instead of a fixed sleep."""
+    deadline = time.monotonic() + limit_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {limit_s} s")
+        gc.collect()
+        time.sleep(0.1)
+
+
+@pytest.fixture(autouse=True)
+def no_chunks_left_pinned(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test, every node's object store returns to its baseline: nothing a
+    test transferred stays pinned once its checkpoints and refs are gone."""
+    if not ray.is_initialized():
+        yield
+        return
+    before = {name: object_store_free_bytes(nid) for name, nid in node_ids().items()}
+    yield
+    gc.collect()
+
+    def back_to_baseline() -> bool:
+        live = node_ids()
+        return all(
+            name not in live or (object_store_free_bytes(live[name]) or 0) >= free - 4 * MiB
+            for name, free in before.items()
+            if free is not None
+        )
+
+    eventually(back_to_baseline, "freeing every chunk after the test")
