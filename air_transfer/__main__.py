@@ -1,0 +1,41 @@
+"""``python -m air_transfer COMMAND``: the command-line entry points.
+
+``bench`` runs the transfer contenders side by side (see ``air_transfer.bench``). Each
+subcommand lives in its own module, which adds its flags with ``add_arguments`` and
+sets ``run``; a later ``demo`` subcommand plugs in the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per command."""
+    from air_transfer import bench
+
+    parser = argparse.ArgumentParser(
+        prog="python -m air_transfer",
+        description="air-transfer: move large Ray Train checkpoints through the Ray "
+        "object store in chunks.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    bench_parser = commands.add_parser(
+        "bench",
+        help="measure checkpoint transfer contenders side by side",
+        description=bench.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_arguments(bench_parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default: the process's arguments) and run the command."""
+    opts = build_parser().parse_args(argv)
+    return opts.run(opts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
