@@ -1,6 +1,7 @@
 """air-transfer: move large Ray Train checkpoints through a Ray cluster in chunks:
 linear in size, memory-bounded, verified."""
 
+from air_transfer.agent import shutdown_agents
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.config import TransferConfig
 from air_transfer.errors import (
@@ -35,5 +36,6 @@ __all__ = [
     "get_strategy",
     "register_strategy",
     "select_strategy",
+    "shutdown_agents",
     "strategies",
 ]

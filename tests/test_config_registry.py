@@ -67,6 +67,21 @@ def test_selection_by_size_and_explicit_name() -> None:
         select_strategy(-1, c)
 
 
+def test_streamed_when_the_checkpoint_would_not_fit_the_free_store() -> None:
+    c = TransferConfig(chunk_bytes=MiB, window=4, inline_max_bytes=2 * MiB)
+    assert select_strategy(700 * MiB, c, store_free_bytes=1000 * MiB) == "chunked"
+    assert select_strategy(900 * MiB, c, store_free_bytes=1000 * MiB) == "streamed"
+    assert select_strategy(900 * MiB, c, store_free_bytes=None) == "chunked"  # unknown
+    assert select_strategy(MiB, c, store_free_bytes=0) == "inline"
+    assert select_strategy(900 * MiB, c.replace(strategy="chunked"), 1000 * MiB) == "chunked"
+
+
+def test_owner_is_validated() -> None:
+    assert TransferConfig(owner="node").owner == "node"
+    with pytest.raises(ValueError, match="owner must be one of 'caller', 'node'"):
+        TransferConfig(owner="driver")  # type: ignore[arg-type]
+
+
 def test_registry_is_a_read_only_view_of_the_built_ins() -> None:
     assert isinstance(strategies, MappingProxyType)
     assert strategies["inline"] is InlineStrategy and get_strategy("chunked") is ChunkedStrategy
