@@ -31,7 +31,7 @@ def run_bench_cli(tmp: Path, *flags: str) -> tuple[dict, subprocess.CompletedPro
     cmd = [
         sys.executable, "-m", "air_transfer", "bench", "--sizes", "0.004", "--repeats", "1",
         "--json", str(report), "--plot", str(tmp / "bench.png"),
-        "--data-dir", str(tmp / "data"), "--num-cpus", "2", "--clean", *flags,
+        "--data-dir", str(tmp / "data"), "--num-cpus", "2", "--clean", "--no-prefault", *flags,
     ]  # fmt: skip
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
@@ -188,7 +188,7 @@ def test_help_explains_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     for flag in (
         "--sizes", "--layout", "--small-file-kib", "--small-files", "--repeats",
         "--contenders", "--chunk-mib", "--window", "--cross-node", "--data-dir", "--clean",
-        "--json", "--plot", "--no-warmup", "--drop-caches", "--num-cpus", "--object-store-gb",
-        "--memory-margin-gb",
+        "--json", "--plot", "--no-warmup", "--drop-caches", "--num-cpus", "--object-store-mb",
+        "--no-prefault", "--memory-margin-gb",
     ):  # fmt: skip
         assert flag in text
