@@ -1,0 +1,307 @@
+"""``python -m air_transfer bench``: checkpoint transfer contenders side by side.
+
+Every contender makes the same round trip: a *producer* process packs a checkpoint
+directory, a different *consumer* process fetches it and writes it back out as files.
+The output is verified byte for byte against the source, then deleted. The contenders:
+
+- ``cp``: ``shutil.copytree`` in the consumer, no Ray at all: the floor.
+- ``blob``: the legacy AIR path that ray-project/ray#25217 measured: the directory
+  tarred into one ``bytes``, one ``ray.put``, one ``ray.get``, untar.
+- ``tune``: Ray Tune's own ``ray.tune.utils.file_transfer`` (``_PackActor`` and
+  ``_unpack_from_actor``), as ``sync_dir_between_nodes`` uses them.
+- every registered air-transfer strategy (``inline``, ``chunked``, ...).
+- ``raw`` (default with ``--cross-node``): the same number of bytes as numpy chunks,
+  ``ray.put`` by the producer and ``ray.get`` by the consumer, no files: Ray's own
+  transfer ceiling.
+
+What is measured, and how:
+
+- seconds: wall clock in the driver around the whole round trip (``perf_counter``).
+  For ``tune`` this includes starting the pack actor, as every Tune sync does.
+- peak private memory: the high water of ``RssAnon`` in ``/proc/<pid>/status`` of the
+  producer and of the consumer process, sampled every 20 ms by a driver thread.
+  Plain RSS would also count the object-store pages a process maps (a zero-copy
+  ``ray.get`` maps the whole object), which are not private and not the process's.
+- object store: ``cluster_resources() - available_resources()`` of
+  ``object_store_memory``, summed over nodes, sampled every 20 ms, minus its value
+  when the measurement started. Raylets report it every ~100 ms (a 100 MiB put
+  shows up about 90 ms later), so a peak shorter than that can be missed; the driver
+  keeps a finished trip's objects referenced for 250 ms (untimed) so they are seen.
+
+Repeats are interleaved (rep 1 of every contender, then rep 2) so a machine that
+drifts, a disk slowed by someone else's load, does not land on one contender; each
+contender has its own producer/consumer actor pair per layout, warmed up by one
+untimed 1 MiB round trip (``--no-warmup`` to measure first-use costs too).
+
+A contender whose predicted memory would not fit (``blob`` needs ~8x the checkpoint,
+``tune`` ~6x) is skipped with the reason, never run into the OOM killer; a watchdog
+also kills a run if available memory falls under half the margin anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+import ray
+
+from air_transfer.bench.contenders import all_contenders, contender_function, default_contenders
+from air_transfer.bench.data import (
+    GB,
+    LAYOUTS,
+    _checkpoint_sizes,
+    clean_data_dir,
+    default_data_dir,
+    first_difference,
+    layout_plan,
+    make_checkpoint,
+    tree_digest,
+)
+from air_transfer.bench.measure import predicted_peak_bytes, skip_reason
+from air_transfer.bench.report import (
+    _add_ratios,
+    _pyplot,
+    format_linearity,
+    format_table,
+    linearity,
+    skipped,
+    write_plot,
+)
+from air_transfer.bench.runner import WARMUP_BYTES, _run_layout, progress
+from air_transfer.bench.session import (
+    _drop_caches,
+    auto_store_bytes,
+    machine_info,
+    prefault_memory,
+    ray_session,
+)
+from air_transfer.config import MiB, TransferConfig
+
+__all__ = [
+    "LAYOUTS",
+    "add_arguments",
+    "all_contenders",
+    "clean_data_dir",
+    "contender_function",
+    "default_contenders",
+    "first_difference",
+    "layout_plan",
+    "linearity",
+    "main",
+    "make_checkpoint",
+    "predicted_peak_bytes",
+    "run_bench",
+    "skip_reason",
+    "skipped",
+    "tree_digest",
+]
+
+
+def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
+    """Run every contender at every layout and size; returns the JSON report."""
+    contenders = opts.contenders or default_contenders(opts.cross_node)
+    config = TransferConfig(chunk_bytes=opts.chunk_mib * MiB, window=opts.window)
+    # Absolute: the actors do not share the driver's working directory.
+    data_dir = opts.data_dir = os.path.abspath(os.path.expanduser(opts.data_dir))
+    os.makedirs(data_dir, exist_ok=True)
+    plan = {layout: _checkpoint_sizes(opts, layout) for layout in opts.layout}
+    largest = max(n for sizes in plan.values() for _, n in sizes)
+    store = opts.object_store_mb * MiB if opts.object_store_mb else None
+    store = store or auto_store_bytes(largest, opts.cross_node)
+    if opts.prefault:
+        progress("prefaulting memory (first touch of a VM's memory is several times slower)")
+        prefault_memory(int(opts.memory_margin_gb * GB))
+
+    sources: dict[Any, Any] = {}  # (layout, bytes) -> (path, digest); "warmup" -> path
+    for layout, sizes in plan.items():
+        for size_gb, nbytes in sizes:
+            progress(f"checkpoint {layout} {size_gb:g} GB ({nbytes} bytes) in {data_dir}")
+            path = make_checkpoint(
+                data_dir, layout, round(size_gb * GB), opts.small_file_kib * 1024
+            )
+            sources[layout, nbytes] = (path, tree_digest(path))
+    if opts.warmup:
+        sources["warmup"] = make_checkpoint(data_dir, "big", WARMUP_BYTES, 0)
+
+    machine = machine_info(data_dir)
+    results: list[dict[str, Any]] = []
+    total = sum(len(s) for s in plan.values()) * len(contenders) * opts.repeats
+    steps = (f"[{i}/{total}]" for i in range(1, total + 1))
+    with ray_session(opts.cross_node, opts.num_cpus, store) as how:
+        store = ray.cluster_resources().get("object_store_memory", store)
+        progress(f"{how}: object store {store / GB:.2f} GB in all; {total} measurements")
+        if opts.drop_caches and not _drop_caches():
+            progress("--drop-caches: /proc/sys/vm/drop_caches is not writable; caches stay")
+            opts.drop_caches = False
+        for layout, sizes in plan.items():
+            results += _run_layout(contenders, layout, sizes, sources, config, opts, steps)
+    _add_ratios(results)
+    per_node_store = store / (2 if opts.cross_node else 1)
+    return {
+        "config": {
+            **{k: v for k, v in vars(opts).items() if k not in ("run",)},
+            "contenders": contenders,
+            "data_dir": data_dir,
+            "transfer_config": {
+                "chunk_bytes": config.chunk_bytes,
+                "window": config.window,
+                "inline_limit": config.inline_limit,
+                "verify": config.verify,
+            },
+            "object_store_bytes_per_node": int(per_node_store),
+            "metrics": {
+                "seconds": "driver wall clock around the whole round trip",
+                "peak_private": "RssAnon high water from /proc/<pid>/status, 20 ms samples",
+                "object_store": "cluster - available object_store_memory over all nodes, "
+                "20 ms samples, minus the value at start (raylets report ~every 100 ms)",
+                "size_gb": "decimal GB (10**9 bytes)",
+            },
+        },
+        "machine": machine,
+        "results": results,
+        "linearity": linearity(results),
+    }
+
+
+# -- command line ------------------------------------------------------------------------
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``bench`` subcommand's flags."""
+    defaults = TransferConfig()
+    parser.add_argument(
+        "--sizes", nargs="+", type=_positive_float, default=[0.5, 1, 2, 4], metavar="GB",
+        help="checkpoint sizes in decimal GB (10**9 bytes), e.g. 0.5 1 2 4 (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--layout", nargs="+", choices=LAYOUTS, default=["big"],
+        help="how the bytes are laid out: 'big' one file, 'small' many files of "
+        "--small-file-kib, 'mixed' half one file, 8 shards, small files, an empty file "
+        "and directory; several may be given (default: big)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--small-file-kib", type=_positive_int, default=8, metavar="KiB",
+        help="size of each file in the small and mixed layouts (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--small-files", type=_positive_int, default=None, metavar="N",
+        help="for --layout small, exactly N files (e.g. 20000) instead of deriving the "
+        "count from --sizes",
+    )  # fmt: skip
+    parser.add_argument(
+        "--repeats", type=_positive_int, default=3,
+        help="round trips per contender and size; median, min and max are reported "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--contenders", nargs="+", choices=all_contenders(), default=None, metavar="NAME",
+        help=f"which contenders to run, of: {', '.join(all_contenders())} (default: all; "
+        "'raw' only with --cross-node)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--chunk-mib", type=_positive_int, default=defaults.chunk_bytes // MiB, metavar="MiB",
+        help="air-transfer chunk size, also raw's chunk size (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--window", type=_positive_int, default=defaults.window,
+        help="air-transfer prefetch window in chunks, also raw's (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cross-node", action="store_true",
+        help="start a 2-node ray.cluster_utils.Cluster on this machine and run the "
+        "producer on one node and the consumer on the other; adds 'raw'. 'cp' stays a "
+        "local copy, the floor",
+    )  # fmt: skip
+    parser.add_argument(
+        "--data-dir", default=default_data_dir(), metavar="DIR",
+        help="where checkpoints are cached between runs (keyed by layout and size) and "
+        "outputs written (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--clean", action="store_true",
+        help="delete the cached checkpoints and outputs in --data-dir when done",
+    )  # fmt: skip
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    parser.add_argument(
+        "--plot", metavar="PATH.png",
+        help="write a PNG: s/GB and peak private memory against size (needs matplotlib)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-warmup", dest="warmup", action="store_false",
+        help="skip the untimed 1 MiB round trip each fresh producer/consumer pair makes "
+        "first, and so measure first-use costs (imports, agent start) in repeat 1",
+    )  # fmt: skip
+    parser.add_argument(
+        "--drop-caches", action="store_true",
+        help="drop the page cache before every round trip (root only; default: warm cache)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--num-cpus", type=_positive_int, default=max(2, os.cpu_count() or 2),
+        help="CPUs Ray advertises per node (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--object-store-mb", type=_positive_int, default=None, metavar="MiB",
+        help="object store per node; shrink it (e.g. 512) to see 'chunked' spill and "
+        "'streamed' stay within its window (default: 1.5x the largest checkpoint + "
+        "256 MiB, at most 30%% of memory, 20%% per node with --cross-node)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-prefault", dest="prefault", action="store_false",
+        help="skip touching all free memory once before measuring. On a VM the first "
+        "touch of a page costs several times a later one (measured here: 19 GiB in "
+        "11.9 s, then 2.8 s), which would land on whichever contender first reaches a "
+        "new memory high-water mark",
+    )  # fmt: skip
+    parser.add_argument(
+        "--memory-margin-gb", type=_positive_float, default=2.0, metavar="GB",
+        help="skip a contender whose predicted memory exceeds available memory minus "
+        "this; a run is killed if available memory falls under half of it "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    parser.set_defaults(run=main)
+
+
+def main(opts: argparse.Namespace) -> int:
+    """Run the bench from parsed ``opts``: table and linearity on stdout, progress on
+    stderr, JSON and PNG where asked."""
+    if opts.small_files and "small" not in opts.layout:
+        progress("--small-files applies only to --layout small")
+        return 2
+    if opts.plot:
+        try:
+            _pyplot()  # fail now, not after an hour of measuring
+        except ImportError as e:
+            progress(str(e))
+            return 2
+    report = run_bench(opts)
+    print(format_table(report["results"]))
+    print()
+    print(format_linearity(report["linearity"]))
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(report, f, indent=2, default=str)
+        progress(f"wrote {opts.json}")
+    if opts.plot:
+        write_plot(report["results"], opts.plot)
+        progress(f"wrote {opts.plot}")
+    if opts.clean:
+        removed = clean_data_dir(os.path.abspath(os.path.expanduser(opts.data_dir)))
+        progress(f"--clean: removed {len(removed)} cached entries from {opts.data_dir}")
+    failed = [r for r in report["results"] if r["status"] == "failed"]
+    return 1 if failed else 0

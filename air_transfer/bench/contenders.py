@@ -1,0 +1,134 @@
+"""The contenders: their names, and one function each that makes one timed round trip
+through an actor pair (``Ends``)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from air_transfer.bench.endpoint import Ends
+from air_transfer.strategies import strategies as registered_strategies
+
+BUILTIN_CONTENDERS = ("cp", "blob", "tune")
+RAW = "raw"
+
+
+def all_contenders() -> list[str]:
+    """Every contender name: the built-ins, each registered strategy, and ``raw``."""
+    return [*BUILTIN_CONTENDERS, *registered_strategies, RAW]
+
+
+def default_contenders(cross_node: bool) -> list[str]:
+    """What runs without ``--contenders``: all of them, ``raw`` only across nodes,
+    where it is the ceiling the others are judged against."""
+    return [c for c in all_contenders() if c != RAW or cross_node]
+
+
+@dataclass
+class Trip:
+    """One timed round trip. ``verified`` is set by contenders without output files;
+    ``hold`` keeps the trip's objects referenced until the sampler has seen them."""
+
+    seconds: float
+    pack_s: float | None = None
+    unpack_s: float | None = None
+    verified: bool | None = None
+    hold: Any = None
+
+
+def run_cp(ends: Ends, src: str, out: str, nbytes: int) -> Trip:
+    """The floor: a local ``shutil.copytree`` in the consumer (also across nodes,
+    where no Ray transfer can beat the local disk)."""
+    start = time.perf_counter()
+    unpack_s = ray.get(ends.consumer.copytree.remote(src, out))
+    return Trip(time.perf_counter() - start, None, unpack_s)
+
+
+def run_blob(ends: Ends, src: str, out: str, nbytes: int) -> Trip:
+    """The one-blob path whose superlinear time and ~8x memory ray-project/ray#25217
+    reported."""
+    start = time.perf_counter()
+    packed = ends.producer.blob_pack.remote(src)
+    pack_s, unpack_s = ray.get(ends.consumer.blob_unpack.remote(packed, out))
+    return Trip(time.perf_counter() - start, pack_s, unpack_s, hold=packed)
+
+
+def run_tune(ends: Ends, src: str, out: str, nbytes: int) -> Trip:
+    """Ray Tune's cross-node sync, as ``_sync_dir_between_different_nodes`` does it
+    with ``force_all=True``: a ``_PackActor`` on the source node tars the directory
+    in its constructor, the target side pulls 500 MiB chunks and untars.
+
+    ``max_size_bytes=None`` lifts Tune's 1 GiB default refusal so larger sizes can be
+    measured at all.
+    """
+    from ray.tune.utils import file_transfer as ft
+
+    start = time.perf_counter()
+    pack_actor = ft._PackActor.options(num_cpus=0, **ft._force_on_node(ends.producer_node)).remote(
+        source_dir=src,
+        files_stats=None,
+        chunk_size_bytes=ft._DEFAULT_CHUNK_SIZE_BYTES,
+        max_size_bytes=None,
+    )
+    ends.transient.append(pack_actor)
+    done = ends.consumer.tune_unpack.remote(pack_actor, out)
+    try:
+        if ends.sampler is not None:
+            ends.sampler.watch("producer", _actor_pid(pack_actor))
+        ray.get(done)
+        # No phase times: the consumer's first fetch waits for the whole tar to be built.
+        return Trip(time.perf_counter() - start)
+    finally:
+        ray.kill(pack_actor)  # what dropping the handle in sync_dir_between_nodes does
+        ends.transient.remove(pack_actor)
+
+
+def _actor_pid(handle: Any, timeout_s: float = 30.0) -> int | None:
+    """The pid of an actor still in its constructor: the GCS actor table has it as
+    soon as a worker is leased, long before the actor is ALIVE."""
+    from ray._private import state as ray_state
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pid = ray_state.actors(handle._actor_id.hex()).get("Pid")
+        if pid:
+            return int(pid)
+        time.sleep(0.01)
+    return None
+
+
+def run_strategy(name: str, ends: Ends, src: str, out: str, nbytes: int) -> Trip:
+    """An air-transfer strategy through the public API: ``to_object_ref`` in the
+    producer, ``from_object_ref(...).to_directory`` in the consumer."""
+    config = ends.config.replace(strategy=name)
+    start = time.perf_counter()
+    packed = ends.producer.air_pack.remote(src, config)
+    pack_s, unpack_s = ray.get(ends.consumer.air_unpack.remote(packed, out))
+    return Trip(time.perf_counter() - start, pack_s, unpack_s, hold=packed)
+
+
+def run_raw(ends: Ends, src: str, out: str, nbytes: int) -> Trip:
+    """Ray's own ceiling: ``nbytes`` in chunk-size numpy arrays put and got, no
+    files on either side; verified by comparing per-chunk hashes."""
+    ray.get(ends.producer.raw_prepare.remote(ends.config.chunk_bytes))
+    start = time.perf_counter()
+    packed = ends.producer.raw_put.remote(nbytes)
+    digests, pack_s, unpack_s = ray.get(ends.consumer.raw_get.remote(packed, ends.config.window))
+    seconds = time.perf_counter() - start
+    expected = ray.get(ends.producer.raw_expected.remote(nbytes))
+    return Trip(seconds, pack_s, unpack_s, verified=digests == expected, hold=packed)
+
+
+def contender_function(name: str) -> Callable[[Ends, str, str, int], Trip]:
+    """The function that runs ``name`` once."""
+    builtins = {"cp": run_cp, "blob": run_blob, "tune": run_tune, RAW: run_raw}
+    if name in builtins:
+        return builtins[name]
+    if name in registered_strategies:
+        return functools.partial(run_strategy, name)
+    raise ValueError(f"unknown contender {name!r}; known: {', '.join(all_contenders())}")

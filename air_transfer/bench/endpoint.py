@@ -1,0 +1,153 @@
+"""The two ends of a round trip: the producer or consumer process (``Endpoint``, a Ray
+actor made remote on first use) and the driver's handle on one pair (``Ends``)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import os
+import shutil
+import tarfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import ray
+import xxhash
+
+from air_transfer.bench.sampler import Sampler
+from air_transfer.checkpoint import ChunkedCheckpoint
+from air_transfer.config import TransferConfig
+
+
+def _extract_all(tar: tarfile.TarFile, target: str) -> None:
+    # The "tar" filter keeps modes as legacy AIR did, without 3.12's DeprecationWarning.
+    if hasattr(tarfile, "tar_filter"):
+        tar.extractall(target, filter="tar")
+    else:  # pragma: no cover - Python without PEP 706
+        tar.extractall(target)
+
+
+class Endpoint:
+    """A producer or consumer process (a Ray actor with ``num_cpus=0``). Each method
+    is one side of one contender and returns the seconds it spent, so a result
+    also says whether packing or unpacking is the slow half."""
+
+    def info(self) -> tuple[int, str]:
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
+    def copytree(self, src: str, out: str) -> float:
+        start = time.perf_counter()
+        shutil.copytree(src, out, symlinks=True)
+        return time.perf_counter() - start
+
+    def blob_pack(self, src: str) -> tuple[list, float]:
+        """What ``ray.air.Checkpoint.from_directory(p).to_dict()`` did before Ray 2.7:
+        the whole directory tarred into memory, ``getvalue()`` copied, one put."""
+        start = time.perf_counter()
+        stream = io.BytesIO()
+        with tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            tar.add(src, arcname="")
+        checkpoint = {"fs_checkpoint": stream.getvalue()}
+        del stream
+        ref = ray.put(checkpoint)
+        return [ref], time.perf_counter() - start
+
+    def blob_unpack(self, packed: tuple[list, float], out: str) -> tuple[float, float]:
+        """``ray.get`` of the dict (a private copy of the bytes), then untar."""
+        (ref,), pack_s = packed
+        start = time.perf_counter()
+        checkpoint = ray.get(ref)
+        with tarfile.open(fileobj=io.BytesIO(checkpoint["fs_checkpoint"])) as tar:
+            _extract_all(tar, out)
+        return pack_s, time.perf_counter() - start
+
+    def air_pack(self, src: str, config: TransferConfig) -> tuple[list, float]:
+        start = time.perf_counter()
+        ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config=config)
+        return [ref], time.perf_counter() - start
+
+    def air_unpack(self, packed: tuple[list, float], out: str) -> tuple[float, float]:
+        (ref,), pack_s = packed
+        start = time.perf_counter()
+        ChunkedCheckpoint.from_object_ref(ref).to_directory(out)
+        return pack_s, time.perf_counter() - start
+
+    def tune_unpack(self, pack_actor: Any, out: str) -> float:
+        """The body of Tune's ``_unpack_from_actor`` task, run here so that its
+        memory is sampled in a known process; the code is Ray's, unchanged."""
+        from ray.tune.utils.file_transfer import _unpack_from_actor
+
+        start = time.perf_counter()
+        _unpack_from_actor._function(pack_actor, out)
+        return time.perf_counter() - start
+
+    def raw_prepare(self, chunk_bytes: int) -> None:
+        self._template = np.frombuffer(bytearray(os.urandom(chunk_bytes)), dtype=np.uint8)
+
+    def _raw_chunks(self, nbytes: int) -> Iterator[np.ndarray]:
+        chunk = len(self._template)
+        for index, offset in enumerate(range(0, nbytes, chunk)):
+            self._template[:8] = np.frombuffer(index.to_bytes(8, "little"), dtype=np.uint8)
+            yield self._template[: min(chunk, nbytes - offset)]
+
+    def raw_put(self, nbytes: int) -> tuple[list, float]:
+        """One ``ray.put`` per chunk (each stamped with its index so no two objects
+        are alike); ``ray.put`` copies, so the template is reused."""
+        start = time.perf_counter()
+        refs = [ray.put(chunk) for chunk in self._raw_chunks(nbytes)]
+        return refs, time.perf_counter() - start
+
+    def raw_expected(self, nbytes: int) -> list[str]:
+        return [xxhash.xxh3_64_hexdigest(c) for c in self._raw_chunks(nbytes)]
+
+    def raw_get(self, packed: tuple[list, float], window: int) -> tuple[list, float, float]:
+        """``ray.get`` in batches of ``window``, starting the pull of the next batch
+        (``ray.wait(fetch_local=True, timeout=0)``) before hashing the current one."""
+        refs, pack_s = packed
+        start = time.perf_counter()
+        digests = []
+        for i in range(0, len(refs), window):
+            upcoming = refs[i + window : i + 2 * window]
+            if upcoming:
+                ray.wait(upcoming, num_returns=len(upcoming), timeout=0, fetch_local=True)
+            digests += [xxhash.xxh3_64_hexdigest(c) for c in ray.get(refs[i : i + window])]
+        return digests, pack_s, time.perf_counter() - start
+
+
+@functools.cache
+def _endpoint_actor() -> Any:
+    # Made remote on first use, not at import (what STYLE.md asks of Ray Tune).
+    return ray.remote(num_cpus=0)(Endpoint)
+
+
+@dataclass
+class Ends:
+    """A producer and a consumer actor, where they run, and the run's settings."""
+
+    producer: Any
+    consumer: Any
+    producer_pid: int
+    consumer_pid: int
+    producer_node: str
+    consumer_node: str
+    config: TransferConfig
+    sampler: Sampler | None = None
+    transient: list = field(default_factory=list)
+
+    @classmethod
+    def start(cls, config: TransferConfig, cross_node: bool) -> Ends:
+        """Two fresh actors; across nodes, pinned by the custom node resources."""
+        actor = _endpoint_actor()
+        producer = actor.options(resources={"node_a": 0.01} if cross_node else {}).remote()
+        consumer = actor.options(resources={"node_b": 0.01} if cross_node else {}).remote()
+        (p_pid, p_node), (c_pid, c_node) = ray.get([producer.info.remote(), consumer.info.remote()])
+        return cls(producer, consumer, p_pid, c_pid, p_node, c_node, config)
+
+    def kill(self) -> None:
+        for handle in [self.producer, self.consumer, *self.transient]:
+            with contextlib.suppress(Exception):
+                ray.kill(handle)

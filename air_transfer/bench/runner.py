@@ -1,0 +1,108 @@
+"""Running one layout: an actor pair per contender, warmed up once, and every size
+with the repeats interleaved across contenders; progress lines on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+
+from air_transfer.bench.contenders import contender_function
+from air_transfer.bench.data import GB
+from air_transfer.bench.endpoint import Ends
+from air_transfer.bench.measure import Measurement, _error_reason, measure_once, skip_reason
+from air_transfer.bench.report import skipped, summarize
+from air_transfer.bench.session import _store_capacity
+from air_transfer.config import MiB, TransferConfig
+
+#: Size of the untimed warm-up round trip each fresh actor pair makes first.
+WARMUP_BYTES = 1 * MiB
+
+
+def progress(message: str) -> None:
+    """One line on stderr, flushed, so a long run is never silent."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def _run_layout(
+    contenders: list[str],
+    layout: str,
+    sizes: list[tuple[float, int]],
+    sources: dict,
+    config: TransferConfig,
+    opts: argparse.Namespace,
+    progress_step: Iterator[str],
+) -> list[dict[str, Any]]:
+    """Every contender at every size (ascending) of one layout.
+
+    Repeats are interleaved (rep 1 of every contender, then rep 2, ...) so a drift in
+    the machine, such as a disk that slows down under someone else's load, spreads
+    over all contenders instead of landing on one. Each contender keeps its own actor
+    pair for the layout, so memory one contender leaves in a process is not counted
+    against another.
+    """
+    rows: list[dict[str, Any]] = []
+    pairs: dict[str, Ends] = {}
+    margin = int(opts.memory_margin_gb * GB)
+    try:
+        for size_gb, nbytes in sizes:
+            src, source = sources[layout, nbytes]
+            runs: dict[str, list[Measurement]] = {}
+            for name in contenders:
+                available = psutil.virtual_memory().available
+                reason = skip_reason(name, nbytes, config, available, margin, _store_capacity())
+                if reason:
+                    steps = [next(progress_step) for _ in range(opts.repeats)]
+                    progress(f"{steps[-1]} {name} {layout} {size_gb:g} GB: skipped: {reason}")
+                    rows.append(skipped(name, layout, size_gb, nbytes, reason))
+                else:
+                    runs[name] = []
+            for rep in range(1, opts.repeats + 1):
+                for name, done in runs.items():
+                    if done and done[-1].error:
+                        next(progress_step)
+                        continue
+                    out = os.path.join(opts.data_dir, "out", f"{name}-{layout}-{nbytes}")
+                    if name not in pairs:
+                        pairs[name] = _start_pair(name, config, sources.get("warmup"), opts)
+                    ends = pairs[name]
+                    m = measure_once(name, ends, src, out, nbytes, source, opts)
+                    done.append(m)
+                    step = f"{next(progress_step)} {name} {layout} {size_gb:g} GB"
+                    step += f" rep {rep}/{opts.repeats}"
+                    if m.error:
+                        progress(f"{step}: FAILED: {m.error}")
+                        pairs.pop(name).kill()
+                    else:
+                        s = m.trip.seconds
+                        progress(f"{step}: {s:.3f} s, {s / (nbytes / GB):.3f} s/GB, verified")
+            rows += [summarize(n, layout, size_gb, nbytes, done) for n, done in runs.items()]
+    finally:
+        for ends in pairs.values():
+            ends.kill()
+    order = {name: i for i, name in enumerate(contenders)}
+    return sorted(rows, key=lambda r: (r["bytes"], order[r["contender"]]))
+
+
+def _start_pair(
+    name: str, config: TransferConfig, warmup_src: str | None, opts: argparse.Namespace
+) -> Ends:
+    """A fresh actor pair for ``name``, warmed up by one untimed round trip of a tiny
+    checkpoint unless ``--no-warmup``: imports (``ray.train`` alone takes ~0.5 s) and
+    first-use setup, such as a strategy's agent actors, are paid once per process,
+    not per checkpoint, and would otherwise dominate the first repeat."""
+    ends = Ends.start(config, opts.cross_node)
+    if warmup_src is not None:
+        out = os.path.join(opts.data_dir, "out", f"{name}-warmup")
+        try:
+            contender_function(name)(ends, warmup_src, out, WARMUP_BYTES)
+        except Exception as e:  # the timed runs will fail the same way and say so
+            progress(f"warm-up of {name} failed: {_error_reason(e, False, 0)}")
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+    return ends
