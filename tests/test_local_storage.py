@@ -1,0 +1,116 @@
+"""The node side of ``storage_filesystem`` without Ray: path confinement, staged
+uploads (checked chunks, size check on commit, nothing half-written visible), and
+the refusals that protect the disk. The full method contract, across nodes, is in
+``integration_tests/test_node_storage.py``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from air_transfer.errors import ChecksumError
+from air_transfer.local_storage import STAGING_MARK, LocalStorage, checked_path, storage_path
+from air_transfer.local_uploads import LocalUploads
+from air_transfer.manifest import chunk_checksum
+
+
+class Disk(LocalStorage, LocalUploads):
+    """What the node agent is, minus the actor."""
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/data/exp/ckpt", "/data/exp/ckpt"),
+        ("exp/ckpt", "/data/exp/ckpt"),
+        ("/data/exp/../x", "/data/x"),
+        ("//data//exp/", "/data/exp"),
+        ("", "/data"),
+        ("/data", "/data"),
+    ],
+)
+def test_storage_path_inside_the_root(path: str, expected: str) -> None:
+    assert storage_path("/data", path) == expected
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "/data/../etc", "../x", "/database", "/"])
+def test_storage_path_outside_the_root_is_refused(path: str) -> None:
+    with pytest.raises(PermissionError, match="outside the storage root '/data'"):
+        storage_path("/data", path)
+
+
+def test_storage_path_bad_input() -> None:
+    with pytest.raises(ValueError, match="NUL"):
+        storage_path("/", "/a\x00b")
+    with pytest.raises(TypeError, match="must be a str"):
+        storage_path("/", b"/a")  # type: ignore[arg-type]
+    assert storage_path("/", "/../etc") == "/etc"  # the whole disk: nothing is outside
+
+
+def test_a_symlink_out_of_the_root_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "out").symlink_to(tmp_path)
+    (root / "in").symlink_to(root)
+    assert checked_path(str(root), "in/x") == f"{root}/in/x"
+    with pytest.raises(PermissionError, match="through a symlink"):
+        checked_path(str(root), "out/x")
+    with pytest.raises(PermissionError, match="through a symlink"):
+        Disk().fs_info(str(root), [f"{root}/out"])
+
+
+def test_upload_in_chunks_any_order_then_commit(tmp_path: Path) -> None:
+    disk, root, target = Disk(), str(tmp_path), str(tmp_path / "f")
+    Path(target).write_bytes(b"old")
+    staging, start = disk.fs_open_write(root, target, append=False)
+    assert start == 0 and STAGING_MARK in staging
+    second, first = b"world", b"hello "
+    disk.fs_write(root, staging, 6, second, chunk_checksum(second))  # out of order
+    disk.fs_write(root, staging, 0, first, chunk_checksum(first))
+    assert disk.fs_list(root, root, False, False) == [("f", *disk.fs_info(root, [target])[0])]
+    assert Path(target).read_bytes() == b"old"  # nothing visible before the commit
+    disk.fs_commit(root, target, staging, 11, b"!", chunk_checksum(b"!"), 12)
+    assert Path(target).read_bytes() == b"hello world!"
+    assert os.listdir(tmp_path) == ["f"]
+
+
+def test_append_starts_after_the_existing_bytes(tmp_path: Path) -> None:
+    disk, root, target = Disk(), str(tmp_path), str(tmp_path / "f")
+    Path(target).write_bytes(b"abc")
+    os.chmod(target, 0o600)
+    staging, start = disk.fs_open_write(root, target, append=True)
+    disk.fs_commit(root, target, staging, start, b"de", chunk_checksum(b"de"), start + 2)
+    assert Path(target).read_bytes() == b"abcde"
+    assert Path(target).stat().st_mode & 0o777 == 0o600  # the mode is kept
+
+
+def test_an_altered_chunk_or_a_short_upload_is_not_published(tmp_path: Path) -> None:
+    disk, root, target = Disk(), str(tmp_path), str(tmp_path / "f")
+    staging, _ = disk.fs_open_write(root, target, append=False)
+    with pytest.raises(ChecksumError, match="arrived altered"):
+        disk.fs_write(root, staging, 0, b"abcd", chunk_checksum(b"abcX"))
+    with pytest.raises(OSError, match=r"incomplete: 0 of 4 bytes"):
+        disk.fs_commit(root, target, staging, 0, b"", chunk_checksum(b""), 4)
+    assert os.listdir(tmp_path) == []  # no target, no staging file left
+
+
+def test_abort_removes_only_staging_files(tmp_path: Path) -> None:
+    disk, root = Disk(), str(tmp_path)
+    staging, _ = disk.fs_open_write(root, str(tmp_path / "f"), append=False)
+    disk.fs_abort(root, staging)
+    disk.fs_abort(root, staging)  # twice: fine
+    (tmp_path / "keep").write_bytes(b"x")
+    with pytest.raises(PermissionError, match="not a staging file"):
+        disk.fs_abort(root, str(tmp_path / "keep"))
+    assert os.listdir(tmp_path) == ["keep"]
+
+
+def test_the_root_itself_and_slash_are_protected(tmp_path: Path) -> None:
+    disk = Disk()
+    with pytest.raises(PermissionError, match="storage root"):
+        disk.fs_delete_dir(str(tmp_path), str(tmp_path))
+    with pytest.raises(PermissionError, match="'/'"):
+        disk.fs_delete_dir_contents("/", "/", missing_dir_ok=False)
+    assert tmp_path.is_dir()
