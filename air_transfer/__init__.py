@@ -19,6 +19,7 @@ from air_transfer.strategies import (
     select_strategy,
     strategies,
 )
+from air_transfer.train import checkpoint_upload_fn, storage_filesystem
 
 __version__ = "0.1.0"
 
@@ -33,9 +34,11 @@ __all__ = [
     "SourceChangedError",
     "TransferConfig",
     "TransferStrategy",
+    "checkpoint_upload_fn",
     "get_strategy",
     "register_strategy",
     "select_strategy",
     "shutdown_agents",
+    "storage_filesystem",
     "strategies",
 ]

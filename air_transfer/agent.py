@@ -13,6 +13,9 @@ store exactly as long as some checkpoint, handle or ObjectRef anywhere refers to
 
 The same agent serves the ``streamed`` strategy: it reads a checkpoint's files on its
 node lazily, at transfer time, and yields chunks through a Ray streaming generator.
+It also serves node storage (``storage_filesystem``): the disk operations of
+``LocalStorage`` and ``LocalUploads`` and the streamed reads of one file, for every
+node.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from air_transfer.config import TransferConfig
 from air_transfer.errors import SourceChangedError
 from air_transfer.layout import Source, iter_chunk_spans
+from air_transfer.local_storage import LocalStorage
+from air_transfer.local_uploads import LocalUploads
 from air_transfer.manifest import Entry
 from air_transfer.packing import read_chunks_ahead
 
@@ -35,8 +40,9 @@ NAMESPACE = "air_transfer"
 _NAME_PREFIX = "air-transfer-agent-"
 
 
-class NodeAgent:
-    """Owns the chunks it packs and streams the files of its node."""
+class NodeAgent(LocalStorage, LocalUploads):
+    """Owns the chunks it packs, streams the files of its node, and stores files on
+    its disk for the node storage filesystem."""
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -53,6 +59,13 @@ class NodeAgent:
         from air_transfer.handle import pack
 
         return [ray.put(pack(source, config))]
+
+    def store_checkpoint(self, handle: Any, filesystem: Any, path: str) -> str:
+        """Write a transferred checkpoint (a TransferHandle) to ``path`` on
+        ``filesystem``, reached from this node; used by ``checkpoint_upload_fn``."""
+        from air_transfer.train import store_checkpoint
+
+        return store_checkpoint(handle, filesystem, path)
 
     def stream(
         self,

@@ -1,0 +1,184 @@
+"""``NodeStorageHandler``: a pyarrow filesystem whose files live on one node's disk and
+are reachable from every node of the cluster.
+
+Metadata operations are calls to the storage node's agent (``LocalStorage`` methods);
+file bodies move in chunks through the object store (``node_files``). Every method is
+a thin adapter, as in pyarrow's own ``FSSpecHandler``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import posixpath
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from air_transfer.agent import node_agent
+from air_transfer.config import TransferConfig
+from air_transfer.local_storage import storage_path
+from air_transfer.node_files import ChunkWriter, open_reader
+
+
+class NodeStorageHandler(pafs.FileSystemHandler):
+    """Files under ``root`` on node ``node_id``, through that node's agent.
+
+    Paths are the node's own absolute paths (a relative one is taken under ``root``);
+    one leaving ``root`` is refused with PermissionError. ``node_id=None`` means the
+    node of the process that first uses or ships the filesystem (the driver's, when
+    made there). Copies compare equal: same node, same root.
+    """
+
+    def __init__(
+        self, node_id: str | None, root: str = "/", config: TransferConfig | None = None
+    ) -> None:
+        if not isinstance(root, str) or not root.startswith("/"):
+            raise ValueError(f"the storage root must be an absolute path, got {root!r}")
+        self.root = posixpath.normpath(root).replace("//", "/")
+        self.config = config or TransferConfig()
+        self._node_id = node_id
+        self._agent: Any = None
+
+    @property
+    def node_id(self) -> str:
+        if self._node_id is None:
+            self._node_id = ray.get_runtime_context().get_node_id()
+        return self._node_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (NodeStorageHandler, (self.node_id, self.root, self.config))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NodeStorageHandler):
+            return False
+        if ray.is_initialized():
+            return (self.node_id, self.root) == (other.node_id, other.root)
+        return (self._node_id, self.root) == (other._node_id, other.root)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
+    def __repr__(self) -> str:
+        node = self._node_id[:12] if self._node_id else "<first user's node>"
+        return f"NodeStorageHandler(node={node}, root={self.root!r})"
+
+    def get_type_name(self) -> str:
+        return "air-transfer-node"
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    # -- calls to the agent ----------------------------------------------------------
+    def agent(self) -> Any:
+        """The storage node's agent (an actor handle), started if needed."""
+        if self._agent is None:
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+            if self.node_id not in alive:
+                raise ConnectionError(
+                    f"storage node {self.node_id} is not a live node of this Ray cluster; "
+                    "files stored on it are unreachable"
+                )
+            self._agent = node_agent(self.node_id)
+        return self._agent
+
+    def _call(self, method: str, *args: Any) -> Any:
+        with self.agent_errors():
+            return ray.get(getattr(self.agent(), method).remote(self.root, *args))
+
+    @contextlib.contextmanager
+    def agent_errors(self) -> Iterator[None]:
+        """Raise the OSError or ValueError the agent raised (FileNotFoundError naming
+        the path, ...), not Ray's wrapper with the agent's traceback (kept for anything
+        else: a bug); a lost agent or node as ConnectionError."""
+        try:
+            yield
+        except RayTaskError as e:
+            if isinstance(e.cause, (OSError, ValueError)):
+                raise e.cause from None
+            raise
+        except RayActorError as e:
+            self._agent = None
+            raise ConnectionError(
+                f"the air-transfer agent of storage node {self.node_id} is unreachable "
+                f"({type(e).__name__}); its files cannot be reached until it is back"
+            ) from e
+
+    def _path(self, path: str) -> str:
+        return storage_path(self.root, path)
+
+    # -- metadata ----------------------------------------------------------------------
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        infos = self._call("fs_info", [self._path(p) for p in paths])
+        pairs = zip(paths, infos, strict=True)
+        return [pafs.FileInfo(p, t, mtime_ns=m, size=s) for p, (t, s, m) in pairs]
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        base = selector.base_dir
+        found = self._call(
+            "fs_list", self._path(base), selector.recursive, selector.allow_not_found
+        )
+        prefix = base.rstrip("/") + "/" if base.strip("/") else base[:1]
+        return [pafs.FileInfo(prefix + rel, t, mtime_ns=m, size=s) for rel, t, s, m in found]
+
+    def create_dir(self, path: str, recursive: bool) -> None:
+        self._call("fs_create_dir", self._path(path), recursive)
+
+    def delete_dir(self, path: str) -> None:
+        self._call("fs_delete_dir", self._path(path))
+
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        self._call("fs_delete_dir_contents", self._path(path), missing_dir_ok)
+
+    def delete_root_dir_contents(self) -> None:
+        self._call("fs_delete_dir_contents", self.root, False)
+
+    def delete_file(self, path: str) -> None:
+        self._call("fs_delete_file", self._path(path))
+
+    def move(self, src: str, dest: str) -> None:
+        self._call("fs_move", self._path(src), self._path(dest))
+
+    def copy_file(self, src: str, dest: str) -> None:
+        self._call("fs_copy_file", self._path(src), self._path(dest))
+
+    # -- file bodies -------------------------------------------------------------------
+    def open_input_stream(self, path: str) -> Any:
+        return self._open_input(path)
+
+    def open_input_file(self, path: str) -> Any:
+        return self._open_input(path)
+
+    def open_output_stream(self, path: str, metadata: Any = None) -> Any:
+        return self._open_output(path, append=False)
+
+    def open_append_stream(self, path: str, metadata: Any = None) -> Any:
+        return self._open_output(path, append=True)
+
+    def _open_input(self, path: str) -> Any:
+        local = self._path(path)
+        [(ftype, size, _)] = self._call("fs_info", [local])
+        if ftype == pafs.FileType.NotFound:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        if ftype != pafs.FileType.File:
+            raise IsADirectoryError(errno.EISDIR, "Cannot open for reading", path)
+        return pa.PythonFile(open_reader(self, path, local, size), mode="r")
+
+    def _open_output(self, path: str, append: bool) -> Any:
+        local = self._path(path)
+        staging, start = self._call("fs_open_write", local, append)
+        return pa.PythonFile(ChunkWriter(self, local, staging, start), mode="w")
+
+
+def node_storage_handler(fs: pafs.FileSystem) -> NodeStorageHandler | None:
+    """The handler behind ``fs`` if it is a node storage filesystem, else None."""
+    handler = getattr(fs, "handler", None) if isinstance(fs, pafs.PyFileSystem) else None
+    return handler if isinstance(handler, NodeStorageHandler) else None

@@ -1,0 +1,347 @@
+"""The node storage filesystem against the contract of a pyarrow filesystem: every
+``FileSystemHandler`` method, with the errors pyarrow's own ``LocalFileSystem`` raises.
+
+Each contract test runs twice: on ``LocalFileSystem`` (the reference: what a pyarrow
+user expects) and on ``storage_filesystem`` of node ``node_a`` used from the driver,
+so that every call crosses nodes. File bodies span several chunks.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+import pytest
+import ray
+from checkpoints import MiB, digest_tree, make_checkpoint, on
+from conftest import node_ids
+
+from air_transfer import ChunkedCheckpoint, TransferConfig, storage_filesystem
+from air_transfer.agent import node_agent
+from air_transfer.node_storage import NodeStorageHandler
+
+pytestmark = pytest.mark.usefixtures("cluster")
+CONFIG = TransferConfig(chunk_bytes=MiB, window=3)
+BODY = os.urandom(3 * MiB + 12345)  # four chunks, the last one partial
+
+
+@pytest.fixture(params=["local", "node-storage"])
+def fs(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[pafs.FileSystem, str]:
+    """A filesystem and a fresh base directory on it holding ``dir/sub``, ``dir/a``
+    (3 bytes) and ``big`` (``BODY``)."""
+    base = tmp_path / "base"
+    (base / "dir" / "sub").mkdir(parents=True)
+    (base / "dir" / "a").write_bytes(b"abc")
+    (base / "big").write_bytes(BODY)
+    if request.param == "local":
+        return pafs.LocalFileSystem(), str(base)
+    return storage_filesystem(node_ids()["node_a"], CONFIG, root=str(tmp_path)), str(base)
+
+
+def raises(kind: type[BaseException], op: Callable[[], Any]) -> BaseException:
+    with pytest.raises(kind) as info:
+        op()
+    return info.value
+
+
+def read(f: pafs.FileSystem, path: str) -> bytes:
+    with f.open_input_stream(path) as s:
+        return s.read()
+
+
+# -- info and listings --------------------------------------------------------------
+def test_file_info(fs: tuple[pafs.FileSystem, str]) -> None:
+    f, base = fs
+    big, d, missing = f.get_file_info([f"{base}/big", f"{base}/dir", f"{base}/nope"])
+    assert (big.type, big.size, big.path) == (pafs.FileType.File, len(BODY), f"{base}/big")
+    assert big.mtime_ns == os.stat(f"{base}/big").st_mtime_ns
+    assert (d.type, missing.type) == (pafs.FileType.Directory, pafs.FileType.NotFound)
+    assert f.get_file_info(f"{base}/big/x").type == pafs.FileType.NotFound
+
+
+def test_selectors(fs: tuple[pafs.FileSystem, str]) -> None:
+    f, base = fs
+
+    def listing(sub: str, recursive: bool) -> dict[str, Any]:
+        infos = f.get_file_info(pafs.FileSelector(f"{base}{sub}", recursive=recursive))
+        return {i.path: (i.type, i.size) for i in infos}
+
+    file_, dir_ = pafs.FileType.File, pafs.FileType.Directory
+    assert listing("", False) == {f"{base}/big": (file_, len(BODY)), f"{base}/dir": (dir_, None)}
+    assert listing("", True) == {
+        f"{base}/big": (file_, len(BODY)),
+        f"{base}/dir": (dir_, None),
+        f"{base}/dir/a": (file_, 3),
+        f"{base}/dir/sub": (dir_, None),
+    }
+    assert listing("/dir/", False) == {f"{base}/dir/a": (file_, 3), f"{base}/dir/sub": (dir_, None)}
+    missing = pafs.FileSelector(f"{base}/nope", allow_not_found=True)
+    assert f.get_file_info(missing) == []
+    raises(FileNotFoundError, lambda: f.get_file_info(pafs.FileSelector(f"{base}/nope")))
+    raises(NotADirectoryError, lambda: f.get_file_info(pafs.FileSelector(f"{base}/big")))
+
+
+# -- directories --------------------------------------------------------------------
+def test_create_dir(fs: tuple[pafs.FileSystem, str]) -> None:
+    f, base = fs
+    f.create_dir(f"{base}/new/deep/er")
+    f.create_dir(f"{base}/dir", recursive=False)  # exists: fine
+    f.create_dir(f"{base}/new/one", recursive=False)
+    assert os.path.isdir(f"{base}/new/deep/er") and os.path.isdir(f"{base}/new/one")
+    raises(FileNotFoundError, lambda: f.create_dir(f"{base}/x/y", recursive=False))
+    raises(FileExistsError, lambda: f.create_dir(f"{base}/big"))
+    raises(NotADirectoryError, lambda: f.create_dir(f"{base}/big/x"))
+
+
+def test_delete_dir(fs: tuple[pafs.FileSystem, str]) -> None:
+    f, base = fs
+    f.delete_dir(f"{base}/dir")
+    assert not os.path.exists(f"{base}/dir")
+    raises(FileNotFoundError, lambda: f.delete_dir(f"{base}/dir"))
+    raises(OSError, lambda: f.delete_dir(f"{base}/big"))
+    assert os.path.isfile(f"{base}/big")
+
+
+def test_delete_dir_contents(fs: tuple[pafs.FileSystem, str]) -> None:
+    f, base = fs
+    f.delete_dir_contents(f"{base}/dir")
+    assert os.listdir(f"{base}/dir") == []
+    f.delete_dir_contents(f"{base}/nope", missing_dir_ok=True)
+    raises(FileNotFoundError, lambda: f.delete_dir_contents(f"{base}/nope"))
+    raises(OSError, lambda: f.delete_dir_contents(f"{base}/big"))
+    assert os.path.isfile(f"{base}/big")
+
+
+def test_delete_file(fs: tuple[pafs.FileSystem, str]) -> None:
+    f, base = fs
+    f.delete_file(f"{base}/dir/a")
+    assert not os.path.exists(f"{base}/dir/a")
+    raises(FileNotFoundError, lambda: f.delete_file(f"{base}/dir/a"))
+    raises(IsADirectoryError, lambda: f.delete_file(f"{base}/dir"))
+
+
+# -- moves and copies ---------------------------------------------------------------
+def test_move(fs: tuple[pafs.FileSystem, str]) -> None:
+    f, base = fs
+    f.move(f"{base}/big", f"{base}/dir/big2")
+    assert read(f, f"{base}/dir/big2") == BODY and not os.path.exists(f"{base}/big")
+    f.move(f"{base}/dir/a", f"{base}/dir/big2")  # replaces a file
+    assert read(f, f"{base}/dir/big2") == b"abc"
+    f.move(f"{base}/dir/sub", f"{base}/moved")
+    assert os.path.isdir(f"{base}/moved")
+    raises(FileNotFoundError, lambda: f.move(f"{base}/nope", f"{base}/x"))
+    raises(IsADirectoryError, lambda: f.move(f"{base}/dir/big2", f"{base}/moved"))
+    raises(NotADirectoryError, lambda: f.move(f"{base}/moved", f"{base}/dir/big2"))
+    raises(OSError, lambda: f.move(f"{base}/moved", f"{base}/dir"))  # not empty
+
+
+def test_copy_file(fs: tuple[pafs.FileSystem, str]) -> None:
+    f, base = fs
+    f.copy_file(f"{base}/big", f"{base}/dir/copy")
+    f.copy_file(f"{base}/dir/a", f"{base}/big")  # replaces
+    assert read(f, f"{base}/dir/copy") == BODY and read(f, f"{base}/big") == b"abc"
+    raises(FileNotFoundError, lambda: f.copy_file(f"{base}/nope", f"{base}/x"))
+    raises(OSError, lambda: f.copy_file(f"{base}/dir", f"{base}/x"))
+    raises(IsADirectoryError, lambda: f.copy_file(f"{base}/big", f"{base}/dir"))
+
+
+# -- file bodies --------------------------------------------------------------------
+def test_output_stream(fs: tuple[pafs.FileSystem, str]) -> None:
+    f, base = fs
+    with f.open_output_stream(f"{base}/dir/out") as s:
+        for piece in (BODY[:10], BODY[10 : 2 * MiB + 7], BODY[2 * MiB + 7 :]):
+            s.write(piece)
+        assert s.tell() == len(BODY)
+    assert Path(f"{base}/dir/out").read_bytes() == BODY
+    with f.open_output_stream(f"{base}/dir/out") as s:  # truncates
+        s.write(b"xy")
+    with f.open_output_stream(f"{base}/empty"):
+        pass
+    assert Path(f"{base}/dir/out").read_bytes() == b"xy"
+    assert Path(f"{base}/empty").read_bytes() == b""
+    raises(IsADirectoryError, lambda: f.open_output_stream(f"{base}/dir"))
+    raises(FileNotFoundError, lambda: f.open_output_stream(f"{base}/nope/x"))
+    raises(NotADirectoryError, lambda: f.open_output_stream(f"{base}/big/x"))
+    assert sorted(os.listdir(f"{base}/dir")) == ["a", "out", "sub"]  # no staging left
+
+
+def test_append_stream(fs: tuple[pafs.FileSystem, str]) -> None:
+    f, base = fs
+    with f.open_append_stream(f"{base}/big") as s:
+        s.write(BODY)
+    with f.open_append_stream(f"{base}/new") as s:
+        s.write(b"first")
+    assert Path(f"{base}/big").read_bytes() == BODY + BODY
+    assert Path(f"{base}/new").read_bytes() == b"first"
+    raises(IsADirectoryError, lambda: f.open_append_stream(f"{base}/dir"))
+
+
+def test_input_streams(fs: tuple[pafs.FileSystem, str]) -> None:
+    f, base = fs
+    assert read(f, f"{base}/big") == BODY and read(f, f"{base}/dir/a") == b"abc"
+    with f.open_input_stream(f"{base}/big") as s:
+        pieces = iter(lambda: s.read(700_001), b"")
+        assert b"".join(pieces) == BODY
+    with f.open_input_file(f"{base}/big") as r:
+        assert r.size() == len(BODY)
+        r.seek(len(BODY) - 5)
+        assert r.read() == BODY[-5:]
+        r.seek(MiB - 3)  # across a chunk boundary, backwards
+        assert r.read(6) == BODY[MiB - 3 : MiB + 3] and r.tell() == MiB + 3
+        assert r.read_at(4, 2 * MiB) == BODY[2 * MiB : 2 * MiB + 4]
+    raises(FileNotFoundError, lambda: f.open_input_stream(f"{base}/nope"))
+    raises(FileNotFoundError, lambda: f.open_input_file(f"{base}/nope"))
+    raises(OSError, lambda: f.open_input_stream(f"{base}/dir"))
+
+
+def test_copy_files_round_trip(fs: tuple[pafs.FileSystem, str], tmp_path: Path) -> None:
+    """What Ray Train does with a storage filesystem: a tree in, and out again."""
+    f, base = fs
+    src = make_checkpoint(tmp_path / "src", 2 * MiB + 1)
+    pafs.copy_files(str(src), f"{base}/ckpt", destination_filesystem=f, chunk_size=3 * MiB)
+    pafs.copy_files(f"{base}/ckpt", str(tmp_path / "out"), source_filesystem=f)
+    assert digest_tree(tmp_path / "out") == digest_tree(src) == digest_tree(f"{base}/ckpt")
+
+
+# -- node storage only --------------------------------------------------------------
+@pytest.fixture
+def node_fs(tmp_path: Path) -> tuple[pafs.FileSystem, Path]:
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f").write_bytes(b"inside")
+    (tmp_path / "secret").write_bytes(b"outside")
+    (root / "link").symlink_to(tmp_path)
+    return storage_filesystem(node_ids()["node_a"], CONFIG, root=str(root)), root
+
+
+def test_paths_escaping_the_root_are_refused(node_fs: tuple[pafs.FileSystem, Path]) -> None:
+    f, root = node_fs
+    outside = str(root.parent / "secret")
+    for path in (outside, f"{root}/../secret", f"{root}/link/secret", "../secret"):
+        for op in (
+            lambda p: f.get_file_info(p),
+            lambda p: f.get_file_info(pafs.FileSelector(p)),
+            lambda p: f.open_input_stream(p),
+            lambda p: f.open_output_stream(p),
+            lambda p: f.delete_file(p),
+            lambda p: f.copy_file(f"{root}/d/f", p),
+            lambda p: f.move(p, f"{root}/d/g"),
+        ):
+            err = raises(PermissionError, lambda: op(path))  # noqa: B023
+            assert "outside the storage root" in str(err)
+    raises(PermissionError, lambda: f.delete_dir(str(root)))
+    assert (root.parent / "secret").read_bytes() == b"outside"
+    # Relative paths are taken under the root; the root's own contents may go, but
+    # never those of "/".
+    assert read(f, "d/f") == b"inside"
+    f.delete_dir_contents("/", accept_root_dir=True)
+    assert os.listdir(root) == [] and (root.parent / "secret").exists()
+    whole_disk = storage_filesystem(node_ids()["node_a"])
+    raises(PermissionError, lambda: whole_disk.delete_dir_contents("/", accept_root_dir=True))
+    raises(PermissionError, lambda: whole_disk.delete_dir("/"))
+
+
+@ray.remote
+def use_remotely(f: pafs.FileSystem, path: str, expected: pafs.FileSystem) -> tuple[bool, bytes]:
+    return f == expected, read(f, path)
+
+
+def test_pickles_and_compares_equal_to_its_copies(node_fs: tuple[pafs.FileSystem, Path]) -> None:
+    f, root = node_fs
+    ids = node_ids()
+    copy = pickle.loads(pickle.dumps(f))
+    assert copy == f and copy.handler == f.handler and hash(copy.handler) == hash(f.handler)
+    assert f != storage_filesystem(ids["node_b"], CONFIG, root=str(root))
+    assert f != storage_filesystem(ids["node_a"], CONFIG, root=str(root / "d"))
+    assert f != pafs.LocalFileSystem()
+    same, body = ray.get(use_remotely.options(**on("node_b")).remote(f, f"{root}/d/f", f))
+    assert same and body == b"inside"
+    # Made before it knows its node: the node of the process that ships it.
+    unresolved = pafs.PyFileSystem(NodeStorageHandler(None, str(root)))
+    assert pickle.loads(pickle.dumps(unresolved)).handler.node_id == ids["head"]
+    raises(ValueError, lambda: storage_filesystem("ab" * 28))
+    raises(ValueError, lambda: storage_filesystem(root="relative"))
+
+
+@pytest.mark.parametrize("storage", ["node-storage-here", "node-storage-elsewhere", "local"])
+def test_an_agent_stores_a_transferred_checkpoint(tmp_path: Path, storage: str) -> None:
+    """What ``checkpoint_upload_fn`` asks of the agent of node a: on its own disk via
+    the verified writer, else through any pyarrow filesystem (here node b's storage)."""
+    src = make_checkpoint(tmp_path / "src", 2 * MiB + 3)
+    handle = ChunkedCheckpoint.from_directory(src).pack(CONFIG)
+    ids = node_ids()
+    target = {
+        "node-storage-here": lambda: storage_filesystem(ids["node_a"], CONFIG),
+        "node-storage-elsewhere": lambda: storage_filesystem(ids["node_b"], CONFIG),
+        "local": pafs.LocalFileSystem,
+    }[storage]()
+    dest = str(tmp_path / "exp" / "checkpoint_0")
+    ray.get(node_agent(ids["node_a"]).store_checkpoint.remote(handle, target, dest))
+    assert digest_tree(dest) == digest_tree(src)
+
+
+def rss_anon(pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no RssAnon in /proc/{pid}/status")
+
+
+@ray.remote(num_cpus=0)
+def write_then_read(f: pafs.FileSystem, src: str, dest: str, agent_pid: int) -> dict[str, int]:
+    """Upload ``src`` to ``dest`` on ``f`` and read it back, sampling the private memory
+    (not RSS: mapped object-store pages count there) of this process and the agent."""
+    import hashlib
+    import threading
+
+    start = {"self": rss_anon(), "agent": rss_anon(agent_pid)}
+    peak = dict(start)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for who, pid in (("self", "self"), ("agent", agent_pid)):
+                peak[who] = max(peak[who], rss_anon(pid))
+            done.wait(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with open(src, "rb") as i, f.open_output_stream(dest) as o:
+            while block := i.read(4 * MiB):
+                o.write(block)
+        h = hashlib.sha256()
+        with f.open_input_stream(dest) as i:
+            while block := i.read(4 * MiB):
+                h.update(block)
+    finally:
+        done.set()
+        sampler.join()
+    with open(src, "rb") as i:
+        same = h.digest() == hashlib.file_digest(i, "sha256").digest()
+    return {"same": same, **{k: peak[k] - start[k] for k in peak}}
+
+
+def test_memory_stays_within_a_few_chunks_on_both_ends(tmp_path: Path) -> None:
+    size, config = 160 * MiB, TransferConfig(chunk_bytes=2 * MiB, window=4)
+    bound = 4 * config.chunk_bytes + 48 * MiB
+    src = tmp_path / "src.bin"
+    with open(src, "wb") as out:
+        for _ in range(size // (16 * MiB)):
+            out.write(os.urandom(16 * MiB))
+    ids = node_ids()
+    f = storage_filesystem(ids["node_a"], config, root=str(tmp_path))
+    agent_pid = ray.get(node_agent(ids["node_a"]).pid.remote())
+    growth = ray.get(
+        write_then_read.options(**on("node_b")).remote(
+            f, str(src), str(tmp_path / "dest.bin"), agent_pid
+        )
+    )
+    assert growth["same"] and (tmp_path / "dest.bin").stat().st_size == size
+    assert growth["self"] < bound, f"the client grew {growth['self'] / MiB:.0f} MiB"
+    assert growth["agent"] < bound, f"the agent grew {growth['agent'] / MiB:.0f} MiB"
