@@ -1,8 +1,9 @@
 """``python -m air_transfer COMMAND``: the command-line entry points.
 
-``bench`` runs the transfer contenders side by side (see ``air_transfer.bench``). Each
-subcommand lives in its own module, which adds its flags with ``add_arguments`` and
-sets ``run``; a later ``demo`` subcommand plugs in the same way.
+``bench`` runs the transfer contenders side by side (see ``air_transfer.bench``);
+``demo`` runs Ray Train on a two-node mock cluster with checkpoints stored on the
+driver node (see ``air_transfer.demo``). Each subcommand lives in its own module, which
+adds its flags with ``add_arguments`` and sets ``run``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per command."""
-    from air_transfer import bench
+    from air_transfer import bench, demo
 
     parser = argparse.ArgumentParser(
         prog="python -m air_transfer",
@@ -28,6 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     bench.add_arguments(bench_parser)
+    demo_parser = commands.add_parser(
+        "demo",
+        help="Ray Train across two nodes with checkpoints stored on the driver node",
+        description=demo.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo.add_arguments(demo_parser)
     return parser
 
 
