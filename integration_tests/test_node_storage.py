@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow.fs as pafs
 import pytest
 import ray
-from checkpoints import MiB, digest_tree, make_checkpoint, on
+from checkpoints import MiB, digest_tree, kill_and_wait, make_checkpoint, on
 from conftest import node_ids
 
 from air_transfer import ChunkedCheckpoint, TransferConfig, storage_filesystem
@@ -265,6 +265,17 @@ def test_pickles_and_compares_equal_to_its_copies(node_fs: tuple[pafs.FileSystem
     assert pickle.loads(pickle.dumps(unresolved)).handler.node_id == ids["head"]
     raises(ValueError, lambda: storage_filesystem("ab" * 28))
     raises(ValueError, lambda: storage_filesystem(root="relative"))
+
+
+def test_a_lost_agent_is_a_connection_error_then_replaced(
+    node_fs: tuple[pafs.FileSystem, Path],
+) -> None:
+    f, _ = node_fs
+    assert read(f, "d/f") == b"inside"
+    kill_and_wait(node_agent(node_ids()["node_a"]))
+    err = raises(ConnectionError, lambda: f.get_file_info("d/f"))
+    assert node_ids()["node_a"] in str(err)
+    assert read(f, "d/f") == b"inside"  # the next call starts a new agent
 
 
 @pytest.mark.parametrize("storage", ["node-storage-here", "node-storage-elsewhere", "local"])
