@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from air_transfer.__main__ import build_parser
 
 
@@ -34,3 +36,5 @@ def test_demo_reports_checkpoints_to_the_driver_node_and_restores_them(tmp_path:
 def test_demo_flags() -> None:
     opts = build_parser().parse_args(["demo", "--workers", "1"])
     assert (opts.size_mb, opts.reports, opts.workers, opts.storage) == (256, 3, 1, None)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--size-mb", "0"])
