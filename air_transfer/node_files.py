@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow.fs as pafs
 import ray
+from ray.exceptions import RayTaskError
 
+from air_transfer.errors import SourceChangedError
 from air_transfer.layout import Source
 from air_transfer.manifest import Entry, chunk_checksum
 from air_transfer.reader import ChunkFileReader
@@ -63,7 +65,15 @@ def _chunks(
             )
         )
         for index, ref in enumerate(refs, first):
-            chunk = ray.get(ref)
+            try:
+                chunk = ray.get(ref)
+            except RayTaskError as e:
+                if isinstance(e.cause, SourceChangedError):
+                    raise SourceChangedError(
+                        f"{local!r} on node {fs.node_id} changed size while being read "
+                        f"(chunk {index}); read it again"
+                    ) from None
+                raise
             del ref  # the store frees the chunk once it is consumed
             yield index, memoryview(chunk).cast("B")
 
@@ -81,6 +91,7 @@ class ChunkWriter(io.RawIOBase):
         self.buffer: np.ndarray | None = None
         self.filled = 0
         self.pending: deque[ray.ObjectRef] = deque()
+        self.failed = False
 
     def writable(self) -> bool:
         return True
@@ -91,7 +102,15 @@ class ChunkWriter(io.RawIOBase):
     def write(self, data: Any) -> int:
         if self.closed:
             raise ValueError(f"write to closed file {self.local!r}")
-        view = memoryview(data).cast("B")
+        if self.failed:
+            raise OSError(f"an earlier write to {self.local!r} failed; it will not be stored")
+        try:
+            return self._write(memoryview(data).cast("B"))
+        except BaseException:
+            self.failed = True  # close() then discards the upload: it may have a hole
+            raise
+
+    def _write(self, view: memoryview) -> int:
         n, cb = len(view), self.chunk_bytes
         while view:
             if not self.filled and len(view) >= cb:  # a whole chunk: no copy here
@@ -125,13 +144,17 @@ class ChunkWriter(io.RawIOBase):
             ray.get(ref)
 
     def close(self) -> None:
+        """Commit the file: it appears whole, or (after a failed write) not at all."""
         if self.closed:
             return
         try:
+            if self.failed:
+                self.fs.call_agent("fs_abort", self.staging)
+                return
             while self.pending:
                 self._wait(self.pending.popleft())
             tail = self.buffer[: self.filled] if self.buffer is not None else b""
-            self.fs._call(
+            self.fs.call_agent(
                 "fs_commit",
                 self.local,
                 self.staging,
@@ -142,8 +165,9 @@ class ChunkWriter(io.RawIOBase):
             )
         except BaseException:
             with contextlib.suppress(Exception):
-                self.fs._call("fs_abort", self.staging)
+                self.fs.call_agent("fs_abort", self.staging)
             raise
         finally:
             self.buffer = None
+            self.pending.clear()
             super().close()

@@ -52,7 +52,10 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         return self._node_id
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (NodeStorageHandler, (self.node_id, self.root, self.config))
+        # Shipped by Ray, it names its node (the sender's if not yet known): a copy
+        # unpickled elsewhere must not take its own node for the storage's.
+        node = self.node_id if ray.is_initialized() else self._node_id
+        return (NodeStorageHandler, (node, self.root, self.config))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, NodeStorageHandler):
@@ -90,7 +93,8 @@ class NodeStorageHandler(pafs.FileSystemHandler):
             self._agent = node_agent(self.node_id)
         return self._agent
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def call_agent(self, method: str, *args: Any) -> Any:
+        """``method`` of the agent with this storage's root and ``args``, its result."""
         with self.agent_errors():
             return ray.get(getattr(self.agent(), method).remote(self.root, *args))
 
@@ -117,38 +121,38 @@ class NodeStorageHandler(pafs.FileSystemHandler):
 
     # -- metadata ----------------------------------------------------------------------
     def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
-        infos = self._call("fs_info", [self._path(p) for p in paths])
+        infos = self.call_agent("fs_info", [self._path(p) for p in paths])
         pairs = zip(paths, infos, strict=True)
         return [pafs.FileInfo(p, t, mtime_ns=m, size=s) for p, (t, s, m) in pairs]
 
     def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
         base = selector.base_dir
-        found = self._call(
+        found = self.call_agent(
             "fs_list", self._path(base), selector.recursive, selector.allow_not_found
         )
         prefix = base.rstrip("/") + "/" if base.strip("/") else base[:1]
         return [pafs.FileInfo(prefix + rel, t, mtime_ns=m, size=s) for rel, t, s, m in found]
 
     def create_dir(self, path: str, recursive: bool) -> None:
-        self._call("fs_create_dir", self._path(path), recursive)
+        self.call_agent("fs_create_dir", self._path(path), recursive)
 
     def delete_dir(self, path: str) -> None:
-        self._call("fs_delete_dir", self._path(path))
+        self.call_agent("fs_delete_dir", self._path(path))
 
     def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
-        self._call("fs_delete_dir_contents", self._path(path), missing_dir_ok)
+        self.call_agent("fs_delete_dir_contents", self._path(path), missing_dir_ok)
 
     def delete_root_dir_contents(self) -> None:
-        self._call("fs_delete_dir_contents", self.root, False)
+        self.call_agent("fs_delete_dir_contents", self.root, False)
 
     def delete_file(self, path: str) -> None:
-        self._call("fs_delete_file", self._path(path))
+        self.call_agent("fs_delete_file", self._path(path))
 
     def move(self, src: str, dest: str) -> None:
-        self._call("fs_move", self._path(src), self._path(dest))
+        self.call_agent("fs_move", self._path(src), self._path(dest))
 
     def copy_file(self, src: str, dest: str) -> None:
-        self._call("fs_copy_file", self._path(src), self._path(dest))
+        self.call_agent("fs_copy_file", self._path(src), self._path(dest))
 
     # -- file bodies -------------------------------------------------------------------
     def open_input_stream(self, path: str) -> Any:
@@ -165,7 +169,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
 
     def _open_input(self, path: str) -> Any:
         local = self._path(path)
-        [(ftype, size, _)] = self._call("fs_info", [local])
+        [(ftype, size, _)] = self.call_agent("fs_info", [local])
         if ftype == pafs.FileType.NotFound:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
         if ftype != pafs.FileType.File:
@@ -174,7 +178,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
 
     def _open_output(self, path: str, append: bool) -> Any:
         local = self._path(path)
-        staging, start = self._call("fs_open_write", local, append)
+        staging, start = self.call_agent("fs_open_write", local, append)
         return pa.PythonFile(ChunkWriter(self, local, staging, start), mode="w")
 
 

@@ -20,8 +20,15 @@ import ray
 from checkpoints import MiB, digest_tree, kill_and_wait, make_checkpoint, on
 from conftest import node_ids
 
-from air_transfer import ChunkedCheckpoint, TransferConfig, storage_filesystem
+from air_transfer import (
+    ChecksumError,
+    ChunkedCheckpoint,
+    SourceChangedError,
+    TransferConfig,
+    storage_filesystem,
+)
 from air_transfer.agent import node_agent
+from air_transfer.manifest import chunk_checksum
 from air_transfer.node_storage import NodeStorageHandler
 
 pytestmark = pytest.mark.usefixtures("cluster")
@@ -265,6 +272,40 @@ def test_pickles_and_compares_equal_to_its_copies(node_fs: tuple[pafs.FileSystem
     assert pickle.loads(pickle.dumps(unresolved)).handler.node_id == ids["head"]
     raises(ValueError, lambda: storage_filesystem("ab" * 28))
     raises(ValueError, lambda: storage_filesystem(root="relative"))
+
+
+def test_an_upload_with_an_altered_chunk_is_not_stored(
+    node_fs: tuple[pafs.FileSystem, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent refuses the second chunk; the chunks after it are written, so the
+    staging file has the full size: only the writer's memory of the failure keeps
+    a file with a hole from being committed."""
+    import air_transfer.node_files
+
+    sent = []
+
+    def checksum_altered_once(chunk: Any) -> str:
+        sent.append(len(sent))
+        return "0" * 32 if len(sent) == 2 else chunk_checksum(chunk)
+
+    monkeypatch.setattr(air_transfer.node_files, "chunk_checksum", checksum_altered_once)
+    f, root = node_fs
+    (root / "d" / "f").write_bytes(b"old")
+    altered = pytest.raises(ChecksumError, match="arrived altered")
+    with altered, f.open_output_stream(f"{root}/d/f") as s:
+        s.write(BODY * 2)  # eight chunks, more than the window
+    assert os.listdir(root / "d") == ["f"] and (root / "d" / "f").read_bytes() == b"old"
+
+
+def test_a_file_that_changed_size_while_read_is_an_error(
+    node_fs: tuple[pafs.FileSystem, Path],
+) -> None:
+    f, root = node_fs
+    (root / "big").write_bytes(BODY)
+    with f.open_input_stream(f"{root}/big") as s:
+        os.truncate(root / "big", MiB)  # after the open, before the bytes are read
+        with pytest.raises(SourceChangedError, match="changed size while being read"):
+            s.read()
 
 
 def test_a_lost_agent_is_a_connection_error_then_replaced(
