@@ -23,35 +23,29 @@ import ray
 import ray.train
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
+from air_transfer.cliargs import positive_int
 from air_transfer.config import MiB, TransferConfig
 from air_transfer.train import storage_filesystem
 
 WORKER_NODE = "air_transfer_demo_workers"
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``demo`` subcommand's flags."""
     parser.add_argument(
-        "--size-mb", type=_positive_int, default=256, metavar="MB",
+        "--size-mb", type=positive_int, default=256, metavar="MB",
         help="bytes of each checkpoint, all workers together (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
-        "--reports", type=_positive_int, default=3,
+        "--reports", type=positive_int, default=3,
         help="checkpoints reported (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
-        "--workers", type=_positive_int, default=2,
+        "--workers", type=positive_int, default=2,
         help="training workers, all on the non-driver node (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
-        "--chunk-mb", type=_positive_int, default=32, metavar="MB",
+        "--chunk-mb", type=positive_int, default=32, metavar="MB",
         help="chunk size of the transfers (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(

@@ -77,6 +77,7 @@ from air_transfer.bench.session import (
     prefault_memory,
     ray_session,
 )
+from air_transfer.cliargs import positive_float, positive_int
 from air_transfer.config import MiB, TransferConfig
 
 __all__ = [
@@ -168,25 +169,11 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
 # -- command line ------------------------------------------------------------------------
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``bench`` subcommand's flags."""
     defaults = TransferConfig()
     parser.add_argument(
-        "--sizes", nargs="+", type=_positive_float, default=[0.5, 1, 2, 4], metavar="GB",
+        "--sizes", nargs="+", type=positive_float, default=[0.5, 1, 2, 4], metavar="GB",
         help="checkpoint sizes in decimal GB (10**9 bytes), e.g. 0.5 1 2 4 (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
@@ -196,16 +183,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and directory; several may be given (default: big)",
     )  # fmt: skip
     parser.add_argument(
-        "--small-file-kib", type=_positive_int, default=8, metavar="KiB",
+        "--small-file-kib", type=positive_int, default=8, metavar="KiB",
         help="size of each file in the small and mixed layouts (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
-        "--small-files", type=_positive_int, default=None, metavar="N",
+        "--small-files", type=positive_int, default=None, metavar="N",
         help="for --layout small, exactly N files (e.g. 20000) instead of deriving the "
         "count from --sizes",
     )  # fmt: skip
     parser.add_argument(
-        "--repeats", type=_positive_int, default=3,
+        "--repeats", type=positive_int, default=3,
         help="round trips per contender and size; median, min and max are reported "
         "(default: %(default)s)",
     )  # fmt: skip
@@ -215,11 +202,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "'raw' only with --cross-node)",
     )  # fmt: skip
     parser.add_argument(
-        "--chunk-mib", type=_positive_int, default=defaults.chunk_bytes // MiB, metavar="MiB",
+        "--chunk-mib", type=positive_int, default=defaults.chunk_bytes // MiB, metavar="MiB",
         help="air-transfer chunk size, also raw's chunk size (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
-        "--window", type=_positive_int, default=defaults.window,
+        "--window", type=positive_int, default=defaults.window,
         help="air-transfer prefetch window in chunks, also raw's (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
@@ -252,11 +239,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="drop the page cache before every round trip (root only; default: warm cache)",
     )  # fmt: skip
     parser.add_argument(
-        "--num-cpus", type=_positive_int, default=max(2, os.cpu_count() or 2),
+        "--num-cpus", type=positive_int, default=max(2, os.cpu_count() or 2),
         help="CPUs Ray advertises per node (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
-        "--object-store-mb", type=_positive_int, default=None, metavar="MiB",
+        "--object-store-mb", type=positive_int, default=None, metavar="MiB",
         help="object store per node; shrink it (e.g. 512) to see 'chunked' spill and "
         "'streamed' stay within its window (default: 1.5x the largest checkpoint + "
         "256 MiB, at most 30%% of memory, 20%% per node with --cross-node)",
@@ -269,7 +256,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "new memory high-water mark",
     )  # fmt: skip
     parser.add_argument(
-        "--memory-margin-gb", type=_positive_float, default=2.0, metavar="GB",
+        "--memory-margin-gb", type=positive_float, default=2.0, metavar="GB",
         help="skip a contender whose predicted memory exceeds available memory minus "
         "this; a run is killed if available memory falls under half of it "
         "(default: %(default)s)",
