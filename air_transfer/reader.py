@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -21,15 +21,14 @@ import ray
 _MAX_FETCH_THREADS = 8
 
 
-def fetch_in_order(refs: Sequence[ray.ObjectRef], window: int) -> Iterator[Any]:
-    """Yield ``ray.get(ref)`` for each ref in order, keeping up to ``window`` gets in
-    flight ahead so cross-node pulls overlap with the consumer's work.
+def fetch_in_order(refs: Iterable[ray.ObjectRef], window: int) -> Iterator[Any]:
+    """Yield ``ray.get(ref)`` for each ref in order (a list, or a streaming
+    generator's refs as they come), keeping up to ``window`` gets in flight ahead so
+    cross-node pulls overlap with the consumer's work.
 
     Threads, not ``ray.wait(fetch_local=True)``: a get in flight is a pull that Ray
     keeps going, and its result is dropped as soon as the consumer moves on.
     """
-    if not refs:
-        return
     pending: deque[Future[Any]] = deque()
     threads = min(window, _MAX_FETCH_THREADS)
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="air-transfer-fetch")

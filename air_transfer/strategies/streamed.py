@@ -1,8 +1,8 @@
 """``streamed``: the source node's agent reads the files at transfer time and yields
 chunks through a Ray streaming generator with backpressure.
 
-Object-store use stays near ``window x chunk_bytes`` on both nodes whatever the
-checkpoint size, so a checkpoint several times larger than the object store goes
+Object-store use stays within ``2 x window x chunk_bytes`` (``window`` produced
+ahead, ``window`` being fetched) whatever the checkpoint size, so a checkpoint several times larger than the object store goes
 through without spilling. Packing only reads the files once to take the checksums;
 the bytes move when a reader asks, from the directory as it is then, and a directory
 that changed or vanished since packing is a SourceChangedError, not a wrong copy.
@@ -22,6 +22,7 @@ from air_transfer.config import TransferConfig
 from air_transfer.layout import Source
 from air_transfer.manifest import Entry, Manifest
 from air_transfer.packing import read_chunks_ahead
+from air_transfer.reader import fetch_in_order
 from air_transfer.strategies.base import Packed, TransferStrategy
 
 
@@ -68,7 +69,6 @@ class StreamedStrategy(TransferStrategy):
             stop,
             config.verify,
         )
-        for ref in refs:
-            chunk = ray.get(ref)
-            del ref  # drop our reference so the store frees the chunk once written
-            yield chunk
+        # Fetch up to `window` yielded chunks ahead, so cross-node pulls overlap with
+        # the reader's writing as they do for `chunked`.
+        yield from fetch_in_order(refs, config.window)
