@@ -2,10 +2,11 @@
 chunks through a Ray streaming generator with backpressure.
 
 Object-store use stays within ``2 x window x chunk_bytes`` (``window`` produced
-ahead, ``window`` being fetched) whatever the checkpoint size, so a checkpoint several times larger than the object store goes
-through without spilling. Packing only reads the files once to take the checksums;
-the bytes move when a reader asks, from the directory as it is then, and a directory
-that changed or vanished since packing is a SourceChangedError, not a wrong copy.
+ahead, ``window`` being fetched) whatever the checkpoint size, so a checkpoint
+several times larger than the object store goes through without spilling. Packing
+only reads the files once to take the checksums; the bytes move when a reader asks,
+from the directory as it is then, and a directory that changed or vanished since
+packing is a SourceChangedError, not a wrong copy.
 """
 
 from __future__ import annotations
