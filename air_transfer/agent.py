@@ -83,11 +83,11 @@ class NodeAgent(LocalStorage, LocalUploads):
         so a directory that changed since then is reported here, naming the files,
         rather than as corrupt bytes on the reader's side.
         """
-        sizes = [f.size for f in files]
-        spans = iter_chunk_spans(sizes, chunk_bytes, start)
         for index, view, checksum in read_chunks_ahead(source, files, chunk_bytes, start, stop):
-            chunk_spans = next(spans)
             if verify and checksum != checksums[index]:
+                # Which files the chunk carries is only worked out for the message.
+                sizes = [f.size for f in files]
+                chunk_spans = next(iter_chunk_spans(sizes, chunk_bytes, index))
                 names = sorted({files[s.file_index].path for s in chunk_spans})
                 raise SourceChangedError(
                     f"checkpoint {source.root!r} changed since it was packed: chunk "
