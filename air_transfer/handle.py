@@ -64,7 +64,9 @@ class TransferHandle:
     def write_to(self, target: str | os.PathLike[str]) -> str:
         """Rebuild the checkpoint at ``target``: published only once complete and
         verified, merged into an existing directory file by file."""
-        return write_tree(self.manifest, self.iter_chunks(), target, self.config.verify)
+        return write_tree(
+            self.manifest, self.iter_chunks(), target, self.config.verify, self.config.direct_io
+        )
 
     def open_file(self, relpath: str) -> io.BufferedReader:
         """A seekable binary stream over one file, fetching only its chunks."""

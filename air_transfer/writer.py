@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
+from air_transfer.direct_io import DirectFileWriter, DirectIO, should_write_direct
 from air_transfer.errors import ChecksumError
 from air_transfer.layout import Span, iter_chunk_spans
 from air_transfer.manifest import Entry, Manifest, chunk_checksum
@@ -37,9 +38,11 @@ def write_tree(
     chunks: Iterable[Any],
     target: str | os.PathLike[str],
     verify: bool = True,
+    direct_io: DirectIO = "auto",
 ) -> str:
     """Rebuild the checkpoint described by ``manifest`` at ``target`` from its chunks
-    (buffers, in order) and return the target path.
+    (buffers, in order) and return the target path. ``direct_io`` says which files
+    bypass the page cache (see ``air_transfer.direct_io``).
 
     Raises ChecksumError (target untouched) if a chunk does not match its checksum or
     the chunks do not add up to the manifest; NotADirectoryError if ``target`` is a
@@ -57,7 +60,7 @@ def write_tree(
     staging = os.path.join(parent, f".{name}{_STAGING_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
     os.mkdir(staging, 0o777)  # the umask applies, as for a directory made by makedirs
     try:
-        _write_entries(manifest, chunks, staging, verify)
+        _write_entries(manifest, chunks, staging, verify, direct_io)
         with _target_lock(target):
             _publish(manifest, staging, target)
     finally:
@@ -66,12 +69,14 @@ def write_tree(
     return target
 
 
-def _write_entries(manifest: Manifest, chunks: Iterable[Any], root: str, verify: bool) -> None:
+def _write_entries(
+    manifest: Manifest, chunks: Iterable[Any], root: str, verify: bool, direct_io: DirectIO
+) -> None:
     for e in manifest.entries:
         if e.kind == "dir":
             os.mkdir(_join(root, e.path), 0o700)
     files = list(manifest.files())
-    with _FileSink(root, files) as sink:
+    with _FileSink(root, files, direct_io) as sink:
         spans = iter_chunk_spans([f.size for f in files], manifest.chunk_bytes)
         count = 0
         for index, chunk in enumerate(chunks):
@@ -102,22 +107,37 @@ def _write_entries(manifest: Manifest, chunks: Iterable[Any], root: str, verify:
 
 
 class _FileSink:
-    """Writes the stream's bytes into files in order; one file open at a time."""
+    """Writes the stream's bytes into files in order; one file open at a time, large
+    ones around the page cache when ``direct_io`` says so."""
 
-    def __init__(self, root: str, files: Sequence[Entry]) -> None:
-        self.root, self.files = root, files
+    def __init__(self, root: str, files: Sequence[Entry], direct_io: DirectIO) -> None:
+        self.root, self.files, self.direct_io = root, files, direct_io
         self.index = -1
-        self.handle: BinaryIO | None = None
+        self.handle: BinaryIO | DirectFileWriter | None = None
 
     def _advance_to(self, file_index: int) -> None:
         while self.index < file_index:
-            if self.handle is not None:
-                self.handle.close()
+            self._close()
             self.index += 1
-            self.handle = open(_join(self.root, self.files[self.index].path), "wb", buffering=0)
+            entry = self.files[self.index]
+            path = _join(self.root, entry.path)
+            if should_write_direct(entry.size, self.direct_io):
+                self.handle = DirectFileWriter(path)
+            else:
+                self.handle = open(path, "wb", buffering=0)
+
+    def _close(self, failed: bool = False) -> None:
+        handle, self.handle = self.handle, None
+        if isinstance(handle, DirectFileWriter) and failed:
+            handle.abort()
+        elif handle is not None:
+            handle.close()
 
     def write(self, file_index: int, view: memoryview) -> None:
         self._advance_to(file_index)
+        if isinstance(self.handle, DirectFileWriter):
+            self.handle.write(view)
+            return
         assert self.handle is not None
         while view:
             written = self.handle.write(view)
@@ -129,8 +149,7 @@ class _FileSink:
     def __exit__(self, exc_type: object, *_: object) -> None:
         if exc_type is None:
             self._advance_to(len(self.files) - 1)  # trailing empty files
-        if self.handle is not None:
-            self.handle.close()
+        self._close(failed=exc_type is not None)
 
 
 def _publish(manifest: Manifest, staging: str, target: str) -> None:

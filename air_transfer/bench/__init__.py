@@ -79,6 +79,7 @@ from air_transfer.bench.session import (
 )
 from air_transfer.cliargs import positive_float, positive_int
 from air_transfer.config import MiB, TransferConfig
+from air_transfer.direct_io import DIRECT_IO_MODES
 
 __all__ = [
     "LAYOUTS",
@@ -103,7 +104,9 @@ __all__ = [
 def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
     """Run every contender at every layout and size; returns the JSON report."""
     contenders = opts.contenders or default_contenders(opts.cross_node)
-    config = TransferConfig(chunk_bytes=opts.chunk_mib * MiB, window=opts.window)
+    config = TransferConfig(
+        chunk_bytes=opts.chunk_mib * MiB, window=opts.window, direct_io=opts.direct_io
+    )
     # Absolute: the actors do not share the driver's working directory.
     data_dir = opts.data_dir = os.path.abspath(os.path.expanduser(opts.data_dir))
     os.makedirs(data_dir, exist_ok=True)
@@ -150,6 +153,7 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
                 "window": config.window,
                 "inline_limit": config.inline_limit,
                 "verify": config.verify,
+                "direct_io": config.direct_io,
             },
             "object_store_bytes_per_node": int(per_node_store),
             "metrics": {
@@ -208,6 +212,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--window", type=positive_int, default=defaults.window,
         help="air-transfer prefetch window in chunks, also raw's (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--direct-io", choices=DIRECT_IO_MODES, default=defaults.direct_io,
+        help="which output files air-transfer writes with O_DIRECT: 'auto' those that "
+        "would pass the kernel's background writeback threshold, 'always' all of 16 "
+        "MiB or more, 'never' none (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
         "--cross-node", action="store_true",

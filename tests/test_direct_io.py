@@ -1,0 +1,160 @@
+"""O_DIRECT file writing: exact bytes at every alignment, fallback, errors, and when
+the writer chooses it (no Ray)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from test_writer import local_pack, no_staging_left
+from trees import assert_same_tree, write_file
+
+from air_transfer import ChecksumError, TransferConfig, direct_io
+from air_transfer.direct_io import (
+    ALIGN,
+    MIN_DIRECT_FILE_BYTES,
+    DirectFileWriter,
+    should_write_direct,
+    writeback_headroom,
+)
+from air_transfer.writer import write_tree
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="O_DIRECT is Linux")
+
+BUFFER = 4 * ALIGN  # small bounce buffers, so a few KiB exercise every hand-off
+
+
+def write_pieces(path: Path, data: bytes, piece_sizes: list[int]) -> DirectFileWriter:
+    writer = DirectFileWriter(str(path), buffer_bytes=BUFFER, depth=2)
+    view, sizes = memoryview(data), iter(piece_sizes)
+    while view:
+        n = next(sizes, len(view))
+        writer.write(view[:n])
+        view = view[n:]
+    writer.close()
+    return writer
+
+
+@linux_only
+@pytest.mark.parametrize(
+    "length",
+    [0, 1, ALIGN - 1, ALIGN, ALIGN + 1, BUFFER - 1, BUFFER, BUFFER + 1, 3 * BUFFER + 777],
+)
+def test_writes_exactly_the_bytes_at_every_alignment(tmp_path: Path, length: int) -> None:
+    data = random.Random(length).randbytes(length)
+    writer = write_pieces(tmp_path / "f", data, [1, ALIGN + 3, BUFFER, 5] * 10)
+    assert (tmp_path / "f").read_bytes() == data  # size too: the padded tail is cut off
+    assert writer.direct  # this test filesystem (the project disk) takes O_DIRECT
+
+
+@linux_only
+def test_writes_on_tmpfs_too(tmp_path: Path) -> None:
+    """tmpfs took no O_DIRECT before Linux 6.6: either way the bytes must be right."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    path = Path("/dev/shm") / f"air-transfer-test-{os.getpid()}"
+    data = random.Random(1).randbytes(2 * BUFFER + 11)
+    try:
+        write_pieces(path, data, [999])
+        assert path.read_bytes() == data
+    finally:
+        path.unlink(missing_ok=True)
+
+
+@linux_only
+def test_a_filesystem_that_refuses_direct_writes_gets_page_cache_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_pwrite, calls = os.pwrite, []
+
+    def refusing_pwrite(fd: int, data: memoryview, offset: int) -> int:
+        calls.append(offset)
+        if len(calls) == 1:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(direct_io.os, "pwrite", refusing_pwrite)
+    data = random.Random(2).randbytes(3 * BUFFER + 5)
+    writer = write_pieces(tmp_path / "f", data, [])
+    assert (tmp_path / "f").read_bytes() == data
+    assert not writer.direct
+    assert calls[:2] == [0, 0]  # the refused write was retried, not skipped
+
+
+@linux_only
+def test_a_failed_write_is_raised_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full_disk(fd: int, data: memoryview, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(direct_io.os, "pwrite", full_disk)
+    with pytest.raises(OSError, match=r"writing '.*f' failed after \d+ bytes: .*No space"):
+        write_pieces(tmp_path / "f", bytes(10 * BUFFER), [])
+
+
+def test_buffer_size_must_be_aligned(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=f"bounce buffer size 1000 must be .* of {ALIGN}"):
+        DirectFileWriter(str(tmp_path / "f"), buffer_bytes=1000)
+    assert not (tmp_path / "f").exists()
+
+
+@linux_only
+def test_which_files_go_direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    big, small = 4 * MIN_DIRECT_FILE_BYTES, MIN_DIRECT_FILE_BYTES - 1
+    assert not should_write_direct(big, "never")
+    assert should_write_direct(big, "always")
+    assert not should_write_direct(small, "always")  # a write or two: page cache
+    monkeypatch.setattr(direct_io, "writeback_headroom", lambda: 2 * MIN_DIRECT_FILE_BYTES)
+    assert should_write_direct(big, "auto")  # would start throttled writeback
+    assert not should_write_direct(2 * MIN_DIRECT_FILE_BYTES, "auto")  # fits
+    monkeypatch.setattr(direct_io, "writeback_headroom", lambda: None)
+    assert not should_write_direct(big, "auto")  # unknown: the safe default
+
+
+@linux_only
+def test_writeback_headroom_is_read_from_the_kernel() -> None:
+    headroom = writeback_headroom()
+    assert isinstance(headroom, int)
+    with open("/proc/meminfo") as f:
+        total = int(next(line for line in f if line.startswith("MemTotal:")).split()[1]) * 1024
+    assert headroom < total
+
+
+def test_config_rejects_an_unknown_mode() -> None:
+    assert TransferConfig(direct_io="never").direct_io == "never"
+    with pytest.raises(ValueError, match="direct_io must be one of 'auto', 'always', 'never'"):
+        TransferConfig(direct_io="sometimes")  # type: ignore[arg-type]
+
+
+def big_tree(root: Path) -> Path:
+    rng = random.Random(3)
+    write_file(root / "model.bin", rng.randbytes(MIN_DIRECT_FILE_BYTES + 4097), 0o600)
+    write_file(root / "small.json", b"{}")
+    write_file(root / "shards" / "b.bin", rng.randbytes(MIN_DIRECT_FILE_BYTES + 1))
+    return root
+
+
+@linux_only
+@pytest.mark.parametrize("mode", ["always", "never"])
+def test_write_tree_reproduces_large_files_either_way(tmp_path: Path, mode: str) -> None:
+    src = big_tree(tmp_path / "src")
+    manifest, chunks = local_pack(src, chunk_bytes=3 * 1024 * 1024 + 5)
+    write_tree(manifest, chunks, tmp_path / "out", direct_io=mode)  # type: ignore[arg-type]
+    assert_same_tree(src, tmp_path / "out")
+    assert no_staging_left(tmp_path)
+
+
+@linux_only
+def test_a_corrupt_chunk_mid_direct_file_publishes_nothing(tmp_path: Path) -> None:
+    src = big_tree(tmp_path / "src")
+    manifest, chunks = local_pack(src, chunk_bytes=4 * 1024 * 1024)
+    chunks[2] = bytes(len(chunks[2]))  # inside model.bin, after two direct writes
+    with pytest.raises(ChecksumError, match=r"chunk 2 of .*'model\.bin'"):
+        write_tree(manifest, chunks, tmp_path / "out", direct_io="always")
+    assert not (tmp_path / "out").exists()
+    assert no_staging_left(tmp_path)
