@@ -114,8 +114,11 @@ class DirectFileWriter:
         self._fill = 0
         self._offset = 0  # file offset of the current buffer's first byte
         self._closed = False
+        # A daemon: a writer abandoned without close() must not keep the process alive.
         self._thread = threading.Thread(
-            target=self._drain, name=f"air-transfer direct write {os.path.basename(path)}"
+            target=self._drain,
+            name=f"air-transfer direct write {os.path.basename(path)}",
+            daemon=True,
         )
         self._thread.start()
 
@@ -123,7 +126,9 @@ class DirectFileWriter:
         """Append ``data`` (a byte view) to the file."""
         view = memoryview(data).cast("B")
         while view:
-            self._raise_if_failed()
+            if self._error is not None:
+                self.abort()
+                self._raise_if_failed()
             if self._buffer is None:
                 self._buffer = self._free.get()
             take = min(len(self._buffer) - self._fill, len(view))
@@ -146,16 +151,19 @@ class DirectFileWriter:
                 self._buffer[self._fill : padded] = bytes(padded - self._fill)
                 self._submit(padded)
             self._stop()
-            self._raise_if_failed()
-            if os.fstat(self.fd).st_size != length:
+            if self._error is None and os.fstat(self.fd).st_size != length:
                 os.ftruncate(self.fd, length)
         finally:
             self._release()
+        self._raise_if_failed()
 
     def abort(self) -> None:
         """Stop without finishing the file (the caller deletes it)."""
-        if not self._closed:
+        if self._closed:
+            return
+        try:
             self._stop()
+        finally:
             self._release()
 
     def __enter__(self) -> DirectFileWriter:
@@ -185,16 +193,18 @@ class DirectFileWriter:
                 self._free.put(buffer)
 
     def _pwrite_all(self, buffer: mmap.mmap, nbytes: int, offset: int) -> None:
-        view = memoryview(buffer)[:nbytes]
-        while view:
-            try:
-                written = os.pwrite(self.fd, view, offset)
-            except OSError as e:
-                if e.errno != errno.EINVAL or not self.direct:
-                    raise
-                self.direct = _disable_direct(self.fd)  # refused: page cache from here on
-                continue
-            view, offset = view[written:], offset + written
+        # Views are released even on error: an exception's traceback would otherwise
+        # keep the buffer exported and it could not be closed.
+        done = 0
+        with memoryview(buffer) as whole:
+            while done < nbytes:
+                with whole[done:nbytes] as part:
+                    try:
+                        done += os.pwrite(self.fd, part, offset + done)
+                    except OSError as e:
+                        if e.errno != errno.EINVAL or not self.direct:
+                            raise
+                        self.direct = _disable_direct(self.fd)  # refused: page cache now
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -208,7 +218,7 @@ class DirectFileWriter:
 
     def _release(self) -> None:
         self._closed = True
-        os.close(self.fd)
+        os.close(self.fd)  # the thread has stopped: no write is in flight
         while not self._free.empty():
             self._free.get_nowait().close()
         if self._buffer is not None:

@@ -7,6 +7,7 @@ import errno
 import os
 import random
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,8 @@ def test_a_failed_write_is_raised_naming_the_file(
     monkeypatch.setattr(direct_io.os, "pwrite", full_disk)
     with pytest.raises(OSError, match=r"writing '.*f' failed after \d+ bytes: .*No space"):
         write_pieces(tmp_path / "f", bytes(10 * BUFFER), [])
+    # the failed writer stopped its thread and closed its file by itself
+    assert not [t for t in threading.enumerate() if t.name.startswith("air-transfer direct")]
 
 
 def test_buffer_size_must_be_aligned(tmp_path: Path) -> None:
