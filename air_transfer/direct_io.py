@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import mmap
 import os
 import queue
 import threading
 from typing import Literal
+
+import numpy as np
 
 DirectIO = Literal["auto", "always", "never"]
 DIRECT_IO_MODES: tuple[str, ...] = ("auto", "always", "never")
@@ -98,19 +99,19 @@ class DirectFileWriter:
     """
 
     def __init__(self, path: str, buffer_bytes: int = BOUNCE_BYTES, depth: int = 3) -> None:
-        if buffer_bytes <= 0 or buffer_bytes % ALIGN:
+        if buffer_bytes <= 0 or buffer_bytes % ALIGN:  # checked before the file is made
             raise ValueError(
                 f"bounce buffer size {buffer_bytes} must be a positive multiple of {ALIGN}"
             )
         self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
         self.direct = _enable_direct(self.fd)
-        self._free: queue.Queue[mmap.mmap] = queue.Queue()
+        self._free: queue.Queue[np.ndarray] = queue.Queue()
         for _ in range(depth):
-            self._free.put(mmap.mmap(-1, buffer_bytes))
-        self._full: queue.Queue[tuple[mmap.mmap, int, int] | None] = queue.Queue()
+            self._free.put(_aligned_buffer(buffer_bytes))
+        self._full: queue.Queue[tuple[np.ndarray, int, int] | None] = queue.Queue()
         self._error: BaseException | None = None
-        self._buffer: mmap.mmap | None = None
+        self._buffer: np.ndarray | None = None
         self._fill = 0
         self._offset = 0  # file offset of the current buffer's first byte
         self._closed = False
@@ -132,7 +133,10 @@ class DirectFileWriter:
             if self._buffer is None:
                 self._buffer = self._free.get()
             take = min(len(self._buffer) - self._fill, len(view))
-            self._buffer[self._fill : self._fill + take] = view[:take]
+            # numpy copies without the GIL (a slice assignment into an mmap or
+            # bytearray holds it), so the writing thread is never kept waiting.
+            source = np.frombuffer(view[:take], np.uint8)
+            np.copyto(self._buffer[self._fill : self._fill + take], source)
             self._fill += take
             view = view[take:]
             if self._fill == len(self._buffer):
@@ -148,7 +152,7 @@ class DirectFileWriter:
             if self._fill and self._error is None:
                 padded = -(-self._fill // ALIGN) * ALIGN
                 assert self._buffer is not None
-                self._buffer[self._fill : padded] = bytes(padded - self._fill)
+                self._buffer[self._fill : padded] = 0
                 self._submit(padded)
             self._stop()
             if self._error is None and os.fstat(self.fd).st_size != length:
@@ -192,19 +196,15 @@ class DirectFileWriter:
             finally:
                 self._free.put(buffer)
 
-    def _pwrite_all(self, buffer: mmap.mmap, nbytes: int, offset: int) -> None:
-        # Views are released even on error: an exception's traceback would otherwise
-        # keep the buffer exported and it could not be closed.
+    def _pwrite_all(self, buffer: np.ndarray, nbytes: int, offset: int) -> None:
         done = 0
-        with memoryview(buffer) as whole:
-            while done < nbytes:
-                with whole[done:nbytes] as part:
-                    try:
-                        done += os.pwrite(self.fd, part, offset + done)
-                    except OSError as e:
-                        if e.errno != errno.EINVAL or not self.direct:
-                            raise
-                        self.direct = _disable_direct(self.fd)  # refused: page cache now
+        while done < nbytes:
+            try:
+                done += os.pwrite(self.fd, buffer[done:nbytes], offset + done)
+            except OSError as e:
+                if e.errno != errno.EINVAL or not self.direct:
+                    raise
+                self.direct = _disable_direct(self.fd)  # refused: page cache from here on
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -219,11 +219,16 @@ class DirectFileWriter:
     def _release(self) -> None:
         self._closed = True
         os.close(self.fd)  # the thread has stopped: no write is in flight
+        self._buffer = None
         while not self._free.empty():
-            self._free.get_nowait().close()
-        if self._buffer is not None:
-            self._buffer.close()
-            self._buffer = None
+            self._free.get_nowait()
+
+
+def _aligned_buffer(nbytes: int) -> np.ndarray:
+    """``nbytes`` of private memory starting on an ``ALIGN`` boundary."""
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start : start + nbytes]
 
 
 def _enable_direct(fd: int) -> bool:

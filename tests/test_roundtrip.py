@@ -253,3 +253,24 @@ def test_existing_target_is_merged(tmp_path: Path, strategy: str) -> None:
     listing = tree_listing(target)
     assert listing.pop("other.txt")[2] == b"keep me"
     assert listing == tree_listing(src)
+
+
+@pytest.mark.parametrize("strategy_name", ["chunked", "streamed"])
+def test_large_files_written_around_the_page_cache(tmp_path: Path, strategy_name: str) -> None:
+    """direct_io="always" travels with the checkpoint; the consumer writes its 16 MiB+
+    files with O_DIRECT through page-aligned bounce buffers, odd tails included."""
+    src = tmp_path / "src"
+    (src / "shards").mkdir(parents=True)
+    rng = random.Random(5)
+    (src / "model.bin").write_bytes(rng.randbytes(20 * 1024**2 + 4097))
+    (src / "shards" / "0.bin").write_bytes(rng.randbytes(16 * 1024**2 + 1))
+    (src / "config.json").write_bytes(b"{}")
+    config = TransferConfig(chunk_bytes=3 * 1024**2 + 7, strategy=strategy_name, direct_io="always")
+    ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config=config)
+
+    @ray.remote
+    def consume(refs: list, target: str) -> str:
+        return ChunkedCheckpoint.from_object_ref(refs[0]).to_directory(target)
+
+    ray.get(consume.remote([ref], str(tmp_path / "out")))
+    assert_same_tree(src, tmp_path / "out")
