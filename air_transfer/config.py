@@ -10,8 +10,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from air_transfer.direct_io import DIRECT_IO_MODES, DirectIO
-
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -49,12 +47,10 @@ class TransferConfig:
         owner: who owns the chunks. ``"caller"`` (like ``ray.put``): the process that
             packs; they die with it. ``"node"``: the long-lived agent actor of the
             caller's node, so the checkpoint outlives the worker that made it.
-        direct_io: which files the reader writes around the page cache (``O_DIRECT``):
-            ``"auto"`` a large file that would push the machine's dirty memory past
-            the kernel's background writeback threshold (where it would be throttled
-            to the writeback rate), ``"always"`` every file of 16 MiB or more,
-            ``"never"`` none. Where the filesystem refuses direct I/O the file goes
-            through the page cache.
+        direct_io: the reader writes files of 16 MiB or more with ``O_DIRECT``,
+            around the page cache, where the filesystem supports it: steady disk
+            speed instead of dirty-page throttling. False: every file through the
+            page cache.
     """
 
     chunk_bytes: int = 32 * MiB
@@ -64,7 +60,7 @@ class TransferConfig:
     verify: bool = True
     follow_symlinks: bool = False
     owner: Literal["caller", "node"] = "caller"
-    direct_io: DirectIO = "auto"
+    direct_io: bool = True
 
     def __post_init__(self) -> None:
         _require_int("chunk_bytes", self.chunk_bytes, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
@@ -87,12 +83,7 @@ class TransferConfig:
                 f"TransferConfig.owner must be one of {', '.join(map(repr, OWNERS))}, "
                 f"got {self.owner!r}"
             )
-        if self.direct_io not in DIRECT_IO_MODES:
-            raise ValueError(
-                f"TransferConfig.direct_io must be one of "
-                f"{', '.join(map(repr, DIRECT_IO_MODES))}, got {self.direct_io!r}"
-            )
-        for flag in ("verify", "follow_symlinks"):
+        for flag in ("verify", "follow_symlinks", "direct_io"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(
                     f"TransferConfig.{flag} must be a bool, got {getattr(self, flag)!r}"

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
-from air_transfer.direct_io import DirectFileWriter, DirectIO, should_write_direct
+from air_transfer.direct_io import DirectFileWriter, should_write_direct
 from air_transfer.errors import ChecksumError
 from air_transfer.layout import Span, iter_chunk_spans
 from air_transfer.manifest import Entry, Manifest, chunk_checksum
@@ -38,10 +38,10 @@ def write_tree(
     chunks: Iterable[Any],
     target: str | os.PathLike[str],
     verify: bool = True,
-    direct_io: DirectIO = "auto",
+    direct_io: bool = True,
 ) -> str:
     """Rebuild the checkpoint described by ``manifest`` at ``target`` from its chunks
-    (buffers, in order) and return the target path. ``direct_io`` says which files
+    (buffers, in order) and return the target path. With ``direct_io``, large files
     bypass the page cache (see ``air_transfer.direct_io``).
 
     Raises ChecksumError (target untouched) if a chunk does not match its checksum or
@@ -70,7 +70,7 @@ def write_tree(
 
 
 def _write_entries(
-    manifest: Manifest, chunks: Iterable[Any], root: str, verify: bool, direct_io: DirectIO
+    manifest: Manifest, chunks: Iterable[Any], root: str, verify: bool, direct_io: bool
 ) -> None:
     for e in manifest.entries:
         if e.kind == "dir":
@@ -108,9 +108,9 @@ def _write_entries(
 
 class _FileSink:
     """Writes the stream's bytes into files in order; one file open at a time, large
-    ones around the page cache when ``direct_io`` says so."""
+    ones around the page cache if ``direct_io``."""
 
-    def __init__(self, root: str, files: Sequence[Entry], direct_io: DirectIO) -> None:
+    def __init__(self, root: str, files: Sequence[Entry], direct_io: bool) -> None:
         self.root, self.files, self.direct_io = root, files, direct_io
         self.index = -1
         self.handle: BinaryIO | DirectFileWriter | None = None

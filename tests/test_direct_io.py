@@ -1,5 +1,5 @@
-"""O_DIRECT file writing: exact bytes at every alignment, fallback, errors, and when
-the writer chooses it (no Ray)."""
+"""O_DIRECT file writing: exact bytes at every alignment, fallback, errors, and which
+files the writer sends around the page cache (no Ray)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from air_transfer.direct_io import (
     MIN_DIRECT_FILE_BYTES,
     DirectFileWriter,
     should_write_direct,
-    writeback_headroom,
 )
 from air_transfer.writer import write_tree
 
@@ -107,31 +106,18 @@ def test_buffer_size_must_be_aligned(tmp_path: Path) -> None:
 
 
 @linux_only
-def test_which_files_go_direct(monkeypatch: pytest.MonkeyPatch) -> None:
-    big, small = 4 * MIN_DIRECT_FILE_BYTES, MIN_DIRECT_FILE_BYTES - 1
-    assert not should_write_direct(big, "never")
-    assert should_write_direct(big, "always")
-    assert not should_write_direct(small, "always")  # a write or two: page cache
-    monkeypatch.setattr(direct_io, "writeback_headroom", lambda: 2 * MIN_DIRECT_FILE_BYTES)
-    assert should_write_direct(big, "auto")  # would start throttled writeback
-    assert not should_write_direct(2 * MIN_DIRECT_FILE_BYTES, "auto")  # fits
-    monkeypatch.setattr(direct_io, "writeback_headroom", lambda: None)
-    assert not should_write_direct(big, "auto")  # unknown: the safe default
+def test_which_files_go_direct() -> None:
+    assert should_write_direct(MIN_DIRECT_FILE_BYTES)
+    assert should_write_direct(4 * MIN_DIRECT_FILE_BYTES, enabled=True)
+    assert not should_write_direct(MIN_DIRECT_FILE_BYTES - 1)  # a write or two: page cache
+    assert not should_write_direct(4 * MIN_DIRECT_FILE_BYTES, enabled=False)
 
 
-@linux_only
-def test_writeback_headroom_is_read_from_the_kernel() -> None:
-    headroom = writeback_headroom()
-    assert isinstance(headroom, int)
-    with open("/proc/meminfo") as f:
-        total = int(next(line for line in f if line.startswith("MemTotal:")).split()[1]) * 1024
-    assert headroom < total
-
-
-def test_config_rejects_an_unknown_mode() -> None:
-    assert TransferConfig(direct_io="never").direct_io == "never"
-    with pytest.raises(ValueError, match="direct_io must be one of 'auto', 'always', 'never'"):
-        TransferConfig(direct_io="sometimes")  # type: ignore[arg-type]
+def test_config_takes_only_a_bool() -> None:
+    assert TransferConfig().direct_io is True
+    assert TransferConfig(direct_io=False).direct_io is False
+    with pytest.raises(TypeError, match="direct_io must be a bool, got 'never'"):
+        TransferConfig(direct_io="never")  # type: ignore[arg-type]
 
 
 def big_tree(root: Path) -> Path:
@@ -143,11 +129,11 @@ def big_tree(root: Path) -> Path:
 
 
 @linux_only
-@pytest.mark.parametrize("mode", ["always", "never"])
-def test_write_tree_reproduces_large_files_either_way(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize("direct", [True, False])
+def test_write_tree_reproduces_large_files_either_way(tmp_path: Path, direct: bool) -> None:
     src = big_tree(tmp_path / "src")
     manifest, chunks = local_pack(src, chunk_bytes=3 * 1024 * 1024 + 5)
-    write_tree(manifest, chunks, tmp_path / "out", direct_io=mode)  # type: ignore[arg-type]
+    write_tree(manifest, chunks, tmp_path / "out", direct_io=direct)
     assert_same_tree(src, tmp_path / "out")
     assert no_staging_left(tmp_path)
 
@@ -158,6 +144,6 @@ def test_a_corrupt_chunk_mid_direct_file_publishes_nothing(tmp_path: Path) -> No
     manifest, chunks = local_pack(src, chunk_bytes=4 * 1024 * 1024)
     chunks[2] = bytes(len(chunks[2]))  # inside model.bin, after two direct writes
     with pytest.raises(ChecksumError, match=r"chunk 2 of .*'model\.bin'"):
-        write_tree(manifest, chunks, tmp_path / "out", direct_io="always")
+        write_tree(manifest, chunks, tmp_path / "out")  # direct_io by default
     assert not (tmp_path / "out").exists()
     assert no_staging_left(tmp_path)

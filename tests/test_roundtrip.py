@@ -257,15 +257,15 @@ def test_existing_target_is_merged(tmp_path: Path, strategy: str) -> None:
 
 @pytest.mark.parametrize("strategy_name", ["chunked", "streamed"])
 def test_large_files_written_around_the_page_cache(tmp_path: Path, strategy_name: str) -> None:
-    """direct_io="always" travels with the checkpoint; the consumer writes its 16 MiB+
-    files with O_DIRECT through page-aligned bounce buffers, odd tails included."""
+    """The consumer writes 16 MiB+ files with O_DIRECT (the default) through
+    page-aligned bounce buffers, odd tails included."""
     src = tmp_path / "src"
     (src / "shards").mkdir(parents=True)
     rng = random.Random(5)
     (src / "model.bin").write_bytes(rng.randbytes(20 * 1024**2 + 4097))
     (src / "shards" / "0.bin").write_bytes(rng.randbytes(16 * 1024**2 + 1))
     (src / "config.json").write_bytes(b"{}")
-    config = TransferConfig(chunk_bytes=3 * 1024**2 + 7, strategy=strategy_name, direct_io="always")
+    config = TransferConfig(chunk_bytes=3 * 1024**2 + 7, strategy=strategy_name)
     ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config=config)
 
     @ray.remote

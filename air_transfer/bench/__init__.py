@@ -79,7 +79,6 @@ from air_transfer.bench.session import (
 )
 from air_transfer.cliargs import positive_float, positive_int
 from air_transfer.config import MiB, TransferConfig
-from air_transfer.direct_io import DIRECT_IO_MODES
 
 __all__ = [
     "LAYOUTS",
@@ -214,10 +213,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="air-transfer prefetch window in chunks, also raw's (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
-        "--direct-io", choices=DIRECT_IO_MODES, default=defaults.direct_io,
-        help="which output files air-transfer writes with O_DIRECT: 'auto' those that "
-        "would pass the kernel's background writeback threshold, 'always' all of 16 "
-        "MiB or more, 'never' none (default: %(default)s)",
+        "--no-direct-io", dest="direct_io", action="store_false",
+        help="air-transfer writes output files through the page cache, not with "
+        "O_DIRECT (default for files of 16 MiB or more: O_DIRECT)",
     )  # fmt: skip
     parser.add_argument(
         "--cross-node", action="store_true",
