@@ -75,6 +75,7 @@ class DirectFileWriter:
         self._buffer: np.ndarray | None = None
         self._fill = 0
         self._offset = 0  # file offset of the current buffer's first byte
+        self._written = 0  # bytes the thread has written
         self._closed = False
         # A daemon: a writer abandoned without close() must not keep the process alive.
         self._thread = threading.Thread(
@@ -152,7 +153,8 @@ class DirectFileWriter:
             try:
                 if self._error is None:
                     self._pwrite_all(buffer, nbytes, offset)
-            except BaseException as e:  # handed to the writing thread, never lost
+                    self._written += nbytes
+            except BaseException as e:  # re-raised in the caller's thread, never lost
                 self._error = e
             finally:
                 self._free.put(buffer)
@@ -170,7 +172,7 @@ class DirectFileWriter:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise OSError(
-                f"writing {self.path!r} failed after {self._offset} bytes: {self._error}"
+                f"writing {self.path!r} failed after {self._written} bytes: {self._error}"
             ) from self._error
 
     def _stop(self) -> None:
