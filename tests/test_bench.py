@@ -58,6 +58,7 @@ def check_report(report: dict, contenders: list[str], layouts: list[str], tmp: P
         assert r["consumer_peak_private_mib"] > 0
         assert r["ratio_to_cp"] is not None
     assert set(report["linearity"]) == set(layouts)
+    assert report["config"]["transfer_config"]["direct_io"] is True  # the default
     assert (tmp / "bench.png").read_bytes().startswith(b"\x89PNG")
     assert not any((tmp / "data").glob("*")), "--clean left cached data behind"
 
@@ -189,6 +190,6 @@ def test_help_explains_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
         "--sizes", "--layout", "--small-file-kib", "--small-files", "--repeats",
         "--contenders", "--chunk-mib", "--window", "--cross-node", "--data-dir", "--clean",
         "--json", "--plot", "--no-warmup", "--drop-caches", "--num-cpus", "--object-store-mb",
-        "--no-prefault", "--memory-margin-gb",
+        "--no-prefault", "--memory-margin-gb", "--no-direct-io",
     ):  # fmt: skip
         assert flag in text
