@@ -110,15 +110,16 @@ class DirectFileWriter:
         if self._closed:
             return
         try:
-            length = self._offset + self._fill
-            if self._fill and self._error is None:
-                padded = -(-self._fill // ALIGN) * ALIGN
+            tail = self._fill
+            length = self._offset + tail
+            padded = -(-tail // ALIGN) * ALIGN
+            if tail and self._error is None:
                 assert self._buffer is not None
-                self._buffer[self._fill : padded] = 0
+                self._buffer[tail:padded] = 0
                 self._submit(padded)
             self._stop()
-            if self._error is None and os.fstat(self.fd).st_size != length:
-                os.ftruncate(self.fd, length)
+            if padded != tail and self._error is None:
+                os.ftruncate(self.fd, length)  # cut the tail's zero padding off
         finally:
             self._release()
         self._raise_if_failed()
