@@ -30,8 +30,9 @@ What is measured, and how:
 
 Repeats are interleaved (rep 1 of every contender, then rep 2) so a machine that
 drifts, a disk slowed by someone else's load, does not land on one contender; each
-contender has its own producer/consumer actor pair per layout, warmed up by one
-untimed 1 MiB round trip (``--no-warmup`` to measure first-use costs too).
+contender has its own producer/consumer actor pair per layout, warmed up untimed by
+one round trip of two chunks and by mapping 70% of the object store into both
+processes (``--no-warmup`` to measure these first-use costs too).
 
 A contender whose predicted memory would not fit (``blob`` needs ~8x the checkpoint,
 ``tune`` ~6x) is skipped with the reason, never run into the OOM killer; a watchdog
@@ -69,7 +70,7 @@ from air_transfer.bench.report import (
     skipped,
     write_plot,
 )
-from air_transfer.bench.runner import WARMUP_BYTES, _run_layout, progress
+from air_transfer.bench.runner import _run_layout, progress, warmup_size
 from air_transfer.bench.session import (
     _drop_caches,
     auto_store_bytes,
@@ -117,7 +118,8 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
         progress("prefaulting memory (first touch of a VM's memory is several times slower)")
         prefault_memory(int(opts.memory_margin_gb * GB))
 
-    sources: dict[Any, Any] = {}  # (layout, bytes) -> (path, digest); "warmup" -> path
+    # (layout, bytes) -> (path, digest); "warmup" -> (path, bytes)
+    sources: dict[Any, Any] = {}
     for layout, sizes in plan.items():
         for size_gb, nbytes in sizes:
             progress(f"checkpoint {layout} {size_gb:g} GB ({nbytes} bytes) in {data_dir}")
@@ -126,7 +128,8 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
             )
             sources[layout, nbytes] = (path, tree_digest(path))
     if opts.warmup:
-        sources["warmup"] = make_checkpoint(data_dir, "big", WARMUP_BYTES, 0)
+        warmup_bytes = warmup_size(config)
+        sources["warmup"] = (make_checkpoint(data_dir, "big", warmup_bytes, 0), warmup_bytes)
 
     machine = machine_info(data_dir)
     results: list[dict[str, Any]] = []
@@ -239,8 +242,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--no-warmup", dest="warmup", action="store_false",
-        help="skip the untimed 1 MiB round trip each fresh producer/consumer pair makes "
-        "first, and so measure first-use costs (imports, agent start) in repeat 1",
+        help="skip the untimed warm-up of each fresh producer/consumer pair (a round "
+        "trip of two chunks, then 70%% of the object store mapped into both "
+        "processes), and so measure first-use costs (imports, agent start, fresh "
+        "buffers, first touches of store pages) in the first repeats",
     )  # fmt: skip
     parser.add_argument(
         "--drop-caches", action="store_true",

@@ -18,10 +18,14 @@ from air_transfer.bench.endpoint import Ends
 from air_transfer.bench.measure import Measurement, _error_reason, measure_once, skip_reason
 from air_transfer.bench.report import skipped, summarize
 from air_transfer.bench.session import _store_capacity
-from air_transfer.config import MiB, TransferConfig
+from air_transfer.config import TransferConfig
 
-#: Size of the untimed warm-up round trip each fresh actor pair makes first.
-WARMUP_BYTES = 1 * MiB
+
+def warmup_size(config: TransferConfig) -> int:
+    """Size of the untimed warm-up round trip each fresh actor pair makes first: two
+    chunks, so that the chunk-size buffers a process allocates once (and whose
+    fresh pages are slow on a VM) are not first met on the clock."""
+    return 2 * config.chunk_bytes
 
 
 def progress(message: str) -> None:
@@ -90,19 +94,26 @@ def _run_layout(
 
 
 def _start_pair(
-    name: str, config: TransferConfig, warmup_src: str | None, opts: argparse.Namespace
+    name: str,
+    config: TransferConfig,
+    warmup: tuple[str, int] | None,
+    opts: argparse.Namespace,
 ) -> Ends:
-    """A fresh actor pair for ``name``, warmed up by one untimed round trip of a tiny
-    checkpoint unless ``--no-warmup``: imports (``ray.train`` alone takes ~0.5 s) and
-    first-use setup, such as a strategy's agent actors, are paid once per process,
-    not per checkpoint, and would otherwise dominate the first repeat."""
+    """A fresh actor pair for ``name``, warmed up unless ``--no-warmup`` by one
+    untimed round trip of a tiny checkpoint and by mapping most of the object store
+    into both processes: imports (``ray.train`` alone takes ~0.5 s), first-use setup
+    such as a strategy's agent actors, and first touches of the store's pages are
+    paid once per process, not per checkpoint, and would otherwise land on the first
+    repeats of whichever contender runs first at a size."""
     ends = Ends.start(config, opts.cross_node)
-    if warmup_src is not None:
+    if warmup is not None:
+        warmup_src, warmup_bytes = warmup
         out = os.path.join(opts.data_dir, "out", f"{name}-warmup")
         try:
-            contender_function(name)(ends, warmup_src, out, WARMUP_BYTES)
+            contender_function(name)(ends, warmup_src, out, warmup_bytes)
         except Exception as e:  # the timed runs will fail the same way and say so
             progress(f"warm-up of {name} failed: {_error_reason(e, False, 0)}")
         finally:
             shutil.rmtree(out, ignore_errors=True)
+        ends.warm_store()
     return ends

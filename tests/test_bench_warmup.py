@@ -1,0 +1,49 @@
+"""The bench's store warm-up: each endpoint process maps most of the object store
+once, untimed, and leaves nothing behind in it (a real local Ray, no timing)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import ray
+
+from air_transfer.bench import endpoint
+from air_transfer.bench.endpoint import Ends
+from air_transfer.bench.sampler import object_store_used
+from air_transfer.config import TransferConfig
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def node_store_bytes() -> int:
+    (node,) = [n for n in ray.nodes() if n["Alive"]]
+    return int(node["Resources"]["object_store_memory"])
+
+
+@pytest.fixture(scope="module")
+def ends() -> Iterator[Ends]:
+    pair = Ends.start(TransferConfig(), cross_node=False)
+    yield pair
+    pair.kill()
+
+
+def test_fill_puts_the_fraction_of_the_store_in_whole_pieces(ends: Ends) -> None:
+    refs = ray.get(ends.producer.fill_store.remote(0.5))
+    piece = endpoint.STORE_PIECE_BYTES
+    target = int(node_store_bytes() * 0.5)
+    assert len(refs) == target // piece > 0
+    assert all(len(ray.get(r)) == piece for r in refs[:2])
+
+
+def test_touch_reads_one_byte_in_every_page(ends: Ends) -> None:
+    refs = ray.get(ends.producer.fill_store.remote(0.25))
+    pages = ray.get(ends.consumer.touch_store.remote(refs))
+    # Every piece is all ones: one byte summed per 4 KiB page of every piece.
+    assert pages == len(refs) * endpoint.STORE_PIECE_BYTES // endpoint.PAGE_BYTES
+
+
+def test_warm_store_leaves_the_store_as_it_found_it(ends: Ends) -> None:
+    before = object_store_used()
+    ends.warm_store()
+    assert object_store_used() <= before + endpoint.STORE_PIECE_BYTES
