@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -88,7 +89,8 @@ def test_every_contender_round_trips_verified(single_node: tuple[dict, str, Path
     report, _, tmp = single_node
     check_report(report, shipped_contenders(), ["big", "small"], tmp)
     by_name = {(r["contender"], r["layout"]): r for r in report["results"]}
-    assert by_name["cp", "big"]["producer_peak_private_mib"] is None  # cp has no producer
+    for local_copy in ("cp", "cp-direct"):  # no producer process
+        assert by_name[local_copy, "big"]["producer_peak_private_mib"] is None
     assert by_name["chunked", "big"]["producer_peak_private_mib"] > 0
 
 
@@ -106,6 +108,29 @@ def test_cross_node_with_raw(tmp_path: Path) -> None:
     assert report["config"]["cross_node"] is True
 
 
+def test_cp_direct_copies_large_files_exactly_around_the_page_cache(tmp_path: Path) -> None:
+    """``cp-direct``'s copy function: a file big enough for ``O_DIRECT`` (with a tail
+    that is not a whole block) and a small one come out identical, mode and mtime
+    included; the smoke runs' checkpoints are too small to take the direct path."""
+    from air_transfer.bench.endpoint import _copy_direct
+    from air_transfer.direct_io import MIN_DIRECT_FILE_BYTES, should_write_direct
+
+    src = tmp_path / "src"
+    src.mkdir()
+    big = os.urandom(MIN_DIRECT_FILE_BYTES + 4097)
+    (src / "model.bin").write_bytes(big)
+    (src / "config.json").write_bytes(b"{}")
+    os.chmod(src / "model.bin", 0o640)
+    os.utime(src / "model.bin", ns=(1_600_000_000_123_456_789,) * 2)
+    assert should_write_direct(len(big))
+    out = tmp_path / "out"
+    shutil.copytree(src, out, symlinks=True, copy_function=_copy_direct)
+    assert (out / "model.bin").read_bytes() == big
+    assert (out / "config.json").read_bytes() == b"{}"
+    st = os.stat(out / "model.bin")
+    assert (st.st_mode & 0o777, st.st_mtime_ns) == (0o640, 1_600_000_000_123_456_789)
+
+
 # -- deciding without running ------------------------------------------------------------
 
 
@@ -114,6 +139,7 @@ def test_blob_prediction_is_eight_times_the_checkpoint() -> None:
     assert bench.predicted_peak_bytes("blob", 10**9, config) == 8 * 10**9
     assert bench.predicted_peak_bytes("tune", 10**9, config) == 6 * 10**9
     assert bench.predicted_peak_bytes("cp", 10**12, config) == 0
+    assert bench.predicted_peak_bytes("cp-direct", 10**12, config) == 0
 
 
 def test_huge_blob_is_skipped_with_a_reason() -> None:

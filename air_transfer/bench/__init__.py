@@ -5,6 +5,9 @@ directory, a different *consumer* process fetches it and writes it back out as f
 The output is verified byte for byte against the source, then deleted. The contenders:
 
 - ``cp``: ``shutil.copytree`` in the consumer, no Ray at all: the floor.
+- ``cp-direct``: the same copy with large files written with ``O_DIRECT``, as
+  air-transfer writes them by default: the floor for output that reaches the disk
+  (``cp``'s output is still in the page cache when its clock stops).
 - ``blob``: the legacy AIR path that ray-project/ray#25217 measured: the directory
   tarred into one ``bytes``, one ``ray.put``, one ``ray.get``, untar.
 - ``tune``: Ray Tune's own ``ray.tune.utils.file_transfer`` (``_PackActor`` and
@@ -223,8 +226,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cross-node", action="store_true",
         help="start a 2-node ray.cluster_utils.Cluster on this machine and run the "
-        "producer on one node and the consumer on the other; adds 'raw'. 'cp' stays a "
-        "local copy, the floor",
+        "producer on one node and the consumer on the other; adds 'raw'. 'cp' and "
+        "'cp-direct' stay local copies, the floors",
     )  # fmt: skip
     parser.add_argument(
         "--data-dir", default=default_data_dir(), metavar="DIR",

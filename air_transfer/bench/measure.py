@@ -9,7 +9,7 @@ import shutil
 import time
 from dataclasses import dataclass
 
-from air_transfer.bench.contenders import RAW, Trip, contender_function
+from air_transfer.bench.contenders import LOCAL_COPIES, RAW, Trip, contender_function
 from air_transfer.bench.data import GB, first_difference, tree_digest
 from air_transfer.bench.endpoint import Ends
 from air_transfer.bench.sampler import Sampler
@@ -42,7 +42,7 @@ def predicted_peak_bytes(
     disk). ``cp`` needs only the page cache, which the kernel can always reclaim.
     """
     in_store = size_bytes if store_bytes is None else min(size_bytes, store_bytes)
-    if contender == "cp":
+    if contender in LOCAL_COPIES:
         return 0
     if contender == "blob":
         return BLOB_MEMORY_FACTOR * size_bytes
@@ -108,7 +108,8 @@ def measure_once(
     if opts.drop_caches:
         _drop_caches()  # cold start: the source is read from disk, not the page cache
     floor = int(opts.memory_margin_gb * GB / 2)
-    pids = {"producer": None if name == "cp" else ends.producer_pid, "consumer": ends.consumer_pid}
+    producer = None if name in LOCAL_COPIES else ends.producer_pid
+    pids = {"producer": producer, "consumer": ends.consumer_pid}
     trip, error = None, None
     with Sampler(pids, floor, ends.kill) as sampler:
         ends.sampler = sampler
