@@ -49,8 +49,8 @@ class TransferConfig:
             caller's node, so the checkpoint outlives the worker that made it.
         direct_io: the reader writes files of 16 MiB or more with ``O_DIRECT``,
             around the page cache, where the filesystem supports it: steady disk
-            speed instead of dirty-page throttling. False: every file through the
-            page cache.
+            speed instead of dirty-page throttling; node storage so writes uploaded
+            chunks of 16 MiB or more. False: everything through the page cache.
     """
 
     chunk_bytes: int = 32 * MiB

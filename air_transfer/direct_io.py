@@ -188,6 +188,49 @@ class DirectFileWriter:
             self._free.get_nowait()
 
 
+def pwrite_direct(path: str, data: memoryview, offset: int) -> bool:
+    """Write ``data`` at ``offset`` of the existing file ``path`` with ``O_DIRECT``,
+    through page-aligned bounce buffers, and return True; or return False where that
+    cannot be done: an ``offset`` or length that is not a multiple of ``ALIGN``, a
+    platform without ``O_DIRECT``, a filesystem that refuses it (``EINVAL``), a short
+    write off a block boundary. The caller then writes all of ``data`` through the
+    page cache; any part already written gets the same bytes again.
+
+    For writers that place whole chunks at known offsets, possibly out of order and
+    from several threads (node-storage uploads), where ``DirectFileWriter``'s front
+    to back stream does not fit. Other errors (``ENOSPC``, ``EIO``) are raised.
+    """
+    view = memoryview(data).cast("B")
+    if not _O_DIRECT or offset % ALIGN or len(view) % ALIGN:
+        return False
+    try:
+        fd = os.open(path, os.O_WRONLY | _O_DIRECT | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.EINVAL:
+            return False
+        raise
+    try:
+        bounce = _aligned_buffer(min(BOUNCE_BYTES, len(view)))
+        done = 0
+        while done < len(view):
+            n = min(len(bounce), len(view) - done)
+            np.copyto(bounce[:n], np.frombuffer(view[done : done + n], np.uint8))
+            written = 0
+            while written < n:
+                step = os.pwrite(fd, bounce[written:n], offset + done + written)
+                if step <= 0 or step % ALIGN:  # not resumable with O_DIRECT
+                    return False
+                written += step
+            done += n
+    except OSError as e:
+        if e.errno == errno.EINVAL:
+            return False
+        raise
+    finally:
+        os.close(fd)
+    return True
+
+
 def _aligned_buffer(nbytes: int) -> np.ndarray:
     """``nbytes`` of private memory starting on an ``ALIGN`` boundary."""
     raw = np.empty(nbytes + ALIGN, np.uint8)

@@ -18,6 +18,7 @@ import stat
 import uuid
 from typing import Any
 
+from air_transfer.direct_io import pwrite_direct, should_write_direct
 from air_transfer.errors import ChecksumError
 from air_transfer.local_storage import STAGING_MARK, oserror, real_path
 from air_transfer.manifest import chunk_checksum
@@ -65,15 +66,28 @@ class LocalUploads:
         shutil.copyfile(path, staging)
         return staging, st.st_size
 
-    def fs_write(self, root: str, staging: str, offset: int, data: Any, checksum: str) -> None:
-        """Write one chunk at ``offset`` of a staging file, after checking it."""
+    def fs_write(
+        self,
+        root: str,
+        staging: str,
+        offset: int,
+        data: Any,
+        checksum: str,
+        direct_io: bool = False,
+    ) -> None:
+        """Write one chunk at ``offset`` of a staging file, after checking it; with
+        ``direct_io``, a large block-aligned chunk goes around the page cache (as
+        ``TransferConfig.direct_io`` has the writer of ``to_directory`` do)."""
         view = memoryview(data).cast("B")
         if chunk_checksum(view) != checksum:
             raise ChecksumError(
                 f"a chunk of {len(view)} bytes for offset {offset} of {staging!r} arrived "
                 "altered (checksum mismatch); the file is not written"
             )
-        fd = os.open(_staging(root, staging), os.O_WRONLY)
+        path = _staging(root, staging)
+        if should_write_direct(len(view), direct_io) and pwrite_direct(path, view, offset):
+            return
+        fd = os.open(path, os.O_WRONLY)
         try:
             while view:
                 n = os.pwrite(fd, view, offset)
@@ -82,13 +96,21 @@ class LocalUploads:
             os.close(fd)
 
     def fs_commit(
-        self, root: str, path: str, staging: str, offset: int, tail: Any, checksum: str, size: int
+        self,
+        root: str,
+        path: str,
+        staging: str,
+        offset: int,
+        tail: Any,
+        checksum: str,
+        size: int,
+        direct_io: bool = False,
     ) -> None:
         """Write the last bytes, check the staging file holds ``size`` bytes, and
         rename it over ``path``; on any error the staging file is removed."""
         try:
             if len(memoryview(tail)):
-                self.fs_write(root, staging, offset, tail, checksum)
+                self.fs_write(root, staging, offset, tail, checksum, direct_io)
             written = os.stat(staging).st_size
             if written != size:
                 raise OSError(

@@ -134,7 +134,12 @@ class ChunkWriter(io.RawIOBase):
             self._wait(self.pending.popleft())
         agent = self.fs.agent()
         call = agent.fs_write.remote(
-            self.fs.root, self.staging, self.offset, chunk, chunk_checksum(chunk)
+            self.fs.root,
+            self.staging,
+            self.offset,
+            chunk,
+            chunk_checksum(chunk),
+            self.fs.config.direct_io,
         )
         self.pending.append(call)
         self.offset += len(chunk)
@@ -162,6 +167,7 @@ class ChunkWriter(io.RawIOBase):
                 tail,
                 chunk_checksum(tail),
                 self.offset + self.filled,
+                self.fs.config.direct_io,
             )
         except BaseException:
             with contextlib.suppress(Exception):

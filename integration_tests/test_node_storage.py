@@ -28,6 +28,7 @@ from air_transfer import (
     storage_filesystem,
 )
 from air_transfer.agent import node_agent
+from air_transfer.direct_io import MIN_DIRECT_FILE_BYTES
 from air_transfer.manifest import chunk_checksum
 from air_transfer.node_storage import NodeStorageHandler
 
@@ -295,6 +296,23 @@ def test_an_upload_with_an_altered_chunk_is_not_stored(
     with altered, f.open_output_stream(f"{root}/d/f") as s:
         s.write(BODY * 2)  # eight chunks, more than the window
     assert os.listdir(root / "d") == ["f"] and (root / "d" / "f").read_bytes() == b"old"
+
+
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_large_chunks_are_stored_exactly_with_or_without_direct_io(
+    tmp_path: Path, direct_io: bool
+) -> None:
+    """Chunks large enough for the agent's ``O_DIRECT`` writes, and an unaligned tail
+    that goes through the page cache: the stored file is the bytes written."""
+    config = TransferConfig(chunk_bytes=MIN_DIRECT_FILE_BYTES, window=2, direct_io=direct_io)
+    f = storage_filesystem(node_ids()["node_a"], config, root=str(tmp_path))
+    body = os.urandom(2 * MIN_DIRECT_FILE_BYTES + 4097)
+    with f.open_output_stream(f"{tmp_path}/model.bin") as s:
+        s.write(body[:5])
+        s.write(body[5:])
+    assert (tmp_path / "model.bin").read_bytes() == body
+    assert read(f, f"{tmp_path}/model.bin") == body
+    assert os.listdir(tmp_path) == ["model.bin"]  # no staging file left
 
 
 def test_a_file_that_changed_size_while_read_is_an_error(

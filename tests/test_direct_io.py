@@ -19,6 +19,7 @@ from air_transfer.direct_io import (
     ALIGN,
     MIN_DIRECT_FILE_BYTES,
     DirectFileWriter,
+    pwrite_direct,
     should_write_direct,
 )
 from air_transfer.writer import write_tree
@@ -97,6 +98,50 @@ def test_a_failed_write_is_raised_naming_the_file(
         write_pieces(tmp_path / "f", bytes(10 * BUFFER), [])
     # the failed writer stopped its thread and closed its file by itself
     assert not [t for t in threading.enumerate() if t.name.startswith("air-transfer direct")]
+
+
+@linux_only
+def test_pwrite_direct_places_aligned_chunks_in_any_order(tmp_path: Path) -> None:
+    """What node-storage uploads do: whole chunks at their offsets, last one first."""
+    chunk = direct_io.BOUNCE_BYTES + 2 * ALIGN  # more than one bounce buffer per chunk
+    data = random.Random(5).randbytes(3 * chunk)
+    path = tmp_path / "f"
+    path.touch()
+    for index in (2, 0, 1):
+        piece = memoryview(data)[index * chunk : (index + 1) * chunk]
+        assert pwrite_direct(str(path), piece, index * chunk)
+    assert path.read_bytes() == data
+
+
+@linux_only
+@pytest.mark.parametrize(("offset", "length"), [(1, ALIGN), (ALIGN, ALIGN + 1), (0, 100)])
+def test_pwrite_direct_declines_unaligned_writes_untouched(
+    tmp_path: Path, offset: int, length: int
+) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"keep")
+    assert not pwrite_direct(str(path), memoryview(bytes(length)), offset)
+    assert path.read_bytes() == b"keep"  # the caller writes it through the page cache
+
+
+@linux_only
+def test_pwrite_direct_declines_where_refused_and_raises_other_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "f"
+    path.touch()
+
+    def failing(errno_: int):
+        def pwrite(fd: int, data: object, offset: int) -> int:
+            raise OSError(errno_, os.strerror(errno_))
+
+        return pwrite
+
+    monkeypatch.setattr(direct_io.os, "pwrite", failing(errno.EINVAL))
+    assert not pwrite_direct(str(path), memoryview(bytes(ALIGN)), 0)
+    monkeypatch.setattr(direct_io.os, "pwrite", failing(errno.ENOSPC))
+    with pytest.raises(OSError, match="No space"):
+        pwrite_direct(str(path), memoryview(bytes(ALIGN)), 0)
 
 
 def test_buffer_size_must_be_aligned(tmp_path: Path) -> None:

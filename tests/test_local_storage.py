@@ -6,10 +6,13 @@ the refusals that protect the disk. The full method contract, across nodes, is i
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
+from air_transfer import local_uploads
+from air_transfer.direct_io import MIN_DIRECT_FILE_BYTES
 from air_transfer.errors import ChecksumError
 from air_transfer.local_storage import STAGING_MARK, LocalStorage, checked_path, storage_path
 from air_transfer.local_uploads import LocalUploads
@@ -74,6 +77,38 @@ def test_upload_in_chunks_any_order_then_commit(tmp_path: Path) -> None:
     disk.fs_commit(root, target, staging, 11, b"!", chunk_checksum(b"!"), 12)
     assert Path(target).read_bytes() == b"hello world!"
     assert os.listdir(tmp_path) == ["f"]
+
+
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_large_chunks_upload_the_same_with_or_without_direct_io(
+    tmp_path: Path, direct_io: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of ``MIN_DIRECT_FILE_BYTES`` go around the page cache with ``direct_io``
+    (aligned, out of order); the unaligned tail through it; the bytes are the same."""
+    went_direct: list[bool] = []
+    pwrite_direct = local_uploads.pwrite_direct
+
+    def spy(path: str, data: memoryview, offset: int) -> bool:
+        went_direct.append(pwrite_direct(path, data, offset))
+        return went_direct[-1]
+
+    monkeypatch.setattr(local_uploads, "pwrite_direct", spy)
+    disk, root, target = Disk(), str(tmp_path), str(tmp_path / "model.bin")
+    chunk = MIN_DIRECT_FILE_BYTES
+    body = os.urandom(2 * chunk + 4097)
+    staging, _ = disk.fs_open_write(root, target, append=False)
+    for index in (1, 0):
+        piece = body[index * chunk : (index + 1) * chunk]
+        disk.fs_write(root, staging, index * chunk, piece, chunk_checksum(piece), direct_io)
+    tail = body[2 * chunk :]
+    disk.fs_commit(
+        root, target, staging, 2 * chunk, tail, chunk_checksum(tail), len(body), direct_io
+    )
+    assert Path(target).read_bytes() == body
+    assert os.listdir(tmp_path) == ["model.bin"]
+    # Linux's O_DIRECT takes both whole chunks; the tail, and everything without
+    # direct_io, goes through the page cache.
+    assert went_direct == ([True, True] if direct_io and sys.platform == "linux" else [])
 
 
 def test_append_starts_after_the_existing_bytes(tmp_path: Path) -> None:
