@@ -10,8 +10,9 @@ import ray
 
 from air_transfer.bench import endpoint
 from air_transfer.bench.endpoint import Ends
+from air_transfer.bench.runner import warmup_size
 from air_transfer.bench.sampler import object_store_used
-from air_transfer.config import TransferConfig
+from air_transfer.config import MiB, TransferConfig
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -47,3 +48,9 @@ def test_warm_store_leaves_the_store_as_it_found_it(ends: Ends) -> None:
     before = object_store_used()
     ends.warm_store()
     assert object_store_used() <= before + endpoint.STORE_PIECE_BYTES
+
+
+def test_warmup_trip_is_two_chunks_but_never_above_the_smallest_checkpoint() -> None:
+    config = TransferConfig(chunk_bytes=32 * MiB)
+    assert warmup_size(config, 10**9) == 64 * MiB  # fresh chunk buffers met untimed
+    assert warmup_size(config, 4 * 10**6) == 4 * 10**6  # what 'inline' can carry too

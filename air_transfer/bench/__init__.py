@@ -34,8 +34,9 @@ What is measured, and how:
 Repeats are interleaved (rep 1 of every contender, then rep 2) so a machine that
 drifts, a disk slowed by someone else's load, does not land on one contender; each
 contender has its own producer/consumer actor pair per layout, warmed up untimed by
-one round trip of two chunks and by mapping 70% of the object store into both
-processes (``--no-warmup`` to measure these first-use costs too).
+one round trip of two chunks (at most the smallest checkpoint) and by mapping 70% of
+the object store into both processes (``--no-warmup`` to measure these first-use
+costs too).
 
 A contender whose predicted memory would not fit (``blob`` needs ~8x the checkpoint,
 ``tune`` ~6x) is skipped with the reason, never run into the OOM killer; a watchdog
@@ -131,7 +132,7 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
             )
             sources[layout, nbytes] = (path, tree_digest(path))
     if opts.warmup:
-        warmup_bytes = warmup_size(config)
+        warmup_bytes = warmup_size(config, min(n for sizes in plan.values() for _, n in sizes))
         sources["warmup"] = (make_checkpoint(data_dir, "big", warmup_bytes, 0), warmup_bytes)
 
     machine = machine_info(data_dir)

@@ -21,11 +21,12 @@ from air_transfer.bench.session import _store_capacity
 from air_transfer.config import TransferConfig
 
 
-def warmup_size(config: TransferConfig) -> int:
+def warmup_size(config: TransferConfig, smallest_bytes: int) -> int:
     """Size of the untimed warm-up round trip each fresh actor pair makes first: two
     chunks, so that the chunk-size buffers a process allocates once (and whose
-    fresh pages are slow on a VM) are not first met on the clock."""
-    return 2 * config.chunk_bytes
+    fresh pages are slow on a VM) are not first met on the clock; never more than
+    the smallest checkpoint measured, which every contender that runs can carry."""
+    return min(2 * config.chunk_bytes, smallest_bytes)
 
 
 def progress(message: str) -> None:
@@ -100,11 +101,12 @@ def _start_pair(
     opts: argparse.Namespace,
 ) -> Ends:
     """A fresh actor pair for ``name``, warmed up unless ``--no-warmup`` by one
-    untimed round trip of a tiny checkpoint and by mapping most of the object store
-    into both processes: imports (``ray.train`` alone takes ~0.5 s), first-use setup
-    such as a strategy's agent actors, and first touches of the store's pages are
-    paid once per process, not per checkpoint, and would otherwise land on the first
-    repeats of whichever contender runs first at a size."""
+    untimed round trip of a small checkpoint (``warmup_size``) and by mapping most of
+    the object store into both processes: imports (``ray.train`` alone takes ~0.5 s),
+    first-use setup such as a strategy's agent actors, and first touches of the
+    store's pages are paid once per process, not per checkpoint, and would otherwise
+    land on the first repeats of whichever contender runs first at a size. A failed
+    warm-up is reported and the measurements go ahead."""
     ends = Ends.start(config, opts.cross_node)
     if warmup is not None:
         warmup_src, warmup_bytes = warmup
@@ -115,5 +117,8 @@ def _start_pair(
             progress(f"warm-up of {name} failed: {_error_reason(e, False, 0)}")
         finally:
             shutil.rmtree(out, ignore_errors=True)
-        ends.warm_store()
+        try:
+            ends.warm_store()
+        except Exception as e:
+            progress(f"object-store warm-up for {name} failed: {_error_reason(e, False, 0)}")
     return ends
