@@ -18,7 +18,7 @@ import numpy as np
 import ray
 import xxhash
 
-from air_transfer.bench.sampler import Sampler, object_store_used
+from air_transfer.bench.sampler import Sampler, object_store_used, wait_for_store_at_most
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.config import TransferConfig
 from air_transfer.direct_io import DirectFileWriter, should_write_direct
@@ -83,14 +83,13 @@ class Endpoint:
             del piece
         return touched
 
-    def copytree(self, src: str, out: str) -> float:
+    def copytree(self, src: str, out: str, direct_io: bool = False) -> float:
+        """``shutil.copytree``; with ``direct_io``, large files as air-transfer writes
+        them (``_copy_direct``)."""
         start = time.perf_counter()
-        shutil.copytree(src, out, symlinks=True)
-        return time.perf_counter() - start
-
-    def copytree_direct(self, src: str, out: str) -> float:
-        start = time.perf_counter()
-        shutil.copytree(src, out, symlinks=True, copy_function=_copy_direct)
+        shutil.copytree(
+            src, out, symlinks=True, copy_function=_copy_direct if direct_io else shutil.copy2
+        )
         return time.perf_counter() - start
 
     def blob_pack(self, src: str) -> tuple[list, float]:
@@ -210,10 +209,8 @@ class Ends:
         refs = ray.get(self.producer.fill_store.remote(WARM_STORE_FRACTION))
         ray.get(self.consumer.touch_store.remote(refs))
         del refs
-        # Freed asynchronously: wait, so the first measurement's store baseline is clean.
-        deadline = time.monotonic() + 10.0
-        while object_store_used() > before + STORE_PIECE_BYTES and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # Wait for the pieces to go, so the first measurement's store baseline is clean.
+        wait_for_store_at_most(before + STORE_PIECE_BYTES, timeout_s=10.0)
 
     def kill(self) -> None:
         for handle in [self.producer, self.consumer, *self.transient]:

@@ -36,6 +36,14 @@ def object_store_used() -> int:
     return int(total - ray.available_resources().get("object_store_memory", 0))
 
 
+def wait_for_store_at_most(limit_bytes: int, timeout_s: float) -> None:
+    """Wait until the object store's use falls to ``limit_bytes`` or ``timeout_s``
+    passes: objects are freed asynchronously, some time after their last reference."""
+    deadline = time.monotonic() + timeout_s
+    while object_store_used() > limit_bytes and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 class Sampler:
     """Samples the peak private memory of the watched processes and the object
     store's use every ``SAMPLE_INTERVAL_S`` in a background thread.
@@ -95,6 +103,4 @@ class Sampler:
     def settle(self, timeout_s: float = 3.0) -> None:
         """Wait (briefly) until the run's objects are freed, so the next run starts
         from the same object-store baseline."""
-        deadline = time.monotonic() + timeout_s
-        while object_store_used() > self._store_base + MiB and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for_store_at_most(self._store_base + MiB, timeout_s)
