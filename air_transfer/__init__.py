@@ -1,7 +1,6 @@
 """air-transfer: move large Ray Train checkpoints through a Ray cluster in chunks:
 linear in size, memory-bounded, verified."""
 
-from air_transfer.agent import shutdown_agents
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.config import TransferConfig
 from air_transfer.errors import (
@@ -11,6 +10,7 @@ from air_transfer.errors import (
     SourceChangedError,
 )
 from air_transfer.manifest import Entry, Manifest
+from air_transfer.nodes import shutdown_agents
 from air_transfer.strategies import (
     Packed,
     TransferStrategy,

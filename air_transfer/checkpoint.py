@@ -18,6 +18,7 @@ import ray
 from ray.exceptions import ObjectLostError
 from ray.train import Checkpoint
 
+from air_transfer import _ray
 from air_transfer.config import TransferConfig
 from air_transfer.fs import payload_filesystem
 from air_transfer.handle import TransferHandle, lost_error, pack, pack_to_ref
@@ -113,7 +114,7 @@ class ChunkedCheckpoint(Checkpoint):
         """
         if self._handle is None:
             return super().to_directory(path)
-        target = path if path is not None else self._get_temporary_checkpoint_dir()
+        target = path if path is not None else _ray.temporary_checkpoint_dir(self)
         return self._handle.write_to(os.path.expanduser(os.fspath(target)))
 
     def open(self, relpath: str) -> io.BufferedIOBase:
@@ -133,7 +134,7 @@ class ChunkedCheckpoint(Checkpoint):
         if self._handle is None:
             return self.__dict__
         # The filesystem view is rebuilt from the handle on arrival.
-        return {"_handle": self._handle, "_uuid": self._uuid}
+        return {"_handle": self._handle, "_uuid": _ray.checkpoint_uuid(self)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         handle = state.get("_handle")

@@ -23,9 +23,6 @@ MAX_CHUNK_BYTES = 2 * GiB
 #: Up to this size a checkpoint travels as one object: per-chunk overhead would
 #: dominate, and one put/get is the lowest latency.
 DEFAULT_INLINE_MAX_BYTES = 8 * MiB
-#: Use ``streamed`` rather than ``chunked`` when a checkpoint exceeds this share of
-#: the free object store: chunked would start spilling to disk.
-STREAM_ABOVE_STORE_FRACTION = 0.8
 OWNERS = ("caller", "node")
 
 

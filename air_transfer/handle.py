@@ -19,12 +19,13 @@ from typing import Any
 import ray
 from ray.exceptions import ObjectLostError, RayActorError
 
-from air_transfer.agent import node_agent, object_store_free_bytes, running_in_agent
+from air_transfer import _ray
 from air_transfer.config import TransferConfig
 from air_transfer.errors import CheckpointLostError
 from air_transfer.layout import Source, scan
 from air_transfer.manifest import Manifest
-from air_transfer.reader import ChunkFileReader
+from air_transfer.nodes import node_agent, running_in_agent, this_node_id
+from air_transfer.reader import ChunkFileReader, buffered
 from air_transfer.strategies import TransferStrategy, get_strategy, select_strategy
 from air_transfer.writer import check_chunk, write_tree
 
@@ -81,7 +82,7 @@ class TransferHandle:
             return self.verified_chunks(first, max(last, first))
 
         raw = ChunkFileReader(entry.path, entry.size, offset, cb, open_chunks)
-        return io.BufferedReader(raw, buffer_size=min(max(cb, io.DEFAULT_BUFFER_SIZE), 1 << 20))
+        return buffered(raw, cb)
 
     def describe(self) -> str:
         m = self.manifest
@@ -109,7 +110,8 @@ def pack(source: Source, config: TransferConfig | None = None) -> TransferHandle
     entries = scan(source, follow_symlinks=config.follow_symlinks)
     files = [e for e in entries if e.kind == "file"]
     total = sum(f.size for f in files)
-    strategy = get_strategy(select_strategy(total, config, object_store_free_bytes()))()
+    store_free = _ray.object_store_free_bytes(this_node_id())
+    strategy = get_strategy(select_strategy(total, config, store_free))()
     packed = strategy.pack(source, files, config)
     manifest = Manifest(
         entries=tuple(entries), chunk_bytes=config.chunk_bytes, chunks=packed.checksums

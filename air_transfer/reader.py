@@ -1,55 +1,17 @@
-"""The generator-backed reader: chunks in order with a bounded prefetch window, and a
-file-like stream over one file's bytes.
+"""A seekable file-like stream over one file inside a chunk stream.
 
-Memory stays O(window x chunk_bytes) whatever the checkpoint size: at most ``window``
-chunks are being fetched or held ahead of the one being consumed, and numpy chunks
-come back from ``ray.get`` as read-only views into shared memory, not private copies.
+The chunks come from a generator (``ChunkOpener``) that the transfer side supplies,
+already verified and fetched with a bounded window ahead (``air_transfer.fetch``), so
+memory stays O(window x chunk_bytes) whatever the file size. Plain Python.
 """
 
 from __future__ import annotations
 
 import io
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import ray
-
-#: Gets in flight beyond this many threads only queue: Ray pulls a few large objects
-#: at a time per node anyway, and threads cost memory.
-_MAX_FETCH_THREADS = 8
-
-
-def fetch_in_order(refs: Iterable[ray.ObjectRef], window: int) -> Iterator[Any]:
-    """Yield ``ray.get(ref)`` for each ref in order (a list, or a streaming
-    generator's refs as they come), keeping up to ``window`` gets in flight ahead so
-    cross-node pulls overlap with the consumer's work.
-
-    Threads, not ``ray.wait(fetch_local=True)``: a get in flight is a pull that Ray
-    keeps going, and its result is dropped as soon as the consumer moves on.
-    """
-    pending: deque[Future[Any]] = deque()
-    threads = min(window, _MAX_FETCH_THREADS)
-    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="air-transfer-fetch")
-    try:
-        upcoming = iter(refs)
-        for ref in upcoming:
-            pending.append(pool.submit(ray.get, ref))
-            if len(pending) >= window:
-                break
-        while pending:
-            result = pending.popleft().result()
-            nxt = next(upcoming, None)
-            if nxt is not None:
-                pending.append(pool.submit(ray.get, nxt))
-            yield result
-            del result
-    finally:
-        for f in pending:
-            f.cancel()
-        pool.shutdown(wait=False, cancel_futures=True)
-
+from air_transfer.knobs import KNOBS
 
 #: A function that yields ``(chunk_index, chunk_view)`` from a given chunk index on,
 #: already verified.
@@ -137,3 +99,10 @@ class ChunkFileReader(io.RawIOBase):
             self._chunks = None
         self._view = None
         super().close()
+
+
+def buffered(raw: ChunkFileReader, chunk_bytes: int) -> io.BufferedReader:
+    """``raw`` behind a read buffer (``KNOBS.read_buffer_bytes`` at most): callers
+    such as pyarrow read in small pieces, which should not each walk the chunks."""
+    size = min(max(chunk_bytes, io.DEFAULT_BUFFER_SIZE), KNOBS.read_buffer_bytes)
+    return io.BufferedReader(raw, buffer_size=size)

@@ -12,19 +12,14 @@ its own storage: ``ray.train.report(..., checkpoint_upload_fn=checkpoint_upload_
 
 from __future__ import annotations
 
-import os
-
 import pyarrow.fs as pafs
 import ray
 from ray.train import Checkpoint
 
-from air_transfer.agent import node_agent
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.config import TransferConfig
-from air_transfer.fs import payload_filesystem
-from air_transfer.handle import TransferHandle
-from air_transfer.local_storage import checked_path
-from air_transfer.node_storage import NodeStorageHandler, node_storage_handler
+from air_transfer.nodes import head_node_id, live_node_ids, node_agent, this_node_id
+from air_transfer.storage.handler import NodeStorageHandler, node_storage_handler
 
 
 def storage_filesystem(
@@ -40,14 +35,12 @@ def storage_filesystem(
     if config is not None and not isinstance(config, TransferConfig):
         raise TypeError(f"config must be a TransferConfig, got {type(config).__name__}")
     if node is None and ray.is_initialized():
-        node = ray.get_runtime_context().get_node_id()
-    if node is not None and ray.is_initialized():
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-        if node not in alive:
-            raise ValueError(
-                f"node {node!r} is not a live node of this Ray cluster; pass a node id "
-                "from ray.nodes() (or None for the driver's node)"
-            )
+        node = this_node_id()
+    if node is not None and ray.is_initialized() and node not in live_node_ids():
+        raise ValueError(
+            f"node {node!r} is not a live node of this Ray cluster; pass a node id "
+            "from ray.nodes() (or None for the driver's node)"
+        )
     return pafs.PyFileSystem(NodeStorageHandler(node, root, config))
 
 
@@ -74,28 +67,3 @@ def checkpoint_upload_fn(
     handle = ChunkedCheckpoint.from_checkpoint(checkpoint).pack(config)
     ray.get(node_agent(target).store_checkpoint.remote(handle, fs, dest))
     return Checkpoint(dest, filesystem=fs)
-
-
-def store_checkpoint(handle: TransferHandle, filesystem: pafs.FileSystem, path: str) -> str:
-    """Write ``handle``'s checkpoint to ``path`` on ``filesystem`` from this process:
-    through the atomic, verified writer when the path is on this node's disk, else
-    file by file through pyarrow."""
-    here = ray.get_runtime_context().get_node_id()
-    handler = node_storage_handler(filesystem)
-    if handler is not None and handler.node_id == here:
-        return handle.write_to(checked_path(handler.root, path))
-    if isinstance(filesystem, pafs.LocalFileSystem):
-        return handle.write_to(os.path.abspath(path))
-    filesystem.create_dir(path, recursive=True)
-    pafs.copy_files(
-        "/", path, source_filesystem=payload_filesystem(handle), destination_filesystem=filesystem
-    )
-    return path
-
-
-def head_node_id() -> str:
-    """The id of the cluster's head node."""
-    for n in ray.nodes():
-        if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
-            return n["NodeID"]
-    raise RuntimeError("no live head node in this Ray cluster; pass node= explicitly")

@@ -18,7 +18,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from air_transfer.agent import object_store_free_bytes
+from air_transfer._ray import object_store_free_bytes
 
 sys.path.insert(0, os.path.dirname(__file__))
 

@@ -27,10 +27,10 @@ from air_transfer import (
     TransferConfig,
     storage_filesystem,
 )
-from air_transfer.agent import node_agent
 from air_transfer.direct_io import MIN_DIRECT_FILE_BYTES
 from air_transfer.manifest import chunk_checksum
-from air_transfer.node_storage import NodeStorageHandler
+from air_transfer.nodes import node_agent
+from air_transfer.storage.handler import NodeStorageHandler
 
 pytestmark = pytest.mark.usefixtures("cluster")
 CONFIG = TransferConfig(chunk_bytes=MiB, window=3)
@@ -281,7 +281,7 @@ def test_an_upload_with_an_altered_chunk_is_not_stored(
     """The agent refuses the second chunk; the chunks after it are written, so the
     staging file has the full size: only the writer's memory of the failure keeps
     a file with a hole from being committed."""
-    import air_transfer.node_files
+    import air_transfer.storage.streams
 
     sent = []
 
@@ -289,7 +289,7 @@ def test_an_upload_with_an_altered_chunk_is_not_stored(
         sent.append(len(sent))
         return "0" * 32 if len(sent) == 2 else chunk_checksum(chunk)
 
-    monkeypatch.setattr(air_transfer.node_files, "chunk_checksum", checksum_altered_once)
+    monkeypatch.setattr(air_transfer.storage.streams, "chunk_checksum", checksum_altered_once)
     f, root = node_fs
     (root / "d" / "f").write_bytes(b"old")
     altered = pytest.raises(ChecksumError, match="arrived altered")

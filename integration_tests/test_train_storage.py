@@ -24,7 +24,7 @@ from train_fns import train_loop, tune_trainable
 
 import air_transfer
 from air_transfer import TransferConfig
-from air_transfer.node_storage import node_storage_handler
+from air_transfer.storage.handler import node_storage_handler
 
 pytestmark = pytest.mark.usefixtures("cluster")
 CONFIG = TransferConfig(chunk_bytes=MiB, window=4)

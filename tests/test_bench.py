@@ -112,7 +112,7 @@ def test_cp_direct_copies_large_files_exactly_around_the_page_cache(tmp_path: Pa
     """``cp-direct``'s copy function: a file big enough for ``O_DIRECT`` (with a tail
     that is not a whole block) and a small one come out identical, mode and mtime
     included; the smoke runs' checkpoints are too small to take the direct path."""
-    from air_transfer.bench.endpoint import _copy_direct
+    from air_transfer.bench.endpoint import copy_direct
     from air_transfer.direct_io import MIN_DIRECT_FILE_BYTES, should_write_direct
 
     src = tmp_path / "src"
@@ -124,7 +124,7 @@ def test_cp_direct_copies_large_files_exactly_around_the_page_cache(tmp_path: Pa
     os.utime(src / "model.bin", ns=(1_600_000_000_123_456_789,) * 2)
     assert should_write_direct(len(big))
     out = tmp_path / "out"
-    shutil.copytree(src, out, symlinks=True, copy_function=_copy_direct)
+    shutil.copytree(src, out, symlinks=True, copy_function=copy_direct)
     assert (out / "model.bin").read_bytes() == big
     assert (out / "config.json").read_bytes() == b"{}"
     st = os.stat(out / "model.bin")

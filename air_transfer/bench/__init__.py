@@ -56,7 +56,7 @@ from air_transfer.bench.contenders import all_contenders, contender_function, de
 from air_transfer.bench.data import (
     GB,
     LAYOUTS,
-    _checkpoint_sizes,
+    checkpoint_sizes,
     clean_data_dir,
     first_difference,
     layout_plan,
@@ -66,18 +66,18 @@ from air_transfer.bench.data import (
 from air_transfer.bench.measure import predicted_peak_bytes, skip_reason
 from air_transfer.bench.options import add_bench_options
 from air_transfer.bench.report import (
-    _add_ratios,
-    _pyplot,
+    add_ratios,
     format_linearity,
     format_table,
     linearity,
+    pyplot,
     skipped,
     write_plot,
 )
-from air_transfer.bench.runner import _run_layout, progress, warmup_size
+from air_transfer.bench.runner import progress, run_layout, warmup_size
 from air_transfer.bench.session import (
-    _drop_caches,
     auto_store_bytes,
+    drop_caches,
     machine_info,
     prefault_memory,
     ray_session,
@@ -113,7 +113,7 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
     # Absolute: the actors do not share the driver's working directory.
     data_dir = opts.data_dir = os.path.abspath(os.path.expanduser(opts.data_dir))
     os.makedirs(data_dir, exist_ok=True)
-    plan = {layout: _checkpoint_sizes(opts, layout) for layout in opts.layout}
+    plan = {layout: checkpoint_sizes(opts, layout) for layout in opts.layout}
     largest = max(n for sizes in plan.values() for _, n in sizes)
     store = opts.object_store_mb * MiB if opts.object_store_mb else None
     store = store or auto_store_bytes(largest, opts.cross_node)
@@ -141,12 +141,12 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
     with ray_session(opts.cross_node, opts.num_cpus, store) as how:
         store = ray.cluster_resources().get("object_store_memory", store)
         progress(f"{how}: object store {store / GB:.2f} GB in all; {total} measurements")
-        if opts.drop_caches and not _drop_caches():
+        if opts.drop_caches and not drop_caches():
             progress("--drop-caches: /proc/sys/vm/drop_caches is not writable; caches stay")
             opts.drop_caches = False
         for layout, sizes in plan.items():
-            results += _run_layout(contenders, layout, sizes, sources, config, opts, steps)
-    _add_ratios(results)
+            results += run_layout(contenders, layout, sizes, sources, config, opts, steps)
+    add_ratios(results)
     per_node_store = store / (2 if opts.cross_node else 1)
     return {
         "config": {
@@ -192,7 +192,7 @@ def main(opts: argparse.Namespace) -> int:
         return 2
     if opts.plot:
         try:
-            _pyplot()  # fail now, not after an hour of measuring
+            pyplot()  # fail now, not after an hour of measuring
         except ImportError as e:
             progress(str(e))
             return 2

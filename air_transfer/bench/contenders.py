@@ -11,6 +11,7 @@ from typing import Any
 
 import ray
 
+from air_transfer import _ray
 from air_transfer.bench.endpoint import Ends
 from air_transfer.strategies import strategies as registered_strategies
 
@@ -78,8 +79,7 @@ def run_tune(ends: Ends, src: str, out: str, nbytes: int) -> Trip:
     ``max_size_bytes=None`` lifts Tune's 1 GiB default refusal so larger sizes can be
     measured at all.
     """
-    from ray.tune.utils import file_transfer as ft
-
+    ft = _ray.tune_file_transfer()
     start = time.perf_counter()
     pack_actor = ft._PackActor.options(num_cpus=0, **ft._force_on_node(ends.producer_node)).remote(
         source_dir=src,
@@ -103,13 +103,11 @@ def run_tune(ends: Ends, src: str, out: str, nbytes: int) -> Trip:
 def _actor_pid(handle: Any, timeout_s: float = 30.0) -> int | None:
     """The pid of an actor still in its constructor: the GCS actor table has it as
     soon as a worker is leased, long before the actor is ALIVE."""
-    from ray._private import state as ray_state
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        pid = ray_state.actors(handle._actor_id.hex()).get("Pid")
+        pid = _ray.actor_pid(handle)
         if pid:
-            return int(pid)
+            return pid
         time.sleep(0.01)
     return None
 

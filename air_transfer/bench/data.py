@@ -83,7 +83,7 @@ def _write_random(path: str, nbytes: int) -> None:
             f.write(os.urandom(min(IO_BLOCK, nbytes - offset)))
 
 
-def _checkpoint_sizes(opts: argparse.Namespace, layout: str) -> list[tuple[float, int]]:
+def checkpoint_sizes(opts: argparse.Namespace, layout: str) -> list[tuple[float, int]]:
     """``(size_gb as asked, bytes as written)`` for every size of ``layout``."""
     small = opts.small_file_kib * 1024
     if layout == "small" and opts.small_files:

@@ -18,6 +18,7 @@ import numpy as np
 import ray
 import xxhash
 
+from air_transfer import _ray
 from air_transfer.bench.sampler import Sampler, object_store_used, wait_for_store_at_most
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.config import TransferConfig
@@ -42,7 +43,7 @@ PAGE_BYTES = 4096
 WARM_STORE_FRACTION = 0.7
 
 
-def _copy_direct(src: str, dst: str) -> str:
+def copy_direct(src: str, dst: str) -> str:
     """``shutil.copy2``, except that a file ``TransferConfig.direct_io`` would write
     around the page cache is written so here too (read in 8 MiB pieces)."""
     if not should_write_direct(os.path.getsize(src)):
@@ -85,10 +86,10 @@ class Endpoint:
 
     def copytree(self, src: str, out: str, direct_io: bool = False) -> float:
         """``shutil.copytree``; with ``direct_io``, large files as air-transfer writes
-        them (``_copy_direct``)."""
+        them (``copy_direct``)."""
         start = time.perf_counter()
         shutil.copytree(
-            src, out, symlinks=True, copy_function=_copy_direct if direct_io else shutil.copy2
+            src, out, symlinks=True, copy_function=copy_direct if direct_io else shutil.copy2
         )
         return time.perf_counter() - start
 
@@ -127,10 +128,8 @@ class Endpoint:
     def tune_unpack(self, pack_actor: Any, out: str) -> float:
         """The body of Tune's ``_unpack_from_actor`` task, run here so that its
         memory is sampled in a known process; the code is Ray's, unchanged."""
-        from ray.tune.utils.file_transfer import _unpack_from_actor
-
         start = time.perf_counter()
-        _unpack_from_actor._function(pack_actor, out)
+        _ray.tune_file_transfer()._unpack_from_actor._function(pack_actor, out)
         return time.perf_counter() - start
 
     def raw_prepare(self, chunk_bytes: int) -> None:

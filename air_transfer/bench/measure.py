@@ -13,7 +13,7 @@ from air_transfer.bench.contenders import LOCAL_COPIES, RAW, Trip, contender_fun
 from air_transfer.bench.data import GB, first_difference, tree_digest
 from air_transfer.bench.endpoint import Ends
 from air_transfer.bench.sampler import Sampler
-from air_transfer.bench.session import _drop_caches
+from air_transfer.bench.session import drop_caches
 from air_transfer.config import GiB, MiB, TransferConfig
 
 #: How long the driver keeps a finished round trip's objects referenced, so that the
@@ -79,7 +79,7 @@ def skip_reason(
     return None
 
 
-def _error_reason(error: BaseException, aborted: bool, floor_bytes: int) -> str:
+def error_reason(error: BaseException, aborted: bool, floor_bytes: int) -> str:
     if aborted:
         return (
             f"aborted: available memory fell under {floor_bytes / GiB:.1f} GiB, "
@@ -106,7 +106,7 @@ def measure_once(
     # previous trip, must not be flushed on this trip's clock.
     os.sync()
     if opts.drop_caches:
-        _drop_caches()  # cold start: the source is read from disk, not the page cache
+        drop_caches()  # cold start: the source is read from disk, not the page cache
     floor = int(opts.memory_margin_gb * GB / 2)
     producer = None if name in LOCAL_COPIES else ends.producer_pid
     pids = {"producer": producer, "consumer": ends.consumer_pid}
@@ -119,7 +119,7 @@ def measure_once(
                 time.sleep(HOLD_S)
                 trip.hold = None
         except Exception as e:
-            error = _error_reason(e, sampler.aborted, floor)
+            error = error_reason(e, sampler.aborted, floor)
         finally:
             ends.sampler = None
     if trip is not None and trip.verified is None:

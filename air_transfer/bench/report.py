@@ -62,7 +62,7 @@ def skipped(name: str, layout: str, size_gb: float, nbytes: int, reason: str) ->
     return {**row, "status": "skipped", "reason": reason, "verified": False}
 
 
-def _add_ratios(results: list[dict[str, Any]]) -> None:
+def add_ratios(results: list[dict[str, Any]]) -> None:
     cp = {
         (r["layout"], r["bytes"]): r["median_s"]
         for r in results
@@ -157,7 +157,7 @@ def format_linearity(lin: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     """matplotlib's pyplot on the Agg backend, imported only when a plot is asked for."""
     try:
         import matplotlib
@@ -174,7 +174,7 @@ def _pyplot() -> Any:
 def write_plot(results: list[dict[str, Any]], path: str) -> None:
     """Left: s/GB against size per contender (log x; flat = linear). Right: peak
     private memory against size, consumer solid and producer dashed."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (speed, memory) = plt.subplots(1, 2, figsize=(13, 5))
     series: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in results:

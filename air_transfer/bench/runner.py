@@ -15,9 +15,9 @@ import psutil
 from air_transfer.bench.contenders import contender_function
 from air_transfer.bench.data import GB
 from air_transfer.bench.endpoint import Ends
-from air_transfer.bench.measure import Measurement, _error_reason, measure_once, skip_reason
+from air_transfer.bench.measure import Measurement, error_reason, measure_once, skip_reason
 from air_transfer.bench.report import skipped, summarize
-from air_transfer.bench.session import _store_capacity
+from air_transfer.bench.session import store_capacity
 from air_transfer.config import TransferConfig
 
 
@@ -34,7 +34,7 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _run_layout(
+def run_layout(
     contenders: list[str],
     layout: str,
     sizes: list[tuple[float, int]],
@@ -60,7 +60,7 @@ def _run_layout(
             runs: dict[str, list[Measurement]] = {}
             for name in contenders:
                 available = psutil.virtual_memory().available
-                reason = skip_reason(name, nbytes, config, available, margin, _store_capacity())
+                reason = skip_reason(name, nbytes, config, available, margin, store_capacity())
                 if reason:
                     steps = [next(progress_step) for _ in range(opts.repeats)]
                     progress(f"{steps[-1]} {name} {layout} {size_gb:g} GB: skipped: {reason}")
@@ -114,11 +114,11 @@ def _start_pair(
         try:
             contender_function(name)(ends, warmup_src, out, warmup_bytes)
         except Exception as e:  # the timed runs will fail the same way and say so
-            progress(f"warm-up of {name} failed: {_error_reason(e, False, 0)}")
+            progress(f"warm-up of {name} failed: {error_reason(e, False, 0)}")
         finally:
             shutil.rmtree(out, ignore_errors=True)
         try:
             ends.warm_store()
         except Exception as e:
-            progress(f"object-store warm-up for {name} failed: {_error_reason(e, False, 0)}")
+            progress(f"object-store warm-up for {name} failed: {error_reason(e, False, 0)}")
     return ends

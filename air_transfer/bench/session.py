@@ -82,7 +82,7 @@ def auto_store_bytes(largest_bytes: int, cross_node: bool) -> int:
     return max(256 * MiB, min(int(1.5 * largest_bytes) + 256 * MiB, cap))
 
 
-def _store_capacity() -> int | None:
+def store_capacity() -> int | None:
     return int(ray.cluster_resources().get("object_store_memory", 0)) or None
 
 
@@ -100,7 +100,7 @@ def prefault_memory(margin_bytes: int) -> None:
     subprocess.run([sys.executable, "-c", code, str(nbytes)], check=True)
 
 
-def _drop_caches() -> bool:
+def drop_caches() -> bool:
     """Flush dirty pages and drop the page cache (needs root); False if not allowed."""
     os.sync()
     try:

@@ -14,10 +14,10 @@ import numpy as np
 import ray
 
 from air_transfer.config import TransferConfig
+from air_transfer.fetch import fetch_in_order
 from air_transfer.layout import Source
 from air_transfer.manifest import Entry, Manifest
 from air_transfer.packing import read_chunks_ahead
-from air_transfer.reader import fetch_in_order
 from air_transfer.strategies.base import Packed, TransferStrategy
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from air_transfer.config import STREAM_ABOVE_STORE_FRACTION, TransferConfig
+from air_transfer.config import TransferConfig
+from air_transfer.knobs import KNOBS
 from air_transfer.strategies.base import TransferStrategy
 
 _registry: dict[str, type[TransferStrategy]] = {}
@@ -65,7 +66,7 @@ def select_strategy(
         return "inline"
     if (
         store_free_bytes is not None
-        and total_bytes > STREAM_ABOVE_STORE_FRACTION * store_free_bytes
+        and total_bytes > KNOBS.stream_above_store_fraction * store_free_bytes
     ):
         return "streamed"
     return "chunked"

@@ -18,12 +18,13 @@ from typing import Any
 import ray
 import ray.cloudpickle
 
-from air_transfer.agent import node_agent
+from air_transfer import _ray
 from air_transfer.config import TransferConfig
+from air_transfer.fetch import fetch_in_order
 from air_transfer.layout import Source
 from air_transfer.manifest import Entry, Manifest
+from air_transfer.nodes import node_agent, this_node_id
 from air_transfer.packing import read_chunks_ahead
-from air_transfer.reader import fetch_in_order
 from air_transfer.strategies.base import Packed, TransferStrategy
 
 
@@ -51,7 +52,7 @@ class StreamedStrategy(TransferStrategy):
                 "be sent to another process; use strategy='chunked'"
             ) from e
         checksums = tuple(c for _, _, c in read_chunks_ahead(source, files, config.chunk_bytes))
-        node_id = ray.get_runtime_context().get_node_id()
+        node_id = this_node_id()
         return Packed(StreamSource(node_agent(node_id), source, node_id), checksums)
 
     def iter_chunks(
@@ -59,9 +60,7 @@ class StreamedStrategy(TransferStrategy):
     ) -> Iterator[Any]:
         if start >= stop:
             return
-        refs = payload.agent.stream.options(
-            num_returns="streaming", _generator_backpressure_num_objects=config.window
-        ).remote(
+        refs = _ray.streaming(payload.agent.stream, config.window).remote(
             payload.source,
             list(manifest.files()),
             manifest.chunk_bytes,

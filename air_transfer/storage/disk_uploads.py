@@ -1,6 +1,7 @@
-"""Uploads into a node's disk for ``storage_filesystem``: file bodies arrive in chunks.
+"""Node storage, the storage-node side: file bodies arriving in chunks.
 
-``LocalUploads`` is a mixin of ``NodeAgent``. A write to ``path`` creates a hidden
+Runs in the agent of the storage node (``NodeAgent.disk`` dispatches to these
+methods). A write to ``path`` creates a hidden
 staging file next to it; each chunk, checked against the checksum it was sent with,
 is written at its offset (``os.pwrite``), so the agent's threads may write chunks in
 any order; the commit checks the size and renames the staging file over ``path``.
@@ -16,16 +17,21 @@ import os
 import shutil
 import stat
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 from air_transfer.direct_io import pwrite_direct, should_write_direct
 from air_transfer.errors import ChecksumError
-from air_transfer.local_storage import STAGING_MARK, oserror, real_path
 from air_transfer.manifest import chunk_checksum
+from air_transfer.storage.disk import STAGING_MARK, oserror, real_path
 
 
-class LocalUploads:
+class DiskUploads:
     """The node-side half of writes through ``storage_filesystem``."""
+
+    #: The operations the agent may run (``NodeAgent.disk``).
+    OPS: ClassVar[frozenset[str]] = frozenset(
+        {"fs_copy_file", "fs_open_write", "fs_write", "fs_commit", "fs_abort"}
+    )
 
     def fs_copy_file(self, root: str, src: str, dest: str) -> None:
         src = real_path(root, src)

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from air_transfer import local_uploads
 from air_transfer.direct_io import MIN_DIRECT_FILE_BYTES
 from air_transfer.errors import ChecksumError
-from air_transfer.local_storage import STAGING_MARK, LocalStorage, checked_path, storage_path
-from air_transfer.local_uploads import LocalUploads
 from air_transfer.manifest import chunk_checksum
+from air_transfer.storage import disk_uploads
+from air_transfer.storage.disk import STAGING_MARK, DiskStorage, checked_path, storage_path
+from air_transfer.storage.disk_uploads import DiskUploads
 
 
-class Disk(LocalStorage, LocalUploads):
-    """What the node agent is, minus the actor."""
+class Disk(DiskStorage, DiskUploads):
+    """The disk services the node agent runs, minus the actor."""
 
 
 @pytest.mark.parametrize(
@@ -86,13 +86,13 @@ def test_large_chunks_upload_the_same_with_or_without_direct_io(
     """Chunks of ``MIN_DIRECT_FILE_BYTES`` go around the page cache with ``direct_io``
     (aligned, out of order); the unaligned tail through it; the bytes are the same."""
     went_direct: list[bool] = []
-    pwrite_direct = local_uploads.pwrite_direct
+    pwrite_direct = disk_uploads.pwrite_direct
 
     def spy(path: str, data: memoryview, offset: int) -> bool:
         went_direct.append(pwrite_direct(path, data, offset))
         return went_direct[-1]
 
-    monkeypatch.setattr(local_uploads, "pwrite_direct", spy)
+    monkeypatch.setattr(disk_uploads, "pwrite_direct", spy)
     disk, root, target = Disk(), str(tmp_path), str(tmp_path / "model.bin")
     chunk = MIN_DIRECT_FILE_BYTES
     body = os.urandom(2 * chunk + 4097)

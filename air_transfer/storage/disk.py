@@ -1,9 +1,9 @@
-"""What a node agent does on its own disk for ``storage_filesystem``.
+"""Node storage, the storage-node side: metadata operations on this node's disk.
 
-``LocalStorage`` is a mixin of ``NodeAgent``: every metadata operation of the node
-storage filesystem is one call to one of these methods on the agent of the storage
-node (file bodies: ``local_uploads``). The methods keep no state between calls, so
-the agent's threads may run them in any order.
+Runs in the agent of the storage node (``NodeAgent.disk`` dispatches to these
+methods): every metadata operation of ``storage_filesystem`` is one call to one of
+them (file bodies: ``disk_uploads``). They keep no state between calls, so the
+agent's threads may run them in any order.
 
 Paths arrive already normalised and checked against the storage root lexically (see
 ``storage_path``); here the real path is checked too, so a symlink cannot lead out of
@@ -18,10 +18,11 @@ import os
 import posixpath
 import shutil
 import stat
+from typing import ClassVar
 
 import pyarrow.fs as pafs
 
-#: Marks the staging files of uploads in progress (``local_uploads``); listings
+#: Marks the staging files of uploads in progress (``disk_uploads``); listings
 #: leave them out.
 STAGING_MARK = ".air-upload-"
 
@@ -60,8 +61,21 @@ def oserror(kind: type[OSError], code: int, path: str, detail: str = "") -> OSEr
     return kind(code, f"{os.strerror(code)}{detail}", path)
 
 
-class LocalStorage:
+class DiskStorage:
     """The node-side half of ``storage_filesystem``: operations on this node's disk."""
+
+    #: The operations the agent may run (``NodeAgent.disk``).
+    OPS: ClassVar[frozenset[str]] = frozenset(
+        {
+            "fs_info",
+            "fs_list",
+            "fs_create_dir",
+            "fs_delete_dir",
+            "fs_delete_dir_contents",
+            "fs_delete_file",
+            "fs_move",
+        }
+    )
 
     # -- metadata ------------------------------------------------------------------
     def fs_info(self, root: str, paths: list[str]) -> list[Info]:

@@ -1,29 +1,27 @@
-"""``NodeStorageHandler``: a pyarrow filesystem whose files live on one node's disk and
-are reachable from every node of the cluster.
+"""Node storage, the caller side: ``NodeStorageHandler``, a pyarrow filesystem whose
+files live on one node's disk and are reachable from every node of the cluster.
 
-Metadata operations are calls to the storage node's agent (``LocalStorage`` methods);
-file bodies move in chunks through the object store (``node_files``). Every method is
-a thin adapter, as in pyarrow's own ``FSSpecHandler``.
+Runs in whichever process uses the filesystem (the driver, Train workers). Metadata
+operations are calls to the storage node's agent (``disk`` methods, over the
+``streams.AgentLink``); file bodies move in chunks through the object store
+(``streams``). Every method is a thin adapter, as in pyarrow's own ``FSSpecHandler``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import posixpath
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import ray
-from ray.exceptions import RayActorError, RayTaskError
 
-from air_transfer.agent import node_agent
 from air_transfer.config import TransferConfig
-from air_transfer.local_storage import storage_path
-from air_transfer.node_files import ChunkWriter, open_reader
+from air_transfer.nodes import this_node_id
+from air_transfer.storage.disk import storage_path
+from air_transfer.storage.streams import AgentLink, ChunkWriter, open_reader
 
 
 class NodeStorageHandler(pafs.FileSystemHandler):
@@ -43,13 +41,20 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         self.root = posixpath.normpath(root).replace("//", "/")
         self.config = config or TransferConfig()
         self._node_id = node_id
-        self._agent: Any = None
+        self._link: AgentLink | None = None
 
     @property
     def node_id(self) -> str:
         if self._node_id is None:
-            self._node_id = ray.get_runtime_context().get_node_id()
+            self._node_id = this_node_id()
         return self._node_id
+
+    @property
+    def link(self) -> AgentLink:
+        """The connection to the storage node's agent."""
+        if self._link is None:
+            self._link = AgentLink(self.node_id, self.root, self.config)
+        return self._link
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Shipped by Ray, it names its node (the sender's if not yet known): a copy
@@ -80,41 +85,9 @@ class NodeStorageHandler(pafs.FileSystemHandler):
     def normalize_path(self, path: str) -> str:
         return path
 
-    # -- calls to the agent ----------------------------------------------------------
-    def agent(self) -> Any:
-        """The storage node's agent (an actor handle), started if needed."""
-        if self._agent is None:
-            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-            if self.node_id not in alive:
-                raise ConnectionError(
-                    f"storage node {self.node_id} is not a live node of this Ray cluster; "
-                    "files stored on it are unreachable"
-                )
-            self._agent = node_agent(self.node_id)
-        return self._agent
-
-    def call_agent(self, method: str, *args: Any) -> Any:
-        """``method`` of the agent with this storage's root and ``args``, its result."""
-        with self.agent_errors():
-            return ray.get(getattr(self.agent(), method).remote(self.root, *args))
-
-    @contextlib.contextmanager
-    def agent_errors(self) -> Iterator[None]:
-        """Raise the OSError or ValueError the agent raised (FileNotFoundError naming
-        the path, ...), not Ray's wrapper with the agent's traceback (kept for anything
-        else: a bug); a lost agent or node as ConnectionError."""
-        try:
-            yield
-        except RayTaskError as e:
-            if isinstance(e.cause, (OSError, ValueError)):
-                raise e.cause from None
-            raise
-        except RayActorError as e:
-            self._agent = None
-            raise ConnectionError(
-                f"the air-transfer agent of storage node {self.node_id} is unreachable "
-                f"({type(e).__name__}); its files cannot be reached until it is back"
-            ) from e
+    def call_agent(self, op: str, *args: Any) -> Any:
+        """Disk operation ``op`` of the storage node's agent, its result."""
+        return self.link.call(op, *args)
 
     def _path(self, path: str) -> str:
         return storage_path(self.root, path)
@@ -174,12 +147,12 @@ class NodeStorageHandler(pafs.FileSystemHandler):
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
         if ftype != pafs.FileType.File:
             raise IsADirectoryError(errno.EISDIR, "Cannot open for reading", path)
-        return pa.PythonFile(open_reader(self, path, local, size), mode="r")
+        return pa.PythonFile(open_reader(self.link, path, local, size), mode="r")
 
     def _open_output(self, path: str, append: bool) -> Any:
         local = self._path(path)
         staging, start = self.call_agent("fs_open_write", local, append)
-        return pa.PythonFile(ChunkWriter(self, local, staging, start), mode="w")
+        return pa.PythonFile(ChunkWriter(self.link, local, staging, start), mode="w")
 
 
 def node_storage_handler(fs: pafs.FileSystem) -> NodeStorageHandler | None:

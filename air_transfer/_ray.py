@@ -1,0 +1,100 @@
+"""The one module that touches Ray's private API.
+
+Ray's public API has no per-node free object-store figure, no backpressure option for
+streaming generators, and no way to name a checkpoint's temporary directory; these
+names are private or developer API and may move between Ray releases. Keeping every
+such use here means an upgrade breaks one module, and ``PRIVATE_NAMES`` lets a test
+check that each name still exists in the installed Ray. A failure of a query that
+only tunes behaviour (the free store) is logged once and reported as unknown, never
+silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import ray
+
+logger = logging.getLogger(__name__)
+
+#: Every private name used below, as (module, dotted attribute): pinned by a test.
+PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
+    ("ray._private.state", "available_resources_per_node"),
+    ("ray._private.state", "actors"),
+    ("ray.train", "Checkpoint._get_temporary_checkpoint_dir"),
+    ("ray.actor", "ActorHandle._actor_id"),
+    ("ray.tune.utils.file_transfer", "_PackActor"),
+    ("ray.tune.utils.file_transfer", "_force_on_node"),
+    ("ray.tune.utils.file_transfer", "_unpack_from_actor"),
+    ("ray.tune.utils.file_transfer", "_DEFAULT_CHUNK_SIZE_BYTES"),
+)
+#: Keyword of ``.options()`` that bounds how far a streaming generator runs ahead of
+#: its consumer (Ray's own streaming ``DataIterator`` uses it); not in the public docs.
+BACKPRESSURE_OPTION = "_generator_backpressure_num_objects"
+
+_free_store_warned = False
+
+
+def object_store_free_bytes(node_id: str) -> int | None:
+    """Free object-store bytes on ``node_id``, as the GCS last heard from its raylet;
+    None if Ray does not report it (logged once: size-based selection then never
+    picks ``streamed``).
+
+    Ray decrements the ``object_store_memory`` resource by what the store holds, and
+    this per-node view is the only one that needs no grpc/dashboard extras.
+    """
+    global _free_store_warned
+    try:
+        per_node = ray._private.state.available_resources_per_node()
+    except Exception as e:  # a DeveloperAPI: degrade to "unknown" rather than fail
+        if not _free_store_warned:
+            _free_store_warned = True
+            logger.warning(
+                "air-transfer: Ray did not report free object-store memory (%s: %s); "
+                "strategy selection will not pick 'streamed' by size",
+                type(e).__name__,
+                e,
+            )
+        return None
+    free = per_node.get(node_id, {}).get("object_store_memory")
+    return None if free is None else int(free)
+
+
+def streaming(method: Any, window: int) -> Any:
+    """``method`` (an actor method) set up to return a streaming generator that runs
+    at most ``window`` objects ahead of its consumer."""
+    return method.options(num_returns="streaming", **{BACKPRESSURE_OPTION: window})
+
+
+def temporary_checkpoint_dir(checkpoint: Any) -> str:
+    """The fresh local directory ``ray.train.Checkpoint.to_directory()`` uses when
+    given no path, so ours behaves the same."""
+    return str(checkpoint._get_temporary_checkpoint_dir())
+
+
+def checkpoint_uuid(checkpoint: Any) -> uuid.UUID:
+    """The id a ``ray.train.Checkpoint`` names its temporary directory after; kept
+    across pickling so copies of a checkpoint share their download directory."""
+    value: uuid.UUID = checkpoint._uuid
+    return value
+
+
+def actor_pid(handle: Any) -> int | None:
+    """The pid of an actor's process, known to the GCS as soon as a worker is leased
+    (before the actor is ALIVE); None until then. Used by the bench to sample a Tune
+    pack actor that is still inside its constructor."""
+    from ray._private import state
+
+    pid = state.actors(handle._actor_id.hex()).get("Pid")
+    return int(pid) if pid else None
+
+
+def tune_file_transfer() -> Any:
+    """Ray Tune's ``file_transfer`` module, whose private ``_PackActor``,
+    ``_force_on_node``, ``_unpack_from_actor`` and ``_DEFAULT_CHUNK_SIZE_BYTES`` the
+    bench runs unchanged as the ``tune`` contender."""
+    from ray.tune.utils import file_transfer
+
+    return file_transfer

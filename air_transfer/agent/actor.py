@@ -1,0 +1,112 @@
+"""The per-node agent: a long-lived actor that hosts air-transfer's node services.
+
+An object in Ray lives only as long as the process that created it (its owner), and
+Ray 2.56 removed ``ray.put(_owner=...)``. A training worker that packs a checkpoint
+and exits takes the chunks with it. ``TransferConfig(owner="node")`` packs inside
+this agent instead: one actor per node (0 CPUs, found by name, started on demand,
+pinned to its node), detached so it outlives the job that started it
+(``air_transfer.nodes`` finds or starts it).
+
+The agent is a composition root: each method hands its work to a service of a lower
+layer (packing, the ``streamed`` reader, node storage's disk side, the storage sink)
+and adds nothing but the process those services run in. Nothing below imports it.
+
+Lifetime: an agent lives until ``shutdown_agents()`` is called or its node or the
+cluster stops. It keeps no chunk alive by itself: chunks it packed stay in the object
+store exactly as long as some checkpoint, handle or ObjectRef anywhere refers to them
+(Ray's borrower counting), and are freed when the last one is gone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow.fs as pafs
+import ray
+
+from air_transfer.config import TransferConfig
+from air_transfer.errors import SourceChangedError
+from air_transfer.handle import TransferHandle, pack
+from air_transfer.layout import Source, iter_chunk_spans
+from air_transfer.manifest import Entry
+from air_transfer.packing import read_chunks_ahead
+from air_transfer.storage.disk import DiskStorage
+from air_transfer.storage.disk_uploads import DiskUploads
+from air_transfer.storage.sink import store_checkpoint
+
+
+class NodeAgent:
+    """Owns the chunks it packs, streams the files of its node, and stores files on
+    its disk for the node storage filesystem."""
+
+    def __init__(self) -> None:
+        services = (DiskStorage(), DiskUploads())
+        self._disk_ops: dict[str, Callable[..., Any]] = {
+            name: getattr(service, name) for service in services for name in type(service).OPS
+        }
+
+    def node_id(self) -> str:
+        return str(ray.get_runtime_context().get_node_id())
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def pack(self, source: Source, config: TransferConfig) -> list[ray.ObjectRef]:
+        """Pack ``source`` here, so this actor owns the chunks and the handle.
+
+        Returned inside a list: a bare ObjectRef returned by a task would be resolved
+        to its value; nested, the caller borrows a ref that this actor owns.
+        """
+        return [ray.put(pack(source, config))]
+
+    def store_checkpoint(
+        self, handle: TransferHandle, filesystem: pafs.FileSystem, path: str
+    ) -> str:
+        """Write a transferred checkpoint to ``path`` on ``filesystem``, reached from
+        this node (``checkpoint_upload_fn``)."""
+        return store_checkpoint(handle, filesystem, path)
+
+    def disk(self, op: str, root: str, *args: Any) -> Any:
+        """Run node-storage operation ``op`` (an ``fs_*`` method of ``DiskStorage`` or
+        ``DiskUploads``) on this node's disk, confined to ``root``."""
+        try:
+            method = self._disk_ops[op]
+        except KeyError:
+            raise ValueError(
+                f"unknown node-storage operation {op!r}; known: {', '.join(sorted(self._disk_ops))}"
+            ) from None
+        return method(root, *args)
+
+    def stream(
+        self,
+        source: Source,
+        files: Sequence[Entry],
+        chunk_bytes: int,
+        checksums: Sequence[str],
+        start: int,
+        stop: int | None,
+        verify: bool = True,
+    ) -> Iterator[np.ndarray]:
+        """Read chunks ``start``..``stop - 1`` of ``source`` now and yield them.
+
+        With ``verify``, each chunk is compared with the checksum taken at packing,
+        so a directory that changed since then is reported here, naming the files,
+        rather than as corrupt bytes on the reader's side.
+        """
+        for index, view, checksum in read_chunks_ahead(source, files, chunk_bytes, start, stop):
+            if verify and checksum != checksums[index]:
+                # Which files the chunk carries is only worked out for the message.
+                sizes = [f.size for f in files]
+                chunk_spans = next(iter_chunk_spans(sizes, chunk_bytes, index))
+                names = sorted({files[s.file_index].path for s in chunk_spans})
+                raise SourceChangedError(
+                    f"checkpoint {source.root!r} changed since it was packed: chunk "
+                    f"{index} (files {', '.join(map(repr, names))}) no longer has the "
+                    "bytes it had; pack it again"
+                )
+            # The yielded array is copied into the object store before the generator
+            # resumes, so the reader thread may reuse this buffer afterwards.
+            yield np.frombuffer(view, dtype=np.uint8)

@@ -1,0 +1,59 @@
+"""Internal knobs in one place (torchsnapshot keeps its in ``knobs.py``).
+
+``TransferConfig`` holds what a user tunes per transfer; these are the numbers the
+implementation was measured and built around, each with the reason for its value.
+They are validated once, like ``TransferConfig``, so an edit that breaks an
+invariant fails at import, not deep inside a transfer. Plain Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Implementation constants (read ``KNOBS``; tests may build their own)."""
+
+    #: Buffer of the ``io.BufferedReader`` over a file inside the chunk stream (and
+    #: over node-storage reads): big enough that pyarrow's small reads do not each
+    #: walk the chunk generator, small next to a chunk.
+    read_buffer_bytes: int = 1 * MiB
+    #: Threads fetching chunks ahead of the reader; gets beyond this only queue: Ray
+    #: pulls a few large objects at a time per node anyway, and threads cost memory.
+    max_fetch_threads: int = 8
+    #: Threads of a node agent: enough that every worker of a node can call it at once
+    #: (metadata calls, upload chunks, streams), each call short or backpressured.
+    agent_max_concurrency: int = 32
+    #: Reusable read buffers of the packing reader: one being filled, one waiting in
+    #: the hand-off, one held by the caller (memory: 3 x chunk_bytes).
+    pack_ring_buffers: int = 3
+    #: ``streamed`` rather than ``chunked`` above this share of the packing node's
+    #: free object store: chunked would start spilling (Ray spills at 0.8 full).
+    stream_above_store_fraction: float = 0.8
+
+    def __post_init__(self) -> None:
+        for name in (
+            "read_buffer_bytes",
+            "max_fetch_threads",
+            "agent_max_concurrency",
+            "pack_ring_buffers",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"knob {name} must be a positive int, got {value!r}")
+        if self.pack_ring_buffers < 3:
+            raise ValueError(
+                "knob pack_ring_buffers must be >= 3: the reader fills one buffer while "
+                "one waits in the hand-off and the caller holds one"
+            )
+        if not 0 < self.stream_above_store_fraction <= 1:
+            raise ValueError(
+                "knob stream_above_store_fraction must be in (0, 1], got "
+                f"{self.stream_above_store_fraction!r}"
+            )
+
+
+KNOBS = Knobs()
