@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the process's arguments) and run the command."""
     opts = build_parser().parse_args(argv)
-    return opts.run(opts)
+    status: int = opts.run(opts)
+    return status
 
 
 if __name__ == "__main__":

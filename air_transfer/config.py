@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -93,7 +93,7 @@ class TransferConfig:
             return self.inline_max_bytes
         return min(DEFAULT_INLINE_MAX_BYTES, self.window * self.chunk_bytes)
 
-    def replace(self, **changes: object) -> TransferConfig:
+    def replace(self, **changes: Any) -> TransferConfig:
         """A copy with ``changes`` applied and validated again."""
         return dataclasses.replace(self, **changes)
 

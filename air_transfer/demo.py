@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -79,7 +80,6 @@ def _train_loop(config: dict[str, Any]) -> None:
             ray.get(config["log"].add.remote({**record, "node": node, "world": world}))
 
 
-@ray.remote(num_cpus=0)
 class _Log:
     """Where rank 0 records each transfer (metrics without a checkpoint are not kept)."""
 
@@ -105,8 +105,7 @@ def _digests(root: str | Path) -> dict[str, str]:
     return out
 
 
-@ray.remote(num_cpus=0, resources={WORKER_NODE: 0.01})
-def _restore_on_worker_node(checkpoint: ray.train.Checkpoint) -> tuple[float, dict, str]:
+def _restore_on_worker_node(checkpoint: ray.train.Checkpoint) -> tuple[float, dict[str, str], str]:
     target = tempfile.mkdtemp(prefix="demo-restore-")
     start = time.perf_counter()
     checkpoint.to_directory(target)
@@ -138,7 +137,7 @@ def run(opts: argparse.Namespace) -> int:
     )
     try:
         cluster.wait_for_nodes()
-        ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+        ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
         return _demo(opts, size, storage)
     finally:
         ray.shutdown()
@@ -150,7 +149,7 @@ def run(opts: argparse.Namespace) -> int:
 def _demo(opts: argparse.Namespace, size: int, storage: Path) -> int:
     driver = ray.get_runtime_context().get_node_id()
     fs = storage_filesystem(config=TransferConfig(chunk_bytes=opts.chunk_mb * MiB))
-    log = _Log.remote()
+    log: Any = ray.remote(num_cpus=0)(_Log).remote()
     print(f"storage: {storage} on the driver node {driver[:12]}")
     trainer = DataParallelTrainer(
         _train_loop,
@@ -185,12 +184,20 @@ def _demo(opts: argparse.Namespace, size: int, storage: Path) -> int:
     landed = _digests(last["path"])
     ok = all(landed.get(name) == sha for name, sha in last["digests"].items())
     start = time.perf_counter()
-    local = result.checkpoint.to_directory(tempfile.mkdtemp(prefix="demo-restore-"))
+    checkpoint = result.checkpoint
+    if checkpoint is None:
+        print("MISMATCH: the run reported no checkpoint")
+        return 1
+    local = checkpoint.to_directory(tempfile.mkdtemp(prefix="demo-restore-"))
     seconds = time.perf_counter() - start
     print(f"  restore on the driver node {driver[:12]}: {seconds:6.2f} s  -> {local}")
     ok &= _digests(local) == landed
     shutil.rmtree(local)
-    seconds, remote, node = ray.get(_restore_on_worker_node.remote(result.checkpoint))
+    seconds, remote, node = ray.get(
+        ray.remote(num_cpus=0, resources={WORKER_NODE: 0.01})(_restore_on_worker_node).remote(
+            checkpoint
+        )
+    )
     print(f"  restore on the worker node {node[:12]}: {seconds:6.2f} s")
     ok &= remote == landed
     print("bytes identical everywhere" if ok else "MISMATCH: restored bytes differ")

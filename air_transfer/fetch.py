@@ -15,7 +15,7 @@ import ray
 from air_transfer.knobs import KNOBS
 
 
-def fetch_in_order(refs: Iterable[ray.ObjectRef], window: int) -> Iterator[Any]:
+def fetch_in_order(refs: Iterable[Any], window: int) -> Iterator[Any]:
     """Yield ``ray.get(ref)`` for each ref in order (a list, or a streaming
     generator's refs as they come), keeping up to ``window`` gets in flight ahead so
     cross-node pulls overlap with the consumer's work.

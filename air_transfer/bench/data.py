@@ -9,6 +9,7 @@ import contextlib
 import os
 import re
 import shutil
+from typing import Any
 
 import xxhash
 
@@ -23,7 +24,9 @@ LAYOUTS = ("big", "small", "mixed")
 # -- checkpoint data ---------------------------------------------------------------------
 
 
-def layout_plan(layout: str, size_bytes: int, small_file_bytes: int) -> tuple[list, list]:
+def layout_plan(
+    layout: str, size_bytes: int, small_file_bytes: int
+) -> tuple[list[tuple[str, int]], list[str]]:
     """``(files, empty_dirs)`` for a checkpoint of about ``size_bytes``: files as
     ``(relative path, bytes)``. ``big`` is one model file, ``small`` is many files of
     ``small_file_bytes`` (100 per directory), ``mixed`` is half one big file, a
@@ -144,7 +147,7 @@ def _file_digest(path: str, buffer: bytearray) -> tuple[str, int, str]:
     return "file", size, h.hexdigest()
 
 
-def first_difference(expected: dict, actual: dict) -> str | None:
+def first_difference(expected: dict[str, Any], actual: dict[str, Any]) -> str | None:
     """A readable description of the first way ``actual`` differs, or None."""
     for path in sorted(expected.keys() | actual.keys()):
         want, got = expected.get(path), actual.get(path)

@@ -64,7 +64,7 @@ class Endpoint:
     def info(self) -> tuple[int, str]:
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
-    def fill_store(self, fraction: float) -> list:
+    def fill_store(self, fraction: float) -> list[Any]:
         """Put pieces adding up to ``fraction`` of this node's object store and return
         their refs: writing them maps every page of that much of the store into this
         process (see ``Ends.warm_store``)."""
@@ -74,7 +74,7 @@ class Endpoint:
         piece = np.ones(min(STORE_PIECE_BYTES, max(target, 1)), dtype=np.uint8)
         return [ray.put(piece) for _ in range(target // len(piece))]
 
-    def touch_store(self, refs: list) -> int:
+    def touch_store(self, refs: list[Any]) -> int:
         """Read one byte per page of each object (fetched to this node if need be),
         which maps those pages of this node's store into this process."""
         touched = 0
@@ -93,7 +93,7 @@ class Endpoint:
         )
         return time.perf_counter() - start
 
-    def blob_pack(self, src: str) -> tuple[list, float]:
+    def blob_pack(self, src: str) -> tuple[list[Any], float]:
         """What ``ray.air.Checkpoint.from_directory(p).to_dict()`` did before Ray 2.7:
         the whole directory tarred into memory, ``getvalue()`` copied, one put."""
         start = time.perf_counter()
@@ -105,7 +105,7 @@ class Endpoint:
         ref = ray.put(checkpoint)
         return [ref], time.perf_counter() - start
 
-    def blob_unpack(self, packed: tuple[list, float], out: str) -> tuple[float, float]:
+    def blob_unpack(self, packed: tuple[list[Any], float], out: str) -> tuple[float, float]:
         """``ray.get`` of the dict (a private copy of the bytes), then untar."""
         (ref,), pack_s = packed
         start = time.perf_counter()
@@ -114,12 +114,12 @@ class Endpoint:
             _extract_all(tar, out)
         return pack_s, time.perf_counter() - start
 
-    def air_pack(self, src: str, config: TransferConfig) -> tuple[list, float]:
+    def air_pack(self, src: str, config: TransferConfig) -> tuple[list[Any], float]:
         start = time.perf_counter()
         ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config=config)
         return [ref], time.perf_counter() - start
 
-    def air_unpack(self, packed: tuple[list, float], out: str) -> tuple[float, float]:
+    def air_unpack(self, packed: tuple[list[Any], float], out: str) -> tuple[float, float]:
         (ref,), pack_s = packed
         start = time.perf_counter()
         ChunkedCheckpoint.from_object_ref(ref).to_directory(out)
@@ -141,7 +141,7 @@ class Endpoint:
             self._template[:8] = np.frombuffer(index.to_bytes(8, "little"), dtype=np.uint8)
             yield self._template[: min(chunk, nbytes - offset)]
 
-    def raw_put(self, nbytes: int) -> tuple[list, float]:
+    def raw_put(self, nbytes: int) -> tuple[list[Any], float]:
         """One ``ray.put`` per chunk (each stamped with its index so no two objects
         are alike); ``ray.put`` copies, so the template is reused."""
         start = time.perf_counter()
@@ -151,7 +151,9 @@ class Endpoint:
     def raw_expected(self, nbytes: int) -> list[str]:
         return [xxhash.xxh3_64_hexdigest(c) for c in self._raw_chunks(nbytes)]
 
-    def raw_get(self, packed: tuple[list, float], window: int) -> tuple[list, float, float]:
+    def raw_get(
+        self, packed: tuple[list[Any], float], window: int
+    ) -> tuple[list[Any], float, float]:
         """``ray.get`` in batches of ``window``, starting the pull of the next batch
         (``ray.wait(fetch_local=True, timeout=0)``) before hashing the current one."""
         refs, pack_s = packed
@@ -183,7 +185,7 @@ class Ends:
     consumer_node: str
     config: TransferConfig
     sampler: Sampler | None = None
-    transient: list = field(default_factory=list)
+    transient: list[Any] = field(default_factory=list)
 
     @classmethod
     def start(cls, config: TransferConfig, cross_node: bool) -> Ends:

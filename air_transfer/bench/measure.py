@@ -8,6 +8,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from air_transfer.bench.contenders import LOCAL_COPIES, RAW, Trip, contender_function
 from air_transfer.bench.data import GB, first_difference, tree_digest
@@ -99,7 +100,13 @@ class Measurement:
 
 
 def measure_once(
-    name: str, ends: Ends, src: str, out: str, nbytes: int, source: dict, opts: argparse.Namespace
+    name: str,
+    ends: Ends,
+    src: str,
+    out: str,
+    nbytes: int,
+    source: dict[str, Any],
+    opts: argparse.Namespace,
 ) -> Measurement:
     """One sampled, verified round trip of contender ``name``; the output is deleted."""
     # Write back dirty pages first (untimed): data just generated, or written by the

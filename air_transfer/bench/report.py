@@ -23,7 +23,7 @@ def summarize(
     """One result row of the JSON from the repeats of one contender at one size."""
     ok = [m for m in runs if m.trip is not None and m.error is None]
     failure = next((m.error for m in runs if m.error), None)
-    seconds = [round(m.trip.seconds, 4) for m in ok]
+    seconds = [round(m.trip.seconds, 4) for m in ok if m.trip is not None]
     median = statistics.median(seconds) if seconds else None
 
     def peak(role: str) -> float | None:

@@ -38,7 +38,7 @@ def run_layout(
     contenders: list[str],
     layout: str,
     sizes: list[tuple[float, int]],
-    sources: dict,
+    sources: dict[Any, Any],
     config: TransferConfig,
     opts: argparse.Namespace,
     progress_step: Iterator[str],
@@ -83,7 +83,7 @@ def run_layout(
                     if m.error:
                         progress(f"{step}: FAILED: {m.error}")
                         pairs.pop(name).kill()
-                    else:
+                    elif m.trip is not None:
                         s = m.trip.seconds
                         progress(f"{step}: {s:.3f} s, {s / (nbytes / GB):.3f} s/GB, verified")
             rows += [summarize(n, layout, size_gb, nbytes, done) for n, done in runs.items()]

@@ -53,7 +53,9 @@ class Sampler:
     OOM killer to pick a victim, maybe the Ray head.
     """
 
-    def __init__(self, pids: dict[str, int | None], floor_bytes: int, on_low: Callable) -> None:
+    def __init__(
+        self, pids: dict[str, int | None], floor_bytes: int, on_low: Callable[[], object]
+    ) -> None:
         self._pids = {role: pid for role, pid in pids.items() if pid}
         self._floor, self._on_low = floor_bytes, on_low
         self.peaks: dict[str, int] = {}

@@ -38,12 +38,12 @@ def ray_session(cross_node: bool, num_cpus: int, store_bytes: int) -> Iterator[s
         yield "reused the running Ray"
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
+    quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
     cluster = None
     if cross_node:
         from ray.cluster_utils import Cluster
 
-        node = {"num_cpus": num_cpus, "object_store_memory": store_bytes}
+        node: dict[str, Any] = {"num_cpus": num_cpus, "object_store_memory": store_bytes}
         cluster = Cluster(
             initialize_head=True,
             head_node_args={
