@@ -24,7 +24,8 @@ Semantics (Linux ``path_lookupat``):
   (ENOENT/ENOTDIR). Such dangling targets stay allowed; the rest of the text is then
   walked lexically (``missing/..`` is where ``missing`` would be created), so a target
   like ``missing/../..`` from the root is refused: it would leave the tree once
-  ``missing`` exists as a directory.
+  ``missing`` exists as a directory, and links met after such a component count as
+  followed (conservative: refused where the kernel would only say ENOENT today).
 """
 
 from __future__ import annotations

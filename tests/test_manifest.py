@@ -301,10 +301,6 @@ def test_every_accepted_name_is_created_by_the_writer(tmp_path: Path) -> None:
 # -- issue 10 item 4: link validation is linear, and agrees with the kernel ---------------
 
 
-def links_manifest(entries: list[dict]) -> dict:
-    return entries_dict(entries)
-
-
 def doubling_chain(n: int) -> list[dict]:
     """``l0 -> .``, ``lk -> l(k-1)/l(k-1)``: following ``lk`` takes 2**(k+1) - 1 links."""
     return [link("l0", ".")] + [link(f"l{k}", f"l{k - 1}/l{k - 1}") for k in range(1, n)]
@@ -316,9 +312,9 @@ def test_doubling_link_chain_is_refused_at_once_not_in_exponential_time() -> Non
     ``l5`` (63 links) can never be followed: ELOOP, refused as a loop, in microseconds
     whatever the length of the chain."""
     with pytest.raises(ManifestError, match=r"symlink 'l5' -> 'l4/l4' needs more than 40"):
-        Manifest.from_dict(links_manifest(doubling_chain(41)))
+        Manifest.from_dict(entries_dict(doubling_chain(41)))
     # l0..l4 (at most 31 links followed) are what the kernel resolves: accepted.
-    assert Manifest.from_dict(links_manifest(doubling_chain(5))).entry("l4").target == "l3/l3"
+    assert Manifest.from_dict(entries_dict(doubling_chain(5))).entry("l4").target == "l3/l3"
 
 
 def chain(n: int) -> list[dict]:
@@ -328,9 +324,9 @@ def chain(n: int) -> list[dict]:
 def test_link_chain_follows_the_kernels_40_link_limit(tmp_path: Path) -> None:
     """``l39`` takes 40 links to follow, ``l40`` 41: the kernel resolves the first and
     refuses the second with ELOOP; the manifest does the same."""
-    Manifest.from_dict(links_manifest(chain(40)))
+    Manifest.from_dict(entries_dict(chain(40)))
     with pytest.raises(ManifestError, match=r"'l40' -> 'l39' needs more than 40 symlinks"):
-        Manifest.from_dict(links_manifest(chain(41)))
+        Manifest.from_dict(entries_dict(chain(41)))
     for e in chain(41):
         os.symlink(e["target"], tmp_path / e["path"])
     assert os.path.samefile(tmp_path / "l39", tmp_path)
@@ -368,7 +364,7 @@ def test_links_leaving_the_checkpoint_or_looping_are_refused(
     entries: list[dict], message: str
 ) -> None:
     with pytest.raises(ManifestError, match=message):
-        Manifest.from_dict(links_manifest(entries))
+        Manifest.from_dict(entries_dict(entries))
 
 
 @pytest.mark.parametrize(
@@ -390,7 +386,7 @@ def test_links_leaving_the_checkpoint_or_looping_are_refused(
 def test_links_that_stay_inside_are_accepted(
     entries: list[dict], link_path: str, lands_at: str
 ) -> None:
-    Manifest.from_dict(links_manifest(entries))
+    Manifest.from_dict(entries_dict(entries))
     tree = {e["path"]: (e["kind"], e.get("target")) for e in entries}
     assert LinkResolver(tree).link_target(link_path) == lands_at
 
@@ -568,7 +564,7 @@ def test_100k_entries_of_any_shape_validate_in_linear_time(shape: str) -> None:
     """Issue 10 item 4's complexity guard: near-linear validation (~1 s per shape here;
     the doubling chain alone used to take days)."""
     make, error = SHAPES[shape]
-    d = links_manifest(make())
+    d = entries_dict(make())
     start = time.perf_counter()
     if error is None:
         assert len(Manifest.from_dict(d).entries) == len(d["entries"])
@@ -610,12 +606,12 @@ def test_deep_tree_validates_without_recursion() -> None:
         link(f"{bottom}/root", "../" * 1200),
         link("via", f"{bottom}/root/" + "/".join(["d"] * 800)),  # down, up, down
     ]
-    m = with_little_stack(lambda: Manifest.from_dict(links_manifest(entries)))
+    m = with_little_stack(lambda: Manifest.from_dict(entries_dict(entries)))
     assert isinstance(m, Manifest)
     assert with_little_stack(lambda: pickle.loads(pickle.dumps(m))) == m
     escape = [*deep_chain(1200), link(f"{bottom}/up", "../" * 1201)]
     with pytest.raises(ManifestError, match="points outside"):
-        with_little_stack(lambda: Manifest.from_dict(links_manifest(escape)))
-    with_little_stack(lambda: Manifest.from_dict(links_manifest(deep_chain(2048))))
+        with_little_stack(lambda: Manifest.from_dict(entries_dict(escape)))
+    with_little_stack(lambda: Manifest.from_dict(entries_dict(deep_chain(2048))))
     with pytest.raises(ManifestError, match=r"4097 bytes long.*PATH_MAX"):
-        Manifest.from_dict(links_manifest(deep_chain(2049)))
+        Manifest.from_dict(entries_dict(deep_chain(2049)))
