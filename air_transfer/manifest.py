@@ -10,18 +10,34 @@ manifest, so no path from a manifest can reach outside the target directory.
 from __future__ import annotations
 
 import posixpath
-import stat
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import xxhash
 
+from air_transfer.config import MAX_CHUNK_BYTES, MIN_CHUNK_BYTES
 from air_transfer.errors import ManifestError
+from air_transfer.links import check_links
 
 SCHEMA_VERSION = 1
 CHECKSUM_ALGORITHM = "xxh3_128"
 _CHECKSUM_HEX_LEN = 32
+_CHECKSUM_RE = re.compile(f"[0-9a-f]{{{_CHECKSUM_HEX_LEN}}}")
+
+# What the writer can apply: a value outside these would fail there (OverflowError,
+# ENAMETOOLONG...) after bytes were transferred, so decoding refuses it first.
+#: A file name's bytes (NAME_MAX).
+MAX_NAME_BYTES = 255
+#: A path's or a symlink target's bytes (PATH_MAX less its NUL).
+MAX_PATH_BYTES = 4095
+#: A file size must fit an off_t.
+MAX_FILE_BYTES = 2**63 - 1
+#: ``os.utime(ns=...)`` takes a signed 64-bit count of nanoseconds (before 1970 too).
+MIN_MTIME_NS, MAX_MTIME_NS = -(2**63), 2**63 - 1
+#: Permission bits, setuid/setgid/sticky included: all that chmod applies.
+MAX_MODE = 0o7777
 
 EntryKind = Literal["dir", "file", "symlink"]
 _KINDS = ("dir", "file", "symlink")
@@ -99,6 +115,9 @@ class Manifest:
     _by_path: dict[str, int] = field(init=False, repr=False, compare=False)
     _offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _total: int = field(init=False, repr=False, compare=False)
+    _children: dict[str, list[int]] | None = field(
+        init=False, default=None, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entries", tuple(self.entries))
@@ -151,8 +170,14 @@ class Manifest:
 
     def children(self, directory: str) -> Iterator[Entry]:
         """Direct children of ``directory`` ("" is the checkpoint root)."""
-        directory = directory.strip("/")
-        return (e for e in self.entries if posixpath.dirname(e.path) == directory)
+        index = self._children
+        if index is None:  # built on first use, then O(children) per call
+            index = {}
+            for i, e in enumerate(self.entries):
+                index.setdefault(posixpath.dirname(e.path), []).append(i)
+            object.__setattr__(self, "_children", index)
+        entries = self.entries
+        return (entries[i] for i in index.get(directory.strip("/"), ()))
 
     # -- (de)serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -194,86 +219,164 @@ class Manifest:
 
 
 def check_relative_path(path: object) -> str:
-    """Return ``path`` if it is a safe relative POSIX path, else raise ManifestError.
+    """Return ``path`` if it is a safe relative POSIX path the writer can create, else
+    raise ManifestError.
 
     Safe means: a non-empty str, not absolute, no NUL, no empty, ``.`` or ``..``
-    segment. Such a path joined under any directory stays under it.
+    segment, so joined under any directory it stays under it; and creatable: it encodes
+    to file-name bytes (see ``_fs_bytes``), no segment is longer than NAME_MAX (255) bytes
+    and the whole is at most PATH_MAX - 1 (4095) bytes.
     """
     if not isinstance(path, str) or not path:
-        raise ManifestError(f"manifest path {path!r} must be a non-empty string")
-    if "\x00" in path:
-        raise ManifestError(f"manifest path {path!r} contains a NUL byte")
+        raise ManifestError(f"manifest path {_short(path)} must be a non-empty string")
     if path.startswith("/"):
-        raise ManifestError(f"manifest path {path!r} is absolute")
-    for part in path.split("/"):
-        if part in ("", ".", ".."):
-            raise ManifestError(
-                f"manifest path {path!r} has a {part or 'empty'!r} segment; "
-                "only plain relative paths are allowed"
-            )
+        raise ManifestError(f"manifest path {_short(path)} is absolute")
+    size = -1
+    for name in path.split("/"):
+        size += 1 + _check_name(path, name)
+    _check_path_size(path, size)
     return path
 
 
-def _check_int(name: str, value: object, path: str, low: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ManifestError(f"manifest {name} of {path!r} must be an int >= {low}, got {value!r}")
+def _check_name(path: str, name: str) -> int:
+    """Check one segment of ``path``; return its length in bytes."""
+    if name in ("", ".", ".."):
+        raise ManifestError(
+            f"manifest path {_short(path)} has a {name or 'empty'!r} segment; "
+            "only plain relative paths are allowed"
+        )
+    if "\x00" in name:
+        raise ManifestError(f"manifest path {_short(path)} contains a NUL byte")
+    size = len(name) if name.isascii() else len(_fs_bytes(name, f"manifest path {path!r}"))
+    if size > MAX_NAME_BYTES:
+        raise ManifestError(
+            f"manifest path {_short(path)} has a segment of {size} bytes, more "
+            f"than the {MAX_NAME_BYTES} a file name may have (NAME_MAX)"
+        )
+    return size
+
+
+def _check_path_size(path: str, size: int) -> None:
+    if size > MAX_PATH_BYTES:
+        raise ManifestError(
+            f"manifest path {_short(path)} is {size} bytes long, more than the "
+            f"{MAX_PATH_BYTES} a path may have (PATH_MAX)"
+        )
+
+
+def _fs_bytes(text: str, what: str) -> bytes:
+    """The bytes ``text`` names on disk, as ``os.fsencode`` makes them on Linux (UTF-8,
+    undecodable bytes carried as the surrogates U+DC80..U+DCFF that ``os.listdir``
+    returns for them, so checkpoints with such names still travel).
+
+    Refused: a lone surrogate no file name decodes to (the writer's ``os.mkdir`` would
+    raise UnicodeEncodeError), and escapes of bytes that are valid UTF-8 (``\\udcc3\\udca9``
+    would name the same file as ``é``: two entries, one file).
+    """
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as e:
+        raise ManifestError(
+            f"{what} cannot be encoded as a file name: {e.reason} at character {e.start}"
+        ) from e
+    if raw.decode("utf-8", "surrogateescape") != text:
+        raise ManifestError(
+            f"{what} escapes bytes that are valid UTF-8, so it would name the same file "
+            "as their UTF-8 text; list the decoded name instead"
+        )
+    return raw
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to a readable length: a 4 KiB path in a message helps nobody."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
+def _check_int(name: str, value: object, path: str | None, low: int, high: int, why: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        of = f" of {_short(path)}" if path is not None else ""
+        raise ManifestError(
+            f"manifest {name}{of} must be an int in [{low}, {high}] ({why}), got {_short(value)}"
+        )
     return value
 
 
 def _validate(m: Manifest) -> tuple[dict[str, int], tuple[int, ...], int]:
-    if m.schema_version != SCHEMA_VERSION:
+    """One pass over the entries, then one over the links: linear in the manifest."""
+    if type(m.schema_version) is not int or m.schema_version != SCHEMA_VERSION:
         raise ManifestError(f"manifest schema_version {m.schema_version!r} unsupported")
-    if m.checksum != CHECKSUM_ALGORITHM:
+    if not isinstance(m.checksum, str) or m.checksum != CHECKSUM_ALGORITHM:
         raise ManifestError(
             f"manifest checksum algorithm {m.checksum!r} unsupported "
             f"(expected {CHECKSUM_ALGORITHM!r})"
         )
-    _check_int("chunk_bytes", m.chunk_bytes, "<manifest>", low=1)
+    _check_int(
+        "chunk_bytes",
+        m.chunk_bytes,
+        None,
+        MIN_CHUNK_BYTES,
+        MAX_CHUNK_BYTES,
+        "TransferConfig's MIN_CHUNK_BYTES..MAX_CHUNK_BYTES",
+    )
 
     by_path: dict[str, int] = {}
     offsets: list[int] = []
+    sizes: list[int] = []  # of each path, in bytes
     offset = 0
+    has_links = False
     for index, e in enumerate(m.entries):
         if not isinstance(e, Entry):
             raise ManifestError(f"manifest entry {e!r} is not an Entry")
-        path = check_relative_path(e.path)
+        path = e.path
+        if not isinstance(path, str) or not path or path.startswith("/"):
+            check_relative_path(path)  # raises, naming the problem
+        parent, _, name = path.rpartition("/")
+        # Only the last name is new: the parent was checked when it was listed, so
+        # validation is linear in the names, not in the paths (2,000 segments deep).
+        parent_index = _check_parent(m, index, path, parent, by_path)
+        size = _check_name(path, name) + (sizes[parent_index] + 1 if parent else 0)
+        _check_path_size(path, size)
         if path in by_path:
-            raise ManifestError(f"manifest lists {path!r} twice")
-        if e.kind not in _KINDS:
+            raise ManifestError(f"manifest lists {_short(path)} twice")
+        if not isinstance(e.kind, str) or e.kind not in _KINDS:
             raise ManifestError(
-                f"manifest entry {path!r} has unknown kind {e.kind!r} (known: {', '.join(_KINDS)})"
+                f"manifest entry {_short(path)} has unknown kind {e.kind!r} "
+                f"(known: {', '.join(_KINDS)})"
             )
-        _check_int("size", e.size, path)
-        _check_int("mtime_ns", e.mtime_ns, path)
-        mode = _check_int("mode", e.mode, path)
-        if mode != stat.S_IMODE(mode):
-            raise ManifestError(f"manifest mode {mode:o} of {path!r} has non-permission bits")
+        _check_int("size", e.size, path, 0, MAX_FILE_BYTES, "a file size must fit an off_t")
+        _check_int("mtime_ns", e.mtime_ns, path, MIN_MTIME_NS, MAX_MTIME_NS, "a signed 64-bit time")
+        if isinstance(e.mode, int) and not isinstance(e.mode, bool) and e.mode > MAX_MODE:
+            raise ManifestError(
+                f"manifest mode {e.mode:o} of {_short(path)} has non-permission bits "
+                f"(only 0..{MAX_MODE:o} can be applied with chmod)"
+            )
+        _check_int("mode", e.mode, path, 0, MAX_MODE, "permission bits only")
         if e.kind != "file" and e.size != 0:
-            raise ManifestError(f"manifest {e.kind} {path!r} has size {e.size}, must be 0")
-        if e.kind != "symlink" and e.target is not None:
-            raise ManifestError(f"manifest {e.kind} {path!r} has a link target")
+            raise ManifestError(f"manifest {e.kind} {_short(path)} has size {e.size}, must be 0")
+        if e.kind == "symlink":
+            _check_target_text(path, e.target)
+            has_links = True
+        elif e.target is not None:
+            raise ManifestError(f"manifest {e.kind} {_short(path)} has a link target")
         by_path[path] = index
+        sizes.append(size)
         offsets.append(offset)
         if e.kind == "file":
             offset += e.size
 
-    # Every parent must be a directory entry of the manifest: writing "a/b" where "a"
-    # is a symlink would follow the link, possibly out of the target.
-    for e in m.entries:
-        parent = posixpath.dirname(e.path)
-        if parent and (parent not in by_path or m.entries[by_path[parent]].kind != "dir"):
-            raise ManifestError(
-                f"manifest entry {e.path!r} has parent {parent!r} that is not a "
-                "directory entry of the manifest"
-            )
-    for e in m.entries:
-        if e.kind == "symlink":
-            _check_link_target(e, m.entries, by_path)
+    if has_links:
+        check_links({e.path: (e.kind, e.target) for e in m.entries})
 
     total = offset
     for i, c in enumerate(m.chunks):
-        if not isinstance(c, str) or len(c) != _CHECKSUM_HEX_LEN:
-            raise ManifestError(f"manifest checksum of chunk {i} is malformed: {c!r}")
+        if not isinstance(c, str) or not _CHECKSUM_RE.fullmatch(c):
+            raise ManifestError(
+                f"manifest checksum of chunk {i} is malformed: {_short(c)} (expected "
+                f"{_CHECKSUM_HEX_LEN} lowercase hex digits)"
+            )
     expected = -(-total // m.chunk_bytes)
     if len(m.chunks) != expected:
         raise ManifestError(
@@ -284,36 +387,40 @@ def _validate(m: Manifest) -> tuple[dict[str, int], tuple[int, ...], int]:
     return by_path, tuple(offsets), total
 
 
-def _check_link_target(link: Entry, entries: Sequence[Entry], by_path: Mapping[str, int]) -> None:
-    """Refuse a symlink whose target, resolved through the manifest's own symlinks,
-    leaves the checkpoint. A lexical ``normpath`` is not enough: with ``d/l -> ..``,
-    ``x -> d/l/..`` normalises to ``d`` but really resolves to the root's parent."""
-    target = link.target
+def _check_parent(
+    m: Manifest, index: int, path: str, parent: str, by_path: Mapping[str, int]
+) -> int:
+    """Return the index of ``path``'s parent, which must be a directory entry listed
+    earlier: the writer creates entries in manifest order, and writing "a/b" where "a"
+    is a symlink would follow the link, possibly out of the target. -1 for the root."""
+    if not parent:
+        return -1
+    at = by_path.get(parent)
+    if at is not None and m.entries[at].kind == "dir":
+        return at
+    check_relative_path(path)  # a bad segment is the better message
+    if at is None and any(isinstance(e, Entry) and e.path == parent for e in m.entries[index:]):
+        raise ManifestError(
+            f"manifest entry {_short(path)} is listed before its parent {_short(parent)}; "
+            "parents must come first (the writer creates entries in manifest order)"
+        )
+    raise ManifestError(
+        f"manifest entry {_short(path)} has parent {_short(parent)} that is not a "
+        "directory entry of the manifest"
+    )
+
+
+def _check_target_text(path: str, target: object) -> None:
+    """What ``os.symlink`` would refuse, and absolute targets (outside by definition);
+    where a relative target leads is ``check_links``'s job."""
     if not isinstance(target, str) or not target or "\x00" in target:
-        raise ManifestError(f"manifest symlink {link.path!r} has invalid target {target!r}")
+        raise ManifestError(f"manifest symlink {_short(path)} has invalid target {_short(target)}")
     if target.startswith("/"):
-        raise ManifestError(f"manifest symlink {link.path!r} -> {target!r} is absolute")
-
-    def resolve(parts: list[str], text: str, depth: int) -> list[str]:
-        if depth > 40:
-            raise ManifestError(f"manifest symlink {link.path!r} is part of a link loop")
-        for comp in text.split("/"):
-            if comp in ("", "."):
-                continue
-            if comp == "..":
-                if not parts:
-                    raise ManifestError(
-                        f"manifest symlink {link.path!r} -> {target!r} points outside "
-                        "the checkpoint"
-                    )
-                parts = parts[:-1]
-                continue
-            parts = [*parts, comp]
-            index = by_path.get("/".join(parts))
-            if index is not None and entries[index].kind == "symlink":
-                inner = entries[index]
-                parts = resolve(parts[:-1], inner.target or "", depth + 1)
-        return parts
-
-    start = link.path.split("/")[:-1]
-    resolve(start, target, 0)
+        raise ManifestError(f"manifest symlink {_short(path)} -> {_short(target)} is absolute")
+    what = f"manifest symlink {_short(path)} -> {_short(target)}"
+    size = len(target) if target.isascii() else len(_fs_bytes(target, what))
+    if size > MAX_PATH_BYTES:
+        raise ManifestError(
+            f"manifest symlink {_short(path)} has a target of {size} bytes, more than the "
+            f"{MAX_PATH_BYTES} a symlink may hold (PATH_MAX)"
+        )

@@ -10,13 +10,14 @@ import pytest
 from trees import assert_same_tree, rich_tree, tree_listing
 
 from air_transfer import ChecksumError, Manifest
+from air_transfer.config import MIN_CHUNK_BYTES
 from air_transfer.layout import Source, scan
 from air_transfer.manifest import chunk_checksum
 from air_transfer.packing import read_chunks
 from air_transfer.writer import write_tree
 
 
-def local_pack(root: Path, chunk_bytes: int = 1000) -> tuple[Manifest, list[bytes]]:
+def local_pack(root: Path, chunk_bytes: int = MIN_CHUNK_BYTES) -> tuple[Manifest, list[bytes]]:
     source = Source(pafs.LocalFileSystem(), str(root))
     entries = scan(source)
     files = [e for e in entries if e.kind == "file"]
@@ -93,26 +94,26 @@ def test_a_corrupt_chunk_leaves_an_existing_target_untouched(tmp_path: Path) -> 
 def test_verify_false_skips_checksums_but_not_lengths(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
-    (src / "f").write_bytes(b"abcdefgh")
-    manifest, _ = local_pack(src, chunk_bytes=4)
-    write_tree(manifest, [b"ABCD", b"EFGH"], tmp_path / "unchecked", verify=False)
-    assert (tmp_path / "unchecked" / "f").read_bytes() == b"ABCDEFGH"
-    with pytest.raises(ChecksumError, match="3 bytes, expected 4"):
-        write_tree(manifest, [b"abcd", b"efg"], tmp_path / "short", verify=False)
+    (src / "f").write_bytes(b"abcd" * 256 + b"efgh" * 256)  # two chunks of MIN_CHUNK_BYTES
+    manifest, _ = local_pack(src)
+    write_tree(manifest, [b"ABCD" * 256, b"EFGH" * 256], tmp_path / "unchecked", verify=False)
+    assert (tmp_path / "unchecked" / "f").read_bytes() == b"ABCD" * 256 + b"EFGH" * 256
+    with pytest.raises(ChecksumError, match="1023 bytes, expected 1024"):
+        write_tree(manifest, [b"abcd" * 256, b"e" * 1023], tmp_path / "short", verify=False)
 
 
 @pytest.mark.parametrize(
     ("chunks", "message"),
     [
-        ([b"abcd"], "ended after 1 of 2 chunks"),
-        ([b"abcd", b"efgh", b"ijkl"], "more chunks than the 2"),
+        ([b"abcd" * 256], "ended after 1 of 2 chunks"),
+        ([b"abcd" * 256, b"efgh" * 256, b"ijkl" * 256], "more chunks than the 2"),
     ],
 )
 def test_wrong_chunk_count_is_refused(tmp_path: Path, chunks: list, message: str) -> None:
     src = tmp_path / "src"
     src.mkdir()
-    (src / "f").write_bytes(b"abcdefgh")
-    manifest, _ = local_pack(src, chunk_bytes=4)
+    (src / "f").write_bytes(b"abcd" * 256 + b"efgh" * 256)
+    manifest, _ = local_pack(src)
     with pytest.raises(ChecksumError, match=message):
         write_tree(manifest, chunks, tmp_path / "out")
     assert not (tmp_path / "out").exists() and no_staging_left(tmp_path)
