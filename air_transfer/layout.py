@@ -4,6 +4,8 @@ byte stream into chunk spans.
 The walk works on any pyarrow filesystem (``ChunkedCheckpoint.from_checkpoint`` packs
 from S3, GCS or a mock as well as from local disk); on the local filesystem it uses
 ``os.lstat`` so that modes and symlinks are seen, which pyarrow's FileInfo hides.
+The walk is iterative, so a tree of any depth scans without hitting Python's
+recursion limit.
 """
 
 from __future__ import annotations
@@ -109,62 +111,73 @@ def _scan_local(root: str, follow_symlinks: bool) -> list[Entry]:
         raise NotADirectoryError(f"checkpoint source {root!r} is not a directory")
     real_root = os.path.realpath(root)
     entries: list[Entry] = []
-    visiting: set[tuple[int, int]] = {(st.st_dev, st.st_ino)}
+    # Depth-first with an explicit stack (no recursion: trees may be thousands of
+    # levels deep). A frame is a directory's sorted listing still to visit, its
+    # relative path and its (dev, ino): `visiting` holds the frames' keys, i.e. the
+    # directories on the current path, so a followed link back up one is a loop.
+    stack: list[tuple[Iterator[os.DirEntry[str]], str, tuple[int, int]]] = []
+    visiting: set[tuple[int, int]] = set()
 
-    def walk(dir_path: str, rel_dir: str) -> None:
+    def enter(dir_path: str, rel_dir: str, key: tuple[int, int]) -> None:
         with os.scandir(dir_path) as it:
             names = sorted(it, key=lambda d: d.name)
-        for d in names:
-            rel = f"{rel_dir}/{d.name}" if rel_dir else d.name
-            lst = os.lstat(d.path)
-            if stat.S_ISLNK(lst.st_mode):
-                target = os.readlink(d.path)
-                resolved = os.path.realpath(d.path)
-                inside = resolved == real_root or resolved.startswith(real_root + os.sep)
-                if inside:
-                    if os.path.isabs(target) or not _stays_inside(rel, target):
-                        # Absolute (or roundabout) links into the tree are stored
-                        # relative, so they still point inside on the consumer.
-                        parent = os.path.join(real_root, *rel.split("/")[:-1])
-                        target = os.path.relpath(resolved, parent).replace(os.sep, "/")
-                    entries.append(Entry(rel, "symlink", 0, 0o777, lst.st_mtime_ns, target))
-                    continue
-                if not follow_symlinks:
-                    raise ManifestError(
-                        f"symlink {os.path.join(root, rel)!r} -> {target!r} points "
-                        f"outside the checkpoint {root!r}; remove it, make it relative "
-                        "inside the checkpoint, or pass "
-                        "TransferConfig(follow_symlinks=True) to pack its target"
-                    )
-                try:
-                    lst = os.stat(d.path)
-                except FileNotFoundError as e:
-                    raise ManifestError(
-                        f"symlink {os.path.join(root, rel)!r} -> {target!r} is dangling "
-                        "and points outside the checkpoint"
-                    ) from e
-            if stat.S_ISDIR(lst.st_mode):
-                key = (lst.st_dev, lst.st_ino)
-                if key in visiting:
-                    raise ManifestError(
-                        f"directory {os.path.join(root, rel)!r} is reached again through "
-                        "a symlink (a loop)"
-                    )
-                entries.append(Entry(rel, "dir", 0, stat.S_IMODE(lst.st_mode), lst.st_mtime_ns))
-                visiting.add(key)
-                walk(d.path, rel)
-                visiting.discard(key)
-            elif stat.S_ISREG(lst.st_mode):
-                entries.append(
-                    Entry(rel, "file", lst.st_size, stat.S_IMODE(lst.st_mode), lst.st_mtime_ns)
-                )
-            else:
-                raise ManifestError(
-                    f"{os.path.join(root, rel)!r} is neither a file, a directory nor a "
-                    "symlink (a socket, FIFO or device) and cannot be checkpointed"
-                )
+        stack.append((iter(names), rel_dir, key))
+        visiting.add(key)
 
-    walk(root, "")
+    enter(root, "", (st.st_dev, st.st_ino))
+    while stack:
+        listing, rel_dir, dir_key = stack[-1]
+        d = next(listing, None)
+        if d is None:
+            stack.pop()
+            visiting.discard(dir_key)
+            continue
+        rel = f"{rel_dir}/{d.name}" if rel_dir else d.name
+        lst = os.lstat(d.path)
+        if stat.S_ISLNK(lst.st_mode):
+            target = os.readlink(d.path)
+            resolved = os.path.realpath(d.path)
+            inside = resolved == real_root or resolved.startswith(real_root + os.sep)
+            if inside:
+                if os.path.isabs(target) or not _stays_inside(rel, target):
+                    # Absolute (or roundabout) links into the tree are stored
+                    # relative, so they still point inside on the consumer.
+                    parent = os.path.join(real_root, *rel.split("/")[:-1])
+                    target = os.path.relpath(resolved, parent).replace(os.sep, "/")
+                entries.append(Entry(rel, "symlink", 0, 0o777, lst.st_mtime_ns, target))
+                continue
+            if not follow_symlinks:
+                raise ManifestError(
+                    f"symlink {os.path.join(root, rel)!r} -> {target!r} points "
+                    f"outside the checkpoint {root!r}; remove it, make it relative "
+                    "inside the checkpoint, or pass "
+                    "TransferConfig(follow_symlinks=True) to pack its target"
+                )
+            try:
+                lst = os.stat(d.path)
+            except FileNotFoundError as e:
+                raise ManifestError(
+                    f"symlink {os.path.join(root, rel)!r} -> {target!r} is dangling "
+                    "and points outside the checkpoint"
+                ) from e
+        if stat.S_ISDIR(lst.st_mode):
+            key = (lst.st_dev, lst.st_ino)
+            if key in visiting:
+                raise ManifestError(
+                    f"directory {os.path.join(root, rel)!r} is reached again through "
+                    "a symlink (a loop)"
+                )
+            entries.append(Entry(rel, "dir", 0, stat.S_IMODE(lst.st_mode), lst.st_mtime_ns))
+            enter(d.path, rel, key)
+        elif stat.S_ISREG(lst.st_mode):
+            entries.append(
+                Entry(rel, "file", lst.st_size, stat.S_IMODE(lst.st_mode), lst.st_mtime_ns)
+            )
+        else:
+            raise ManifestError(
+                f"{os.path.join(root, rel)!r} is neither a file, a directory nor a "
+                "symlink (a socket, FIFO or device) and cannot be checkpointed"
+            )
     return entries
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -154,3 +155,28 @@ def test_read_ahead_stops_cleanly_when_abandoned(tmp_path: Path) -> None:
     gen = read_chunks_ahead(source, files, 1024)
     next(gen)
     gen.close()  # joins the reader thread; would hang if it ignored the stop
+
+
+def test_a_1200_level_tree_scans_without_recursion(tmp_path: Path) -> None:
+    """Deep trees (issue 10 item 6): the walk was one Python frame per level."""
+    depth = 1200
+    assert depth > sys.getrecursionlimit()
+    deepest = str(tmp_path)
+    for _ in range(depth):  # not os.makedirs: it recurses per level too
+        deepest = os.path.join(deepest, "d")
+        os.mkdir(deepest)
+    Path(deepest, "f").write_bytes(b"leaf")
+    Path(tmp_path, "e").write_bytes(b"")  # a sibling after the tree, in name order
+    try:
+        entries = scan(Source(pafs.LocalFileSystem(), str(tmp_path)))
+        assert [e.path for e in entries] == [
+            *("/".join(["d"] * n) for n in range(1, depth + 1)),
+            "/".join(["d"] * depth + ["f"]),
+            "e",
+        ]
+        assert entries[-2].size == 4
+    finally:
+        # pytest's own cleanup (shutil.rmtree) recurses per level: remove bottom-up.
+        os.remove(os.path.join(deepest, "f"))
+        for n in range(depth, 0, -1):
+            os.rmdir(os.path.join(tmp_path, *["d"] * n))
