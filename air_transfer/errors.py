@@ -18,8 +18,10 @@ class ChecksumError(OSError):
 
 
 class SourceChangedError(OSError):
-    """A source file changed (size) between the directory scan and the read of its
-    bytes, so the packed checkpoint would not be the one that was described."""
+    """A source file changed (size, times, inode or link count) between the directory
+    scan and the end of the read of its bytes, or vanished, so the packed checkpoint
+    would not be the one that was described; the errno is EAGAIN (ENOENT if it
+    vanished) and ``filename`` names the file (or the checkpoint directory)."""
 
 
 class CheckpointLostError(RuntimeError):

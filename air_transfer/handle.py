@@ -107,14 +107,15 @@ def pack(source: Source, config: TransferConfig | None = None) -> TransferHandle
     """Scan ``source``, pick a strategy (``config.strategy``, else by size against
     the free object store), and pack in this process."""
     config = config or TransferConfig()
-    entries = scan(source, follow_symlinks=config.follow_symlinks)
-    files = [e for e in entries if e.kind == "file"]
-    total = sum(f.size for f in files)
+    scanned = scan(source, follow_symlinks=config.follow_symlinks)
+    total = sum(f.size for f in scanned.files)
     store_free = _ray.object_store_free_bytes(this_node_id())
     strategy = get_strategy(select_strategy(total, config, store_free))()
-    packed = strategy.pack(source, files, config)
+    # The strategy proves every byte it reads against the scan's stamps, so the
+    # manifest's sizes and mtimes are those of the bytes packed.
+    packed = strategy.pack(source, scanned.files, scanned.stamps, config)
     manifest = Manifest(
-        entries=tuple(entries), chunk_bytes=config.chunk_bytes, chunks=packed.checksums
+        entries=scanned.entries, chunk_bytes=config.chunk_bytes, chunks=packed.checksums
     )
     return TransferHandle(
         manifest=manifest,

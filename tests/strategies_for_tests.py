@@ -9,7 +9,7 @@ from typing import Any
 import ray
 
 from air_transfer import Packed, TransferConfig, TransferStrategy
-from air_transfer.layout import Source
+from air_transfer.layout import Source, Stamp
 from air_transfer.manifest import Entry, Manifest, chunk_checksum
 from air_transfer.packing import read_chunks
 
@@ -21,11 +21,17 @@ class BytesChunksStrategy(TransferStrategy):
 
     name = "test-bytes"
 
-    def pack(self, source: Source, files: Sequence[Entry], config: TransferConfig) -> Packed:
+    def pack(
+        self,
+        source: Source,
+        files: Sequence[Entry],
+        stamps: Sequence[Stamp],
+        config: TransferConfig,
+    ) -> Packed:
         refs, sums = [], []
         buf = bytearray(config.chunk_bytes)
         for _, view in read_chunks(
-            source, files, config.chunk_bytes, lambda i, n: memoryview(buf)[:n]
+            source, files, stamps, config.chunk_bytes, lambda i, n: memoryview(buf)[:n]
         ):
             sums.append(chunk_checksum(view))
             refs.append(ray.put(bytes(view)))

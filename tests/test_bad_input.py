@@ -110,12 +110,12 @@ def test_file_changing_size_while_packed(tmp_path: Path, strategy: str, change: 
     src.mkdir()
     (src / "w.bin").write_bytes(os.urandom(10 * KiB))
     source = Source(pafs.LocalFileSystem(), str(src))
-    files = [e for e in scan(source) if e.kind == "file"]
+    scanned = scan(source)
     # The training loop rewrites the file between the scan and the read of its bytes.
     (src / "w.bin").write_bytes(os.urandom(5 * KiB if change == "shrink" else 15 * KiB))
     word = "shrank" if change == "shrink" else "grew"
     with pytest.raises(SourceChangedError, match=rf"w.bin' {word} while being packed"):
-        get_strategy(strategy)().pack(source, files, config_for(strategy))
+        get_strategy(strategy)().pack(source, scanned.files, scanned.stamps, config_for(strategy))
 
 
 def test_inline_refuses_a_checkpoint_over_its_limit(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from air_transfer import ManifestError, SourceChangedError
-from air_transfer.layout import Source, chunk_count, iter_chunk_spans, scan
+from air_transfer.layout import Scan, Source, chunk_count, iter_chunk_spans, scan
 from air_transfer.packing import read_chunks, read_chunks_ahead
 
 
@@ -55,7 +56,7 @@ def test_scan_lists_parents_first_with_modes_and_links(tmp_path: Path) -> None:
     os.chmod(tmp_path / "a", 0o640)
     os.symlink("b/c/f", tmp_path / "l")
     os.symlink(str(tmp_path / "b" / "c" / "f"), tmp_path / "abs")  # absolute but inside
-    entries = {e.path: e for e in scan(Source(pafs.LocalFileSystem(), str(tmp_path)))}
+    entries = {e.path: e for e in scan(Source(pafs.LocalFileSystem(), str(tmp_path))).entries}
     assert list(entries) == ["a", "abs", "b", "b/c", "b/c/f", "l"]
     assert entries["a"].mode == 0o640 and entries["b/c/f"].size == 3
     assert entries["l"].target == "b/c/f"
@@ -78,7 +79,7 @@ def test_symlink_outside_is_refused_unless_followed(tmp_path: Path) -> None:
     os.symlink(outside, ckpt / "escape")
     with pytest.raises(ManifestError, match=r"escape.*points outside the checkpoint"):
         scan(Source(pafs.LocalFileSystem(), str(ckpt)))
-    entries = scan(Source(pafs.LocalFileSystem(), str(ckpt)), follow_symlinks=True)
+    entries = scan(Source(pafs.LocalFileSystem(), str(ckpt)), follow_symlinks=True).entries
     assert [(e.path, e.kind, e.size) for e in entries] == [("escape", "file", 6)]
 
 
@@ -104,30 +105,33 @@ def test_scan_and_read_through_any_pyarrow_filesystem() -> None:
     with fs.open_output_stream("bucket/ckpt/x") as f:
         f.write(b"XY")
     source = Source(fs, "bucket/ckpt")
-    entries = scan(source)
-    assert [(e.path, e.kind, e.size) for e in entries] == [
+    scanned = scan(source)
+    assert [(e.path, e.kind, e.size) for e in scanned.entries] == [
         ("sub", "dir", 0),
         ("sub/w.bin", "file", 10),
         ("x", "file", 2),
     ]
-    files = [e for e in entries if e.kind == "file"]
     bufs = {}
     chunks = read_chunks(
-        source, files, 4, lambda i, n: memoryview(bufs.setdefault(i, bytearray(n)))
+        source,
+        scanned.files,
+        scanned.stamps,
+        4,
+        lambda i, n: memoryview(bufs.setdefault(i, bytearray(n))),
     )
     assert [bytes(v) for _, v in chunks] == [b"abcd", b"efgh", b"ijXY"]
 
 
-def _local(tmp_path: Path):
+def _local(tmp_path: Path) -> tuple[Source, Scan]:
     source = Source(pafs.LocalFileSystem(), str(tmp_path))
-    return source, [e for e in scan(source) if e.kind == "file"]
+    return source, scan(source)
 
 
 @pytest.mark.parametrize("change", ["shrink", "grow", "vanish"])
 def test_a_file_changing_after_the_scan_is_an_error(tmp_path: Path, change: str) -> None:
     (tmp_path / "a").write_bytes(b"a" * 100)
     (tmp_path / "b").write_bytes(b"b" * 100)
-    source, files = _local(tmp_path)
+    source, scanned = _local(tmp_path)
     if change == "shrink":
         (tmp_path / "a").write_bytes(b"a" * 50)
     elif change == "grow":
@@ -136,21 +140,47 @@ def test_a_file_changing_after_the_scan_is_an_error(tmp_path: Path, change: str)
         (tmp_path / "a").unlink()
     words = {"shrink": "shrank", "grow": "grew", "vanish": "vanished"}
     with pytest.raises(SourceChangedError, match=f"{tmp_path / 'a'}.*{words[change]}"):
-        list(read_chunks_ahead(source, files, 64))
+        list(read_chunks_ahead(source, scanned.files, scanned.stamps, 64))
 
 
 def test_read_ahead_yields_the_stream_in_order(tmp_path: Path) -> None:
     data = os.urandom(10_000)
     (tmp_path / "a").write_bytes(data[:3_000])
     (tmp_path / "b").write_bytes(data[3_000:])
-    source, files = _local(tmp_path)
-    got = b"".join(bytes(view) for _, view, _ in read_chunks_ahead(source, files, 1024))
+    source, s = _local(tmp_path)
+    got = b"".join(bytes(view) for _, view, _ in read_chunks_ahead(source, s.files, s.stamps, 1024))
     assert got == data
 
 
 def test_read_ahead_stops_cleanly_when_abandoned(tmp_path: Path) -> None:
     (tmp_path / "a").write_bytes(os.urandom(10_000))
-    source, files = _local(tmp_path)
-    gen = read_chunks_ahead(source, files, 1024)
+    source, s = _local(tmp_path)
+    gen = read_chunks_ahead(source, s.files, s.stamps, 1024)
     next(gen)
     gen.close()  # joins the reader thread; would hang if it ignored the stop
+
+
+def test_a_1200_level_tree_scans_without_recursion(tmp_path: Path) -> None:
+    """Deep trees (issue 10 item 6): the walk was one Python frame per level."""
+    depth = 1200
+    assert depth > sys.getrecursionlimit()
+    deepest = str(tmp_path)
+    for _ in range(depth):  # not os.makedirs: it recurses per level too
+        deepest = os.path.join(deepest, "d")
+        os.mkdir(deepest)
+    Path(deepest, "f").write_bytes(b"leaf")
+    Path(tmp_path, "e").write_bytes(b"")  # a sibling after the tree, in name order
+    try:
+        scanned = scan(Source(pafs.LocalFileSystem(), str(tmp_path)))
+        assert [e.path for e in scanned.entries] == [
+            *("/".join(["d"] * n) for n in range(1, depth + 1)),
+            "/".join(["d"] * depth + ["f"]),
+            "e",
+        ]
+        assert [f.path for f in scanned.files] == [scanned.entries[-2].path, "e"]
+        assert scanned.stamps[0].size == 4
+    finally:
+        # pytest's own cleanup (shutil.rmtree) recurses per level: remove bottom-up.
+        os.remove(os.path.join(deepest, "f"))
+        for n in range(depth, 0, -1):
+            os.rmdir(os.path.join(tmp_path, *["d"] * n))

@@ -19,13 +19,18 @@ from air_transfer.writer import write_tree
 
 def local_pack(root: Path, chunk_bytes: int = MIN_CHUNK_BYTES) -> tuple[Manifest, list[bytes]]:
     source = Source(pafs.LocalFileSystem(), str(root))
-    entries = scan(source)
-    files = [e for e in entries if e.kind == "file"]
+    scanned = scan(source)
     chunks = [
         bytes(v)
-        for _, v in read_chunks(source, files, chunk_bytes, lambda i, n: memoryview(bytearray(n)))
+        for _, v in read_chunks(
+            source,
+            scanned.files,
+            scanned.stamps,
+            chunk_bytes,
+            lambda i, n: memoryview(bytearray(n)),
+        )
     ]
-    return Manifest(tuple(entries), chunk_bytes, tuple(map(chunk_checksum, chunks))), chunks
+    return Manifest(scanned.entries, chunk_bytes, tuple(map(chunk_checksum, chunks))), chunks
 
 
 def no_staging_left(parent: Path) -> bool:

@@ -19,6 +19,7 @@ store exactly as long as some checkpoint, handle or ObjectRef anywhere refers to
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -30,9 +31,9 @@ import ray
 from air_transfer.config import TransferConfig
 from air_transfer.errors import SourceChangedError
 from air_transfer.handle import TransferHandle, pack
-from air_transfer.layout import Source, iter_chunk_spans
+from air_transfer.layout import Source, Stamp, iter_chunk_spans
 from air_transfer.manifest import Entry
-from air_transfer.packing import read_chunks_ahead
+from air_transfer.packing import current_stamps, read_chunks_ahead
 from air_transfer.storage.disk import DiskStorage
 from air_transfer.storage.disk_uploads import DiskUploads
 from air_transfer.storage.sink import store_checkpoint
@@ -89,23 +90,32 @@ class NodeAgent:
         start: int,
         stop: int | None,
         verify: bool = True,
+        stamps: Sequence[Stamp] | None = None,
     ) -> Iterator[np.ndarray]:
         """Read chunks ``start``..``stop - 1`` of ``source`` now and yield them.
 
-        With ``verify``, each chunk is compared with the checksum taken at packing,
+        Every read is proven against ``stamps``, the files as scanned at packing
+        (None: as found now, for a plain read of one version), so a file changed
+        since packing or while streamed raises SourceChangedError naming it. With
+        ``verify``, each chunk is also compared with the checksum taken at packing,
         so a directory that changed since then is reported here, naming the files,
         rather than as corrupt bytes on the reader's side.
         """
-        for index, view, checksum in read_chunks_ahead(source, files, chunk_bytes, start, stop):
+        if stamps is None:
+            stamps = current_stamps(source, files)
+        chunks = read_chunks_ahead(source, files, stamps, chunk_bytes, start, stop)
+        for index, view, checksum in chunks:
             if verify and checksum != checksums[index]:
                 # Which files the chunk carries is only worked out for the message.
                 sizes = [f.size for f in files]
                 chunk_spans = next(iter_chunk_spans(sizes, chunk_bytes, index))
                 names = sorted({files[s.file_index].path for s in chunk_spans})
                 raise SourceChangedError(
+                    errno.EAGAIN,
                     f"checkpoint {source.root!r} changed since it was packed: chunk "
                     f"{index} (files {', '.join(map(repr, names))}) no longer has the "
-                    "bytes it had; pack it again"
+                    "bytes it had; pack it again",
+                    source.root,
                 )
             # The yielded array is copied into the object store before the generator
             # resumes, so the reader thread may reuse this buffer afterwards.

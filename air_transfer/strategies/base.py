@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from air_transfer.config import TransferConfig
-from air_transfer.layout import Source
+from air_transfer.layout import Source, Stamp
 from air_transfer.manifest import Entry, Manifest
 
 
@@ -34,9 +34,19 @@ class TransferStrategy(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    def pack(self, source: Source, files: Sequence[Entry], config: TransferConfig) -> Packed:
+    def pack(
+        self,
+        source: Source,
+        files: Sequence[Entry],
+        stamps: Sequence[Stamp],
+        config: TransferConfig,
+    ) -> Packed:
         """Read ``files`` (stream order) from ``source``, cut into
-        ``config.chunk_bytes`` chunks, and store them somewhere readers can reach."""
+        ``config.chunk_bytes`` chunks, and store them somewhere readers can reach.
+
+        ``stamps`` are the files as scanned: read with ``packing.read_chunks`` (or
+        ``fill_chunk``), which raises SourceChangedError for a file that no longer
+        matches its stamp, so the checksums are of the version the scan described."""
 
     @abstractmethod
     def iter_chunks(

@@ -15,7 +15,7 @@ import ray
 
 from air_transfer.config import TransferConfig
 from air_transfer.fetch import fetch_in_order
-from air_transfer.layout import Source
+from air_transfer.layout import Source, Stamp
 from air_transfer.manifest import Entry, Manifest
 from air_transfer.packing import read_chunks_ahead
 from air_transfer.strategies.base import Packed, TransferStrategy
@@ -26,10 +26,16 @@ class ChunkedStrategy(TransferStrategy):
 
     name = "chunked"
 
-    def pack(self, source: Source, files: Sequence[Entry], config: TransferConfig) -> Packed:
+    def pack(
+        self,
+        source: Source,
+        files: Sequence[Entry],
+        stamps: Sequence[Stamp],
+        config: TransferConfig,
+    ) -> Packed:
         refs: list[ray.ObjectRef] = []
         checksums: list[str] = []
-        for _index, view, checksum in read_chunks_ahead(source, files, config.chunk_bytes):
+        for _index, view, checksum in read_chunks_ahead(source, files, stamps, config.chunk_bytes):
             # ray.put copies the buffer into the object store before returning, so the
             # reader thread may refill it right after.
             refs.append(ray.put(np.frombuffer(view, dtype=np.uint8)))

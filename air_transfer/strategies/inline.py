@@ -14,7 +14,7 @@ import numpy as np
 import ray
 
 from air_transfer.config import TransferConfig
-from air_transfer.layout import Source
+from air_transfer.layout import Source, Stamp
 from air_transfer.manifest import Entry, Manifest, chunk_checksum
 from air_transfer.packing import read_chunks
 from air_transfer.strategies.base import Packed, TransferStrategy
@@ -25,7 +25,13 @@ class InlineStrategy(TransferStrategy):
 
     name = "inline"
 
-    def pack(self, source: Source, files: Sequence[Entry], config: TransferConfig) -> Packed:
+    def pack(
+        self,
+        source: Source,
+        files: Sequence[Entry],
+        stamps: Sequence[Stamp],
+        config: TransferConfig,
+    ) -> Packed:
         total = sum(f.size for f in files)
         if total > config.inline_limit:
             raise ValueError(
@@ -37,7 +43,7 @@ class InlineStrategy(TransferStrategy):
         stream = np.empty(total, dtype=np.uint8)
         cb = config.chunk_bytes
         chunks = read_chunks(
-            source, files, cb, lambda i, n: memoryview(stream)[i * cb : i * cb + n]
+            source, files, stamps, cb, lambda i, n: memoryview(stream)[i * cb : i * cb + n]
         )
         checksums = tuple(chunk_checksum(view) for _, view in chunks)
         return Packed(ray.put(stream), checksums)

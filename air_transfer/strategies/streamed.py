@@ -6,7 +6,8 @@ ahead, ``window`` being fetched) whatever the checkpoint size, so a checkpoint
 several times larger than the object store goes through without spilling. Packing
 only reads the files once to take the checksums; the bytes move when a reader asks,
 from the directory as it is then, and a directory that changed or vanished since
-packing is a SourceChangedError, not a wrong copy.
+packing is a SourceChangedError, not a wrong copy: the agent proves every read
+against the stamps the scan took at packing (size, times, inode), verified or not.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import ray.cloudpickle
 from air_transfer import _ray
 from air_transfer.config import TransferConfig
 from air_transfer.fetch import fetch_in_order
-from air_transfer.layout import Source
+from air_transfer.layout import Source, Stamp
 from air_transfer.manifest import Entry, Manifest
 from air_transfer.nodes import node_agent, this_node_id
 from air_transfer.packing import read_chunks_ahead
@@ -35,6 +36,9 @@ class StreamSource:
     agent: Any
     source: Source
     node_id: str
+    #: The files as scanned at packing: the agent proves its reads against them, so a
+    #: file changed since packing (or while streamed) is an error even unverified.
+    stamps: tuple[Stamp, ...]
 
 
 class StreamedStrategy(TransferStrategy):
@@ -42,7 +46,13 @@ class StreamedStrategy(TransferStrategy):
 
     name = "streamed"
 
-    def pack(self, source: Source, files: Sequence[Entry], config: TransferConfig) -> Packed:
+    def pack(
+        self,
+        source: Source,
+        files: Sequence[Entry],
+        stamps: Sequence[Stamp],
+        config: TransferConfig,
+    ) -> Packed:
         try:
             ray.cloudpickle.dumps(source)
         except Exception as e:
@@ -51,9 +61,10 @@ class StreamedStrategy(TransferStrategy):
                 f"transfer time, but its filesystem ({source.filesystem.type_name}) cannot "
                 "be sent to another process; use strategy='chunked'"
             ) from e
-        checksums = tuple(c for _, _, c in read_chunks_ahead(source, files, config.chunk_bytes))
+        chunks = read_chunks_ahead(source, files, stamps, config.chunk_bytes)
+        checksums = tuple(c for _, _, c in chunks)
         node_id = this_node_id()
-        return Packed(StreamSource(node_agent(node_id), source, node_id), checksums)
+        return Packed(StreamSource(node_agent(node_id), source, node_id, tuple(stamps)), checksums)
 
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
@@ -68,6 +79,7 @@ class StreamedStrategy(TransferStrategy):
             start,
             stop,
             config.verify,
+            payload.stamps,
         )
         # Fetch up to `window` yielded chunks ahead, so cross-node pulls overlap with
         # the reader's writing as they do for `chunked`.

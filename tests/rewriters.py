@@ -1,0 +1,60 @@
+"""Ways a training loop rewrites a checkpoint file while it is packed, and the
+test-only ``packing._after_span_read`` hook that does it between a span's read and
+the fstat after it, so the interleaving is deterministic (in the driver, or installed
+in a node agent with ``install_in_agent``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from air_transfer import packing
+
+HOW = ("in-place", "utime-reset", "rename")
+
+
+def rewrite(path: str, how: str) -> None:
+    """Give ``path`` other bytes of the same size: written over in place, the same
+    with its mtime put back (``os.utime``), or a new file renamed over it."""
+    st = os.stat(path)
+    with open(path, "rb") as f:
+        new = bytes(b ^ 0xFF for b in f.read())
+    if how == "rename":
+        with open(path + ".new", "wb") as f:
+            f.write(new)
+        os.replace(path + ".new", path)
+        return
+    with open(path, "r+b") as f:
+        f.write(new)
+    if how == "utime-reset":
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert os.stat(path).st_mtime_ns == st.st_mtime_ns
+
+
+@dataclass
+class RewriteOnce:
+    """Hook: the first time a span of the file named ``name`` at file offset
+    ``offset`` or later has been read, rewrite the file (``how``)."""
+
+    name: str
+    how: str = "in-place"
+    offset: int = 0
+    fired: bool = False
+
+    def __call__(self, where: str, span: packing.FileSpan) -> None:
+        if self.fired or os.path.basename(where) != self.name or span.file_offset < self.offset:
+            return
+        self.fired = True
+        rewrite(where, self.how)
+
+
+def _set_hook(agent: Any, hook: Any) -> None:
+    packing._after_span_read = hook
+
+
+def install_in_agent(agent: Any, hook: Any) -> None:
+    """Set (or with None, clear) the hook in the process of node agent ``agent``."""
+    import ray
+
+    ray.get(agent.__ray_call__.remote(_set_hook, hook))

@@ -1,0 +1,302 @@
+"""Torn pack (issue 10 item 1): a file rewritten while it is packed must raise
+SourceChangedError naming it, never reach a consumer as bytes of neither version.
+
+The rewrites happen between a span's read and the fstat after it, through the
+test-only ``packing._after_span_read`` hook (``rewriters``), in the driver or in the
+node agent, so every interleaving here is deterministic; one test also runs a real
+concurrent writer and checks the one property that must hold whatever the timing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.fs as pafs
+import pytest
+import ray
+import ray.cloudpickle
+import rewriters
+from rewriters import HOW, RewriteOnce, install_in_agent, rewrite
+
+from air_transfer import ChunkedCheckpoint, SourceChangedError, TransferConfig, packing, strategies
+from air_transfer.config import KiB
+from air_transfer.layout import Scan, Source, Stamp, scan
+from air_transfer.nodes import node_agent
+from air_transfer.packing import RACY_WINDOW_NS, fill_chunk, plan_chunks, read_chunks
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+# The hooks run in the node agent too: ship their code by value.
+ray.cloudpickle.register_pickle_by_value(rewriters)
+
+STRATEGIES = sorted(strategies)
+CHUNK = 4 * KiB
+
+
+def config_for(strategy: str, **changes: Any) -> TransferConfig:
+    return TransferConfig(chunk_bytes=CHUNK, window=512, strategy=strategy, **changes)
+
+
+def make_source(tmp_path: Path) -> Path:
+    """Three files; ``w.bin`` spans chunks 1 to 9 and is the one rewritten."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(3 * KiB))
+    (src / "w.bin").write_bytes(os.urandom(32 * KiB + 5))
+    (src / "z.bin").write_bytes(os.urandom(2 * KiB))
+    return src
+
+
+def local_scan(root: Path) -> tuple[Source, Scan]:
+    source = Source(pafs.LocalFileSystem(), str(root))
+    return source, scan(source)
+
+
+def read_all(source: Source, scanned: Scan, chunk_bytes: int = CHUNK) -> bytes:
+    return b"".join(
+        bytes(view)
+        for _, view in read_chunks(
+            source,
+            scanned.files,
+            scanned.stamps,
+            chunk_bytes,
+            lambda i, n: memoryview(bytearray(n)),
+        )
+    )
+
+
+def nothing_published(out: Path) -> bool:
+    return not out.exists() and not [p for p in os.listdir(out.parent) if "staging" in p]
+
+
+@pytest.fixture
+def in_driver(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any], None]:
+    """Install a hook in this process (undone after the test)."""
+    return lambda hook: monkeypatch.setattr(packing, "_after_span_read", hook)
+
+
+@pytest.fixture
+def in_agent() -> Iterator[Callable[[Any], None]]:
+    """Install a hook in this node's agent (cleared after the test)."""
+    agent = node_agent()
+    yield lambda hook: install_in_agent(agent, hook)
+    install_in_agent(agent, None)
+
+
+CHANGED = r"w\.bin' changed after the directory was scanned"
+
+
+# -- a same-size rewrite in place, wherever the bytes are read -------------------------
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_torn_pack_same_size_rewrite_while_packed_in_the_caller(
+    tmp_path: Path, strategy: str, in_driver: Callable[[Any], None]
+) -> None:
+    src = make_source(tmp_path)
+    in_driver(RewriteOnce("w.bin", offset=8 * KiB))  # mid-file: chunks 1-2 are read
+    with pytest.raises(SourceChangedError, match=CHANGED) as e:
+        ChunkedCheckpoint.from_directory(src).to_object_ref(config=config_for(strategy))
+    assert e.value.filename == str(src / "w.bin") and e.value.errno is not None
+
+
+@pytest.mark.parametrize("strategy", ["inline", "chunked", "streamed"])
+def test_torn_pack_same_size_rewrite_while_packed_by_the_node_agent(
+    tmp_path: Path, strategy: str, in_agent: Callable[[Any], None]
+) -> None:
+    src = make_source(tmp_path)
+    in_agent(RewriteOnce("w.bin", offset=8 * KiB))
+    with pytest.raises(SourceChangedError, match=CHANGED):
+        ChunkedCheckpoint.from_directory(src).to_object_ref(
+            config=config_for(strategy, owner="node")
+        )
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_torn_pack_same_size_rewrite_while_streamed_at_transfer_time(
+    tmp_path: Path, verify: bool, in_agent: Callable[[Any], None]
+) -> None:
+    src = make_source(tmp_path)
+    ref = ChunkedCheckpoint.from_directory(src).to_object_ref(
+        config=config_for("streamed", verify=verify)
+    )
+    in_agent(RewriteOnce("w.bin", offset=8 * KiB))  # the agent reads at transfer time
+    out = tmp_path / "out"
+    with pytest.raises(SourceChangedError, match=CHANGED):
+        ChunkedCheckpoint.from_object_ref(ref).to_directory(out)
+    assert nothing_published(out)
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_streamed_file_rewritten_after_packing_is_caught_even_unverified(
+    tmp_path: Path, how: str
+) -> None:
+    """Without verification no checksum would notice: the stamps taken at packing do."""
+    src = make_source(tmp_path)
+    ref = ChunkedCheckpoint.from_directory(src).to_object_ref(
+        config=config_for("streamed", verify=False)
+    )
+    rewrite(str(src / "w.bin"), how)
+    out = tmp_path / "out"
+    word = "replaced by another file" if how == "rename" else "changed after"
+    with pytest.raises(SourceChangedError, match=rf"w\.bin' (was )?{word}"):
+        ChunkedCheckpoint.from_object_ref(ref).to_directory(out)
+    assert nothing_published(out)
+
+
+# -- what the checks see -----------------------------------------------------------------
+def test_torn_pack_mtime_put_back_after_a_rewrite_is_caught_by_ctime(
+    tmp_path: Path, in_driver: Callable[[Any], None]
+) -> None:
+    src = make_source(tmp_path)
+    in_driver(RewriteOnce("w.bin", how="utime-reset", offset=8 * KiB))
+    with pytest.raises(SourceChangedError, match=CHANGED) as e:
+        ChunkedCheckpoint.from_directory(src).to_object_ref(config=config_for("chunked"))
+    assert "ctime_ns" in str(e.value) and "mtime_ns" not in str(e.value)
+
+
+def test_torn_pack_file_renamed_over_while_packed_is_caught(
+    tmp_path: Path, in_driver: Callable[[Any], None]
+) -> None:
+    """The open fd keeps the old inode (its bytes are intact), but the source now has
+    another file under that name: the old inode's link count dropped to 0."""
+    src = make_source(tmp_path)
+    in_driver(RewriteOnce("w.bin", how="rename", offset=8 * KiB))
+    with pytest.raises(SourceChangedError, match=CHANGED) as e:
+        ChunkedCheckpoint.from_directory(src).to_object_ref(config=config_for("chunked"))
+    assert "nlink" in str(e.value)
+
+
+def test_torn_pack_file_renamed_over_after_the_scan_is_caught(tmp_path: Path) -> None:
+    src = make_source(tmp_path)
+    source, scanned = local_scan(src)
+    rewrite(str(src / "w.bin"), "rename")  # same size and, often, the same mtime tick
+    with pytest.raises(SourceChangedError, match=r"w\.bin' was replaced by another file"):
+        read_all(source, scanned)
+
+
+def test_torn_pack_concurrent_writer_never_yields_mixed_bytes(tmp_path: Path) -> None:
+    """A real writer rewrites the file (two versions, one write each) as fast as it
+    can while it is packed: packing either raises or carries one whole version."""
+    src = tmp_path / "src"
+    src.mkdir()
+    versions = [os.urandom(256 * KiB), os.urandom(256 * KiB)]
+    (src / "w.bin").write_bytes(versions[0])
+    stop = threading.Event()
+    fd = os.open(src / "w.bin", os.O_WRONLY)
+
+    def write_forever() -> None:
+        i = 0
+        while not stop.is_set():
+            i ^= 1
+            os.pwrite(fd, versions[i], 0)
+
+    writer = threading.Thread(target=write_forever, daemon=True)
+    writer.start()
+    outcomes = []
+    try:
+        for attempt in range(3):
+            try:
+                ref = ChunkedCheckpoint.from_directory(src).to_object_ref(
+                    config=config_for("chunked")
+                )
+            except SourceChangedError as e:
+                assert str(src / "w.bin") in str(e)
+                outcomes.append("refused")
+                continue
+            out = tmp_path / f"out{attempt}"
+            ChunkedCheckpoint.from_object_ref(ref).to_directory(out)
+            assert (out / "w.bin").read_bytes() in versions, "torn: bytes of neither version"
+            outcomes.append("whole")
+    finally:
+        stop.set()
+        writer.join()
+        os.close(fd)
+    assert len(outcomes) == 3
+
+
+# -- the racy window -----------------------------------------------------------------------
+def test_a_file_written_just_now_is_read_after_the_racy_window(
+    tmp_path: Path, in_driver: Callable[[Any], None]
+) -> None:
+    body = os.urandom(10 * KiB)
+    (tmp_path / "w.bin").write_bytes(body)
+    source, scanned = local_scan(tmp_path)
+    read_at: list[int] = []
+    in_driver(lambda where, span: read_at.append(time.time_ns()))
+    assert read_all(source, scanned) == body
+    ctime = scanned.stamps[0].ctime_ns
+    assert ctime is not None and read_at[0] - ctime >= RACY_WINDOW_NS
+
+
+def test_racy_window_catches_a_rewrite_in_the_same_coarse_clock_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_driver: Callable[[Any], None]
+) -> None:
+    """Timestamps from a coarse clock (10 ms ticks, as at HZ=100; this kernel's own
+    are finer): a rewrite within the tick of the scan keeps size, mtime and ctime.
+    Reading only once the scanned ctime is a window old puts any write that races
+    the read in a later tick, where the fstat after the read sees it."""
+    tick = 10_000_000
+    assert tick < RACY_WINDOW_NS
+
+    def coarse(cls: type[Stamp], st: os.stat_result) -> Stamp:
+        return Stamp(
+            st.st_size,
+            st.st_mtime_ns - st.st_mtime_ns % tick,
+            st.st_ctime_ns - st.st_ctime_ns % tick,
+            st.st_ino,
+            st.st_dev,
+            st.st_nlink,
+        )
+
+    monkeypatch.setattr(Stamp, "of_stat", classmethod(coarse))
+    (tmp_path / "w.bin").write_bytes(os.urandom(10 * KiB))
+    source, scanned = local_scan(tmp_path)
+    in_driver(RewriteOnce("w.bin"))
+    with pytest.raises(SourceChangedError, match=CHANGED):
+        read_all(source, scanned)
+
+
+# -- one chunk at a time, anywhere ---------------------------------------------------------
+@ray.remote
+def _fill(source: Source, plan: packing.ChunkPlan) -> np.ndarray:
+    out = np.empty(plan.length, dtype=np.uint8)
+    fill_chunk(source, plan, memoryview(out))
+    return out
+
+
+def test_a_chunk_is_filled_from_its_plan_alone_in_another_process(tmp_path: Path) -> None:
+    src = make_source(tmp_path)
+    source, scanned = local_scan(src)
+    plans = list(plan_chunks(scanned.files, scanned.stamps, CHUNK))
+    chunks = ray.get([_fill.remote(source, p) for p in reversed(plans)])[::-1]
+    assert b"".join(c.tobytes() for c in chunks) == read_all(source, scanned)
+    rewrite(str(src / "w.bin"), "in-place")
+    with pytest.raises(SourceChangedError, match=CHANGED):
+        ray.get(_fill.remote(source, plans[5]))
+
+
+def test_torn_pack_on_other_pyarrow_filesystems_checks_size_and_mtime(
+    tmp_path: Path, in_driver: Callable[[Any], None]
+) -> None:
+    """A non-local pyarrow source (S3, GCS; here a SubTreeFileSystem) reports only
+    size and mtime: both are compared before and after reading."""
+    src = make_source(tmp_path)
+    source = Source(pafs.SubTreeFileSystem(str(src), pafs.LocalFileSystem()), "")
+    scanned = scan(source)
+    assert read_all(source, scanned) == b"".join(
+        (src / n).read_bytes() for n in ("a.bin", "w.bin", "z.bin")
+    )
+
+    def rewrite_with_a_new_mtime(where: str, span: packing.FileSpan) -> None:
+        if span.path == "w.bin" and span.file_offset >= 8 * KiB:
+            rewrite(str(src / "w.bin"), "in-place")
+            os.utime(src / "w.bin", ns=(0, span.stamp.mtime_ns + 1_000_000_000))
+
+    in_driver(rewrite_with_a_new_mtime)
+    with pytest.raises(SourceChangedError, match=CHANGED) as e:
+        read_all(source, scanned)
+    assert "mtime_ns" in str(e.value)
