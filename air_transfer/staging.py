@@ -97,37 +97,31 @@ class Site:
     def staging(self) -> Staging:
         return Staging(self)
 
-    def remove_dead_staging(self) -> None:
-        """Remove the staging of writers of this target that died (their lock is
-        free); leave alone those a swap still needs (``recover`` handles them)."""
-        for suffix in self._suffixes():
-            if suffix in _OWN or os.path.lexists(self.old_path(suffix)):
-                continue
-            with _dead_lock(self.lock_path(suffix)) as dead:
-                if dead:
-                    path = self.staging_path(suffix)
-                    logger.debug("removing the staging of a dead writer: %s", path)
-                    rmtree(path)
-
-    def recover(self) -> None:
-        """Finish or roll back the two-rename swaps of writers that died between the
-        renames (taking the publish lock only if there is one)."""
-        if self._suffixes(_OLD):
+    def clean_up(self) -> None:
+        """What writers of this target that died left: finish or roll back their
+        swaps (under the publish lock, taken only if there is one), and remove their
+        staging (the lock of a dead writer is free: any pid, any host)."""
+        staged, old = self._scan()
+        if old:
             with self.publish_lock():
                 self.recover_locked()
+        for suffix in staged - old - _own():
+            with _dead_lock(self.lock_path(suffix)) as fd:
+                if fd is not None:
+                    path = self.staging_path(suffix)
+                    logger.debug("removing the staging of a dead writer: %s", path)
+                    _remove(path)
 
     def recover_locked(self) -> None:
         """``recover``, the publish lock held: the target comes back complete, the
         merged tree if the dead writer's staging was complete (marked), else the old
         one; what the swap left aside is removed."""
-        for suffix in self._suffixes(_OLD):
-            if suffix in _OWN:
-                continue
-            with _dead_lock(self.lock_path(suffix)) as dead:
-                if not dead:
+        for suffix in self._scan()[1] - _own():
+            with _dead_lock(self.lock_path(suffix)) as fd:
+                if fd is None:
                     continue
                 old, staging = self.old_path(suffix), self.staging_path(suffix)
-                marked = _read_mark(self.lock_path(suffix)) == SWAP_MARK
+                marked = fd >= 0 and os.pread(fd, len(SWAP_MARK), 0) == SWAP_MARK
                 if os.path.lexists(self.target):
                     logger.info("removing the tree a dead writer replaced: %s", old)
                 elif marked and os.path.isdir(staging):
@@ -136,19 +130,20 @@ class Site:
                 else:
                     logger.warning("rolling back the swap a dead writer began: %s", self.target)
                     os.rename(old, self.target)
-                rmtree(old)
-                rmtree(staging)
+                _remove(old)
+                _remove(staging)
 
-    def _suffixes(self, mark: str = _STAGING) -> set[str]:
-        prefix = f"{self._stem}{mark}"
-        found = set()
+    def _scan(self) -> tuple[set[str], set[str]]:
+        """The suffixes of the staging (and lock files) and of the old trees here."""
+        found: tuple[set[str], set[str]] = (set(), set())
         with contextlib.suppress(FileNotFoundError):
             for entry in os.listdir(self.parent):
-                if not entry.startswith(prefix):
-                    continue
-                rest = entry[len(prefix) :].removesuffix(_LOCK_SUFFIX)
-                if _SUFFIX.fullmatch(rest):
-                    found.add(rest)
+                for mark, suffixes in zip((_STAGING, _OLD), found, strict=True):
+                    prefix = f"{self._stem}{mark}"
+                    if entry.startswith(prefix):
+                        rest = entry[len(prefix) :].removesuffix(_LOCK_SUFFIX)
+                        if _SUFFIX.fullmatch(rest):
+                            suffixes.add(rest)
         return found
 
 
@@ -340,14 +335,15 @@ def _unlink_lock(path: str, fd: int) -> None:
 
 
 @contextlib.contextmanager
-def _dead_lock(path: str) -> Iterator[bool]:
-    """Whether the writer that owns the staging lock file ``path`` is gone (its lock
-    could be taken, or the file is gone). While True, the lock is held, and on a clean
-    exit the lock file is removed."""
+def _dead_lock(path: str) -> Iterator[int | None]:
+    """Take the staging lock file ``path`` if its writer is gone: yields None while
+    the writer lives (the lock is taken), else the held descriptor, or -1 if the lock
+    file is gone too. On a clean exit the lock file is removed. (Never opened for a
+    staging of this process: see ``_OWN``.)"""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
-        yield True
+        yield -1
         return
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -355,26 +351,32 @@ def _dead_lock(path: str) -> Iterator[bool]:
         os.close(fd)
         if e.errno not in (errno.EACCES, errno.EAGAIN):
             raise
-        yield False
+        yield None
         return
     if not _names(path, fd):  # its owner (or a remover) unlinked it: gone as well
         os.close(fd)
-        yield True
+        yield -1
         return
     try:
-        yield True
+        yield fd
     except BaseException:
         os.close(fd)
         raise
     _unlink_lock(path, fd)
 
 
-def _read_mark(path: str) -> bytes:
+def _remove(path: str) -> None:
+    """Remove what a dead writer left; a failure is logged, not raised: it is not this
+    writer's to fail on (its lock file goes, so the next writer tries again)."""
     try:
-        with open(path, "rb") as f:
-            return f.read(len(SWAP_MARK))
-    except FileNotFoundError:
-        return b""
+        rmtree(path)
+    except OSError as e:
+        logger.warning("could not remove %s, left by a writer that died: %s", path, e)
+
+
+def _own() -> set[str]:
+    with _OWN_GUARD:
+        return set(_OWN)
 
 
 def _disown(suffix: str) -> None:

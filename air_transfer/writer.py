@@ -56,8 +56,7 @@ def write_tree(
     parent, name = os.path.split(real)
     _makedirs(parent)
     site = Site(parent, name)
-    site.recover()
-    site.remove_dead_staging()
+    site.clean_up()
     if _existing_target(real):
         check_merge(manifest, real)
     with site.staging() as staging:
