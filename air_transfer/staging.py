@@ -46,6 +46,7 @@ import uuid
 from collections.abc import Iterator
 
 from air_transfer.dirtree import rmtree
+from air_transfer.errors import error_at
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +166,11 @@ class Staging:
     def swap(self) -> None:
         """Exchange this (complete) staging with the existing target, atomically where
         the filesystem can; afterwards ``self.path`` holds the previous tree."""
-        os.pwrite(self.fd, SWAP_MARK, 0)
+        try:
+            os.pwrite(self.fd, SWAP_MARK, 0)
+        except OSError as e:
+            lock_path = self.site.lock_path(self.suffix)
+            raise error_at(e, lock_path, "marking the staging complete") from e
         target = self.site.target
         try:
             exchange(self.path, target)
@@ -306,7 +311,7 @@ def _lock_still_named(fd: int, path: str) -> bool:
     """Lock ``fd`` (waiting); True if it is still the file named ``path``, else
     close it and return False."""
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX)
+        _lockf(fd, fcntl.LOCK_EX, path)
         if _names(path, fd):
             return True
     except BaseException:
@@ -314,6 +319,16 @@ def _lock_still_named(fd: int, path: str) -> bool:
         raise
     os.close(fd)
     return False
+
+
+def _lockf(fd: int, how: int, path: str) -> None:
+    try:
+        fcntl.lockf(fd, how)
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EAGAIN):
+            raise  # held by another process: the caller's answer, not an error
+        hint = "locking it; on NFS, mount with working locks (not nolock)"
+        raise error_at(e, path, hint) from e
 
 
 def _names(path: str, fd: int) -> bool:
@@ -346,7 +361,7 @@ def _dead_lock(path: str) -> Iterator[int | None]:
         yield -1
         return
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, path)
     except OSError as e:
         os.close(fd)
         if e.errno not in (errno.EACCES, errno.EAGAIN):
