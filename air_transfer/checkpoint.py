@@ -110,7 +110,7 @@ class ChunkedCheckpoint(Checkpoint):
 
         A transferred checkpoint streams its chunks to disk with bounded memory, and
         the target appears only when complete and verified; an existing directory is
-        merged into, file by file.
+        merged into (the merged tree replaces it in one step).
         """
         if self._handle is None:
             return super().to_directory(path)

@@ -31,6 +31,8 @@ import threading
 
 import numpy as np
 
+from air_transfer.errors import error_at
+
 #: Alignment of direct writes: a page covers every common logical block size
 #: (512 B and 4 KiB); ``statx`` ``DIOALIGN`` is not exposed before Python 3.14.
 ALIGN = 4096
@@ -66,7 +68,11 @@ class DirectFileWriter:
             )
         self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
-        self.direct = _enable_direct(self.fd)
+        try:
+            self.direct = _enable_direct(self.fd)
+        except OSError as e:
+            os.close(self.fd)
+            raise error_at(e, path, "enabling O_DIRECT") from e
         self._free: queue.Queue[np.ndarray] = queue.Queue()
         for _ in range(depth):
             self._free.put(_aligned_buffer(buffer_bytes))
@@ -119,7 +125,10 @@ class DirectFileWriter:
                 self._submit(padded)
             self._stop()
             if padded != tail and self._error is None:
-                os.ftruncate(self.fd, length)  # cut the tail's zero padding off
+                try:
+                    os.ftruncate(self.fd, length)  # cut the tail's zero padding off
+                except OSError as e:
+                    raise error_at(e, self.path, f"cutting it to {length} bytes") from e
         finally:
             self._release()
         self._raise_if_failed()
@@ -171,10 +180,13 @@ class DirectFileWriter:
                 self.direct = _disable_direct(self.fd)  # refused: page cache from here on
 
     def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise OSError(
-                f"writing {self.path!r} failed after {self._written} bytes: {self._error}"
-            ) from self._error
+        """Raise the writing thread's error here: an OSError keeps its errno (ENOSPC
+        stays ENOSPC) and names the file; anything else is raised as it was."""
+        error = self._error
+        if isinstance(error, OSError):
+            raise error_at(error, self.path, f"writing it after {self._written} bytes") from error
+        if error is not None:
+            raise error
 
     def _stop(self) -> None:
         self._full.put(None)
@@ -208,7 +220,7 @@ def pwrite_direct(path: str, data: memoryview, offset: int) -> bool:
     except OSError as e:
         if e.errno == errno.EINVAL:
             return False
-        raise
+        raise  # names the path
     try:
         bounce = _aligned_buffer(min(BOUNCE_BYTES, len(view)))
         done = 0
@@ -225,7 +237,7 @@ def pwrite_direct(path: str, data: memoryview, offset: int) -> bool:
     except OSError as e:
         if e.errno == errno.EINVAL:
             return False
-        raise
+        raise error_at(e, path, f"writing at offset {offset}") from e
     finally:
         os.close(fd)
     return True

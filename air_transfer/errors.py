@@ -6,6 +6,8 @@ Every message names the path, chunk, size or limit involved and says what to do.
 
 from __future__ import annotations
 
+import os
+
 
 class ManifestError(ValueError):
     """A manifest (or the directory it was made from) cannot be trusted or reproduced:
@@ -27,3 +29,11 @@ class SourceChangedError(OSError):
 class CheckpointLostError(RuntimeError):
     """A chunk of a transferred checkpoint can no longer be fetched because its owner
     died or it was freed; the message names the owner and how to keep it alive."""
+
+
+def error_at(e: OSError, path: str, doing: str = "") -> OSError:
+    """``e`` again, naming ``path`` and what was being done: a call on a descriptor (a
+    write, a ``*at`` call relative to a directory) names no path, or only its last
+    component. The errno is kept, and with it the subclass (ENOSPC, ENOENT...)."""
+    detail = f" ({doing})" if doing else ""
+    return OSError(e.errno, f"{e.strerror or os.strerror(e.errno or 0)}{detail}", path)

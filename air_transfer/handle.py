@@ -64,7 +64,8 @@ class TransferHandle:
 
     def write_to(self, target: str | os.PathLike[str]) -> str:
         """Rebuild the checkpoint at ``target``: published only once complete and
-        verified, merged into an existing directory file by file."""
+        verified; merged into an existing directory, whose merged tree replaces it in
+        one step."""
         return write_tree(
             self.manifest, self.iter_chunks(), target, self.config.verify, self.config.direct_io
         )

@@ -30,10 +30,15 @@ Semantics (Linux ``path_lookupat``):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from air_transfer.errors import ManifestError
+
+class LeavesTree(ManifestError):
+    """A link (or path) that resolves outside the tree: the one refusal a merge makes
+    of links that, like a loop, would otherwise only fail to resolve."""
+
 
 #: Links the kernel follows in one lookup (``MAXSYMLINKS`` in ``include/linux/namei.h``).
 MAXSYMLINKS = 40
@@ -133,7 +138,7 @@ class LinkResolver:
         if start_node is None or self._kinds[start_node] != "dir":
             raise KeyError(f"{start!r} is not a directory of this tree")
         if text.startswith("/"):
-            raise ManifestError(f"path {_short(text)} is absolute, outside the tree")
+            raise LeavesTree(f"path {_short(text)} is absolute, outside the tree")
         frame = _Frame(-1, _components(text), 0, start_node, None, 0)
         place = self._walk(frame, what=f"path {_short(text)}")
         return self._location(place.node, place.virtual)
@@ -151,7 +156,7 @@ class LinkResolver:
         if not isinstance(target, str) or not target:
             raise ManifestError(f"{self._describe(node)} has no valid target")
         if target.startswith("/"):
-            raise ManifestError(f"{self._describe(node)} is absolute, outside the checkpoint")
+            raise LeavesTree(f"{self._describe(node)} is absolute, outside the checkpoint")
         return _Frame(node, _components(target), 0, self._parents[node], None, 1)
 
     def _walk(self, top: _Frame, what: str) -> _Place:
@@ -189,7 +194,7 @@ class LinkResolver:
                     if virtual is not None:
                         virtual = virtual[1]
                     elif node == _ROOT:
-                        raise ManifestError(
+                        raise LeavesTree(
                             f"{self._frame_name(frame.link, what)} points outside the "
                             "checkpoint (a '..' above its root)"
                         )
@@ -275,3 +280,34 @@ def _components(text: str) -> list[str]:
 def check_links(tree: Mapping[str, TreeEntry]) -> None:
     """Refuse (ManifestError) a tree with any symlink that leaves it or loops."""
     LinkResolver(tree).check_all()
+
+
+def escaping_links(links: Mapping[str, str], check: Iterable[str] | None = None) -> list[str]:
+    """The symlinks among ``check`` (default: all of ``links``) that lead out of the
+    tree: those a merge must refuse. A link that loops, or needs more than
+    ``MAXSYMLINKS`` links, leads nowhere (ELOOP) and is not one of them.
+
+    ``links`` maps the relative POSIX path of every symlink of a tree to its target
+    text (the merge of a manifest with what is on disk in a target directory); the
+    directories that hold them are implied, and any other name a target walks
+    through is taken lexically, as where it would be created.
+    """
+    tree: dict[str, TreeEntry] = {}
+    for path in links:
+        parts = path.split("/")
+        prefix = ""
+        for part in parts[:-1]:
+            prefix = f"{prefix}/{part}" if prefix else part
+            tree.setdefault(prefix, ("dir", None))
+    for path, target in links.items():
+        tree[path] = ("symlink", target)
+    resolver = LinkResolver(tree)
+    bad = []
+    for path in links if check is None else check:
+        try:
+            resolver.link_target(path)
+        except LeavesTree:
+            bad.append(path)
+        except ManifestError:  # a loop: ELOOP, nowhere
+            continue
+    return bad

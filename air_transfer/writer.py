@@ -1,36 +1,34 @@
 """Chunks -> files under a staging directory, verified, then published atomically.
 
-The target only ever shows complete, verified files: everything is written into a
-hidden sibling (``.<name>.air-staging-<pid>-<random>``) and renamed into place at the
-end. An existing target is merged into (what ``ray.train.Checkpoint.to_directory``
-does) one whole file at a time with ``os.replace``, after a check that no path changes
-kind (file vs directory), so a failure leaves it as it was. Paths come only from a
-validated Manifest, never from the chunk bytes: no tar, nothing that follows ``..`` or
-a symlink out of the target (Ray Tune's tar unpacking does: ray-project/ray#65670).
+Everything is written into a hidden sibling of the target (``air_transfer.staging``),
+and only a complete, verified tree is published: a fresh target with one ``rename``;
+an existing one (merged into, as ``ray.train.Checkpoint.to_directory`` does) by
+building the merged tree in the staging (``air_transfer.merge``) and swapping it in
+with ``renameat2(RENAME_EXCHANGE)``. The target is absent or complete, whatever
+happens to the writer; a writer that dies mid-swap on a filesystem without the
+exchange is finished or rolled back by the next one.
+
+Paths come only from a validated Manifest, never from the chunk bytes: no tar, nothing
+that follows ``..`` or a symlink out of the target (Ray Tune's tar unpacking does:
+ray-project/ray#65670), checked against the target as it is on disk too.
 
 Plain Python: unit-tested without Ray.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
-import hashlib
 import os
-import shutil
 import stat
-import tempfile
-import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, BinaryIO
 
 from air_transfer.direct_io import DirectFileWriter, should_write_direct
-from air_transfer.errors import ChecksumError
+from air_transfer.errors import ChecksumError, error_at
 from air_transfer.layout import Span, iter_chunk_spans
 from air_transfer.manifest import Entry, Manifest, chunk_checksum
-
-_STAGING_MARK = ".air-staging-"
+from air_transfer.merge import build_merged, check_merge
+from air_transfer.staging import Site, Staging
 
 
 def write_tree(
@@ -46,31 +44,79 @@ def write_tree(
 
     Raises ChecksumError (target untouched) if a chunk does not match its checksum or
     the chunks do not add up to the manifest; NotADirectoryError if ``target`` is a
-    file; FileExistsError if merging would turn a file into a directory or back.
+    file; FileExistsError if merging would turn a file into a directory or back;
+    ManifestError if merging would leave a symlink leading out of the target.
     """
     target = os.path.abspath(os.fspath(target))
-    if os.path.lexists(target) and not os.path.isdir(target):
-        raise NotADirectoryError(f"checkpoint target {target!r} exists and is not a directory")
-    if os.path.isdir(target):
-        _check_merge(manifest, target)
-    parent, name = os.path.split(target)
-    os.makedirs(parent, exist_ok=True)
-    _remove_stale_staging(parent, name)
-
-    staging = os.path.join(parent, f".{name}{_STAGING_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    os.mkdir(staging, 0o777)  # the umask applies, as for a directory made by makedirs
-    try:
-        _write_entries(manifest, chunks, staging, verify, direct_io)
-        with _target_lock(target):
-            _publish(manifest, staging, target)
-    finally:
-        if os.path.lexists(staging):
-            shutil.rmtree(staging, ignore_errors=True)
+    real = target
+    if os.path.islink(target):  # a link to a directory: write into that directory
+        if not os.path.isdir(target):
+            raise _not_a_directory(target)
+        real = os.path.realpath(target)
+    parent, name = os.path.split(real)
+    _makedirs(parent)
+    site = Site(parent, name)
+    site.clean_up()
+    if _existing_target(real):
+        check_merge(manifest, real)
+    with site.staging() as staging:
+        _write_entries(manifest, chunks, staging.path, verify, direct_io, real)
+        with site.publish_lock():
+            site.recover_locked()  # a writer may have died mid-swap meanwhile
+            _publish(manifest, staging, real)
     return target
 
 
+def _existing_target(target: str) -> bool:
+    """Whether ``target`` exists (then it must be a directory the swap can replace)."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        raise _not_a_directory(target)
+    if os.lstat(os.path.dirname(target)).st_dev != st.st_dev:
+        raise OSError(
+            errno.EXDEV,
+            "checkpoint target is a mount point, which cannot be replaced atomically; "
+            "write into a directory inside it",
+            target,
+        )
+    return True
+
+
+def _not_a_directory(target: str) -> NotADirectoryError:
+    return NotADirectoryError(
+        errno.ENOTDIR,
+        "checkpoint target exists and is not a directory; remove it or choose another",
+        target,
+    )
+
+
+def _publish(manifest: Manifest, staging: Staging, target: str) -> None:
+    """Put the staging in place (hold the publish lock)."""
+    if not os.path.lexists(target):
+        _finish_dirs(manifest, staging.path)
+        try:
+            os.rename(staging.path, target)
+            return
+        except OSError as e:  # made meanwhile, not by air-transfer: merge into it
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+        _open_dirs(manifest, staging.path)
+    _existing_target(target)
+    build_merged(manifest, target, staging.path)
+    _finish_dirs(manifest, staging.path)
+    staging.swap()
+
+
 def _write_entries(
-    manifest: Manifest, chunks: Iterable[Any], root: str, verify: bool, direct_io: bool
+    manifest: Manifest,
+    chunks: Iterable[Any],
+    root: str,
+    verify: bool,
+    direct_io: bool,
+    target: str,
 ) -> None:
     for e in manifest.entries:
         if e.kind == "dir":
@@ -82,19 +128,24 @@ def _write_entries(
         for index, chunk in enumerate(chunks):
             if index >= manifest.num_chunks:
                 raise ChecksumError(
-                    f"payload has more chunks than the {manifest.num_chunks} its manifest lists"
+                    errno.EBADMSG,
+                    f"payload has more chunks than the {manifest.num_chunks} its manifest "
+                    "lists; nothing was published",
+                    target,
                 )
             chunk_spans = next(spans)
             view = memoryview(chunk).cast("B")
-            check_chunk(manifest, index, view, verify, files, chunk_spans)
+            check_chunk(manifest, index, view, verify, files, chunk_spans, target)
             for span in chunk_spans:
                 end = span.chunk_offset + span.length
                 sink.write(span.file_index, view[span.chunk_offset : end])
             count += 1
         if count != manifest.num_chunks:
             raise ChecksumError(
+                errno.EBADMSG,
                 f"payload ended after {count} of {manifest.num_chunks} chunks; nothing "
-                "was published"
+                "was published",
+                target,
             )
     for e in manifest.entries:
         path = _join(root, e.path)
@@ -113,6 +164,8 @@ class _FileSink:
     def __init__(self, root: str, files: Sequence[Entry], direct_io: bool) -> None:
         self.root, self.files, self.direct_io = root, files, direct_io
         self.index = -1
+        self.path = ""
+        self.written = 0
         self.handle: BinaryIO | DirectFileWriter | None = None
 
     def _advance_to(self, file_index: int) -> None:
@@ -120,18 +173,23 @@ class _FileSink:
             self._close()
             self.index += 1
             entry = self.files[self.index]
-            path = _join(self.root, entry.path)
+            self.path, self.written = _join(self.root, entry.path), 0
             if should_write_direct(entry.size, self.direct_io):
-                self.handle = DirectFileWriter(path)
+                self.handle = DirectFileWriter(self.path)
             else:
-                self.handle = open(path, "wb", buffering=0)
+                self.handle = open(self.path, "wb", buffering=0)
 
     def _close(self, failed: bool = False) -> None:
         handle, self.handle = self.handle, None
         if isinstance(handle, DirectFileWriter) and failed:
             handle.abort()
         elif handle is not None:
-            handle.close()
+            try:
+                handle.close()
+            except OSError as e:
+                if isinstance(handle, DirectFileWriter):
+                    raise  # it names the file and keeps the errno
+                raise error_at(e, self.path, f"closing it after {self.written} bytes") from e
 
     def write(self, file_index: int, view: memoryview) -> None:
         self._advance_to(file_index)
@@ -140,8 +198,12 @@ class _FileSink:
             return
         assert self.handle is not None
         while view:
-            written = self.handle.write(view)
+            try:
+                written = self.handle.write(view)
+            except OSError as e:
+                raise error_at(e, self.path, f"writing it after {self.written} bytes") from e
             view = view[written:]
+            self.written += written
 
     def __enter__(self) -> _FileSink:
         return self
@@ -152,25 +214,6 @@ class _FileSink:
         self._close(failed=exc_type is not None)
 
 
-def _publish(manifest: Manifest, staging: str, target: str) -> None:
-    if not os.path.lexists(target):
-        _finish_dirs(manifest, staging)
-        try:
-            os.rename(staging, target)
-            return
-        except OSError as e:  # another writer published first: merge over it
-            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                raise
-    _check_merge(manifest, target)
-    for e in manifest.entries:
-        dest = _join(target, e.path)
-        if e.kind == "dir":
-            os.makedirs(dest, exist_ok=True)
-        else:
-            os.replace(_join(staging, e.path), dest)
-    _finish_dirs(manifest, target)
-
-
 def check_chunk(
     manifest: Manifest,
     index: int,
@@ -178,8 +221,10 @@ def check_chunk(
     verify: bool = True,
     files: Sequence[Entry] | None = None,
     spans: Sequence[Span] | None = None,
+    target: str | None = None,
 ) -> None:
-    """Raise ChecksumError, naming the chunk and the files it carries, unless chunk
+    """Raise ChecksumError (errno EBADMSG, as for a bad filesystem checksum; naming
+    ``target`` if given), naming the chunk and the files it carries, unless chunk
     ``index`` has the manifest's length and (if ``verify``) checksum."""
     expected = manifest.chunk_length(index)
     if len(view) == expected and (not verify or chunk_checksum(view) == manifest.chunks[index]):
@@ -188,11 +233,14 @@ def check_chunk(
         files = list(manifest.files())
         sizes = [f.size for f in files]
         spans = next(iter_chunk_spans(sizes, manifest.chunk_bytes, index))
-    raise ChecksumError(
+    message = (
         f"chunk {index} of {manifest.num_chunks} ({len(view)} bytes, expected {expected}) "
         f"does not match its manifest checksum; it carries {_describe(files, spans)}. "
         "The payload is corrupt or was altered; nothing was published"
     )
+    if target is None:
+        raise ChecksumError(errno.EBADMSG, message)
+    raise ChecksumError(errno.EBADMSG, message, target)
 
 
 def _finish_dirs(manifest: Manifest, root: str) -> None:
@@ -205,62 +253,32 @@ def _finish_dirs(manifest: Manifest, root: str) -> None:
             os.utime(path, ns=(e.mtime_ns, e.mtime_ns))
 
 
-def _check_merge(manifest: Manifest, target: str) -> None:
-    """Refuse, before anything is written, a merge that would change a path's kind."""
+def _open_dirs(manifest: Manifest, root: str) -> None:
+    """Undo ``_finish_dirs``'s modes, so that more entries can be written."""
     for e in manifest.entries:
+        if e.kind == "dir":
+            os.chmod(_join(root, e.path), 0o700)
+
+
+def _makedirs(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)`` without its recursion per missing level."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for p in reversed(missing):
         try:
-            st = os.lstat(_join(target, e.path))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        is_dir = stat.S_ISDIR(st.st_mode)
-        if (e.kind == "dir") != is_dir:
-            there = "a directory" if is_dir else "a file or symlink"
-            raise FileExistsError(
-                f"cannot merge checkpoint into {target!r}: {e.path!r} is {there} there "
-                f"but a {e.kind} in the checkpoint; remove it or choose another target"
-            )
-
-
-@contextlib.contextmanager
-def _target_lock(target: str) -> Iterator[None]:
-    """Serialise publishing into one target across processes on this node, so two
-    consumers writing the same directory each publish whole."""
-    lock_dir = os.path.join(tempfile.gettempdir(), "air-transfer-locks")
-    os.makedirs(lock_dir, exist_ok=True)
-    digest = hashlib.sha256(os.path.realpath(target).encode()).hexdigest()[:32]
-    with open(os.path.join(lock_dir, f"{digest}.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _remove_stale_staging(parent: str, name: str) -> None:
-    """Remove staging directories left by writers of this target that died mid-write
-    (their pid no longer runs on this node)."""
-    prefix = f".{name}{_STAGING_MARK}"
-    with contextlib.suppress(FileNotFoundError), os.scandir(parent) as it:
-        for d in it:
-            if not d.name.startswith(prefix):
-                continue
-            pid_text = d.name[len(prefix) :].split("-", 1)[0]
-            if pid_text.isdigit() and not _pid_alive(int(pid_text)):
-                shutil.rmtree(d.path, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+            os.mkdir(p)
+        except FileExistsError:
+            if not os.path.isdir(p):
+                raise
 
 
 def _join(root: str, relpath: str) -> str:
-    return os.path.join(root, *relpath.split("/"))
+    return f"{root}/{relpath}"  # relpath is checked POSIX (no "", ".", ".."): as join
 
 
 def _describe(files: Sequence[Entry], spans: Sequence[Any], limit: int = 5) -> str:

@@ -45,7 +45,8 @@ def test_consumer_killed_mid_write_then_retry(tmp_path: Path, strategy: str) -> 
     target = tmp_path / "out"
     pending = consumer.write.remote(gated(restored, gate), str(target))
     ray.get(gate.wait_for_arrivals.remote(1))  # first chunk written into staging
-    assert len(staging_dirs(tmp_path)) == 1 and not target.exists()
+    # the staging directory, and the lock file its writer holds
+    assert len(staging_dirs(tmp_path)) == 2 and not target.exists()
     kill_and_wait(consumer, pid)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(pending)

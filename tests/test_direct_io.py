@@ -6,13 +6,17 @@ from __future__ import annotations
 import errno
 import os
 import random
+import resource
+import signal
+import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from test_writer import local_pack, no_staging_left
-from trees import assert_same_tree, write_file
+from trees import assert_same_tree, build_manifest, leftovers, write_file
 
 from air_transfer import ChecksumError, TransferConfig, direct_io
 from air_transfer.direct_io import (
@@ -94,8 +98,10 @@ def test_a_failed_write_is_raised_naming_the_file(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(direct_io.os, "pwrite", full_disk)
-    with pytest.raises(OSError, match=r"writing '.*f' failed after \d+ bytes: .*No space"):
+    with pytest.raises(OSError, match=r"No space .*writing it after \d+ bytes") as raised:
         write_pieces(tmp_path / "f", bytes(10 * BUFFER), [])
+    # issue 10, item 9: the errno survives the hand-off from the writing thread
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(tmp_path / "f"))
     # the failed writer stopped its thread and closed its file by itself
     assert not [t for t in threading.enumerate() if t.name.startswith("air-transfer direct")]
 
@@ -140,8 +146,9 @@ def test_pwrite_direct_declines_where_refused_and_raises_other_errors(
     monkeypatch.setattr(direct_io.os, "pwrite", failing(errno.EINVAL))
     assert not pwrite_direct(str(path), memoryview(bytes(ALIGN)), 0)
     monkeypatch.setattr(direct_io.os, "pwrite", failing(errno.ENOSPC))
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(OSError, match="No space") as raised:
         pwrite_direct(str(path), memoryview(bytes(ALIGN)), 0)
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(path))
 
 
 def test_buffer_size_must_be_aligned(tmp_path: Path) -> None:
@@ -192,3 +199,53 @@ def test_a_corrupt_chunk_mid_direct_file_publishes_nothing(tmp_path: Path) -> No
         write_tree(manifest, chunks, tmp_path / "out")  # direct_io by default
     assert not (tmp_path / "out").exists()
     assert no_staging_left(tmp_path)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs, for a real ENOSPC (needs mount privileges: root, as here)."""
+    mountpoint = tmp_path / "small"
+    mountpoint.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mountpoint)]
+    if subprocess.run(mount, capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (not root?)")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", str(mountpoint)], check=True)
+
+
+@linux_only
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "page-cache"])
+def test_a_full_disk_raises_enospc_naming_the_file(small_disk: Path, direct: bool) -> None:
+    """Issue 10, item 9: ENOSPC arrived as an OSError with errno None with direct_io,
+    and without a path without it."""
+    size = MIN_DIRECT_FILE_BYTES + 1  # 16 MiB: past the 4 MiB disk, and direct
+    manifest, chunks = build_manifest({"big.bin": bytes(size)}, chunk_bytes=4 << 20)
+    with pytest.raises(OSError) as raised:
+        write_tree(manifest, chunks, small_disk / "out", direct_io=direct)
+    assert raised.value.errno == errno.ENOSPC
+    assert raised.value.filename.endswith("/big.bin")
+    assert "No space left on device" in str(raised.value)
+    assert os.listdir(small_disk) == []  # staging and lock files gone
+
+
+@linux_only
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "page-cache"])
+def test_a_file_size_limit_raises_efbig_naming_the_file(tmp_path: Path, direct: bool) -> None:
+    """Item 9 without privileges: RLIMIT_FSIZE makes writes fail with EFBIG (once
+    SIGXFSZ is ignored), on both write paths."""
+    size = MIN_DIRECT_FILE_BYTES + 1
+    manifest, chunks = build_manifest({"big.bin": bytes(size)}, chunk_bytes=4 << 20)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (8 << 20, hard))
+    try:
+        with pytest.raises(OSError) as raised:
+            write_tree(manifest, chunks, tmp_path / "out", direct_io=direct)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    assert raised.value.errno == errno.EFBIG
+    assert raised.value.filename.endswith("/big.bin")
+    assert leftovers(tmp_path) == []

@@ -7,6 +7,8 @@ import random
 import stat
 from pathlib import Path
 
+from air_transfer.manifest import Entry, Manifest, chunk_checksum
+
 
 def write_file(path: Path, data: bytes, mode: int | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -61,3 +63,61 @@ def assert_same_tree(expected: Path, actual: Path) -> None:
     assert sorted(a) == sorted(b), f"paths differ: {set(a) ^ set(b)}"
     for path in a:
         assert a[path] == b[path], f"{path!r} differs: {a[path][:2]} vs {b[path][:2]}"
+
+
+#: A symlink in a ``build_manifest`` spec: ``{"l": Link("s/..")}``.
+class Link(str):
+    pass
+
+
+def build_manifest(
+    spec: dict[str, bytes | Link | None], chunk_bytes: int = 1 << 16, mtime_ns: int = 10**18
+) -> tuple[Manifest, list[bytes]]:
+    """A manifest and its chunks straight from ``path -> bytes`` (a file), ``Link``
+    (a symlink) or ``None`` (a directory); parent directories are added. Faster than
+    scanning a tree on disk, and it can describe trees no scan would accept."""
+    kinds: dict[str, bytes | Link | None] = {}
+    for path, value in spec.items():
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            kinds.setdefault("/".join(parts[:i]), None)
+        kinds[path] = value
+    entries, stream = [], []
+    for path in sorted(kinds):
+        value = kinds[path]
+        if value is None:
+            entries.append(Entry(path, "dir", mode=0o755, mtime_ns=mtime_ns))
+        elif isinstance(value, Link):
+            entries.append(Entry(path, "symlink", mtime_ns=mtime_ns, target=str(value)))
+        else:
+            entries.append(Entry(path, "file", len(value), 0o644, mtime_ns))
+            stream.append(value)
+    data = b"".join(stream)
+    chunks = [data[i : i + chunk_bytes] for i in range(0, len(data), chunk_bytes)]
+    return Manifest(tuple(entries), chunk_bytes, tuple(map(chunk_checksum, chunks))), chunks
+
+
+def file_contents(root: Path) -> dict[str, bytes | str]:
+    """relative path -> bytes of every file, link text of every symlink, "" for a
+    directory (no recursion: trees may be deep)."""
+    out: dict[str, bytes | str] = {}
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        for name in os.listdir(root / rel if rel else root):
+            child = f"{rel}/{name}" if rel else name
+            full = root / child
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                out[child] = "-> " + os.readlink(full)
+            elif stat.S_ISDIR(st.st_mode):
+                out[child] = ""
+                stack.append(child)
+            else:
+                out[child] = full.read_bytes()
+    return out
+
+
+def leftovers(parent: Path) -> list[str]:
+    """Hidden names air-transfer's writer made next to its targets and left behind."""
+    return sorted(n for n in os.listdir(parent) if ".air-" in n)

@@ -1,0 +1,239 @@
+"""Writers killed mid-publish, racing each other, or alive in another container: the
+target is always absent or one complete tree (no Ray; real processes, SIGKILL)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from trees import build_manifest, file_contents, leftovers
+from writer_child import merged_files, new_files, old_files, race_files
+
+from air_transfer.writer import write_tree
+
+CHILD = Path(__file__).with_name("writer_child.py")
+TIMEOUT = 120.0
+
+
+class Child:
+    """A writer_child.py process and the lines it prints."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(CHILD), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.strip())
+        self.lines.put("")  # it exited
+
+    def wait_for(self, expected: str) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            try:
+                line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.001))
+            except queue.Empty:
+                self.kill()
+                raise AssertionError(f"the child printed no {expected!r} in {TIMEOUT}s") from None
+            if line == expected:
+                return
+            if line == "":
+                assert self.proc.stderr is not None
+                raise AssertionError(
+                    f"the child exited ({self.proc.wait()}) before {expected!r}:\n"
+                    f"{self.proc.stderr.read()}"
+                )
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def finish(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=TIMEOUT) == 0, self.proc.stderr and self.proc.stderr.read()
+
+
+def put_files(root: Path, files: dict[str, bytes]) -> None:
+    for directory in {os.path.dirname(p) for p in files}:
+        os.makedirs(root / directory, exist_ok=True)
+    for path, data in files.items():
+        fd = os.open(f"{root}/{path}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, data)
+        os.close(fd)
+
+
+def tree_of(files: dict[str, bytes]) -> dict[str, bytes | str]:
+    """What ``file_contents`` reads back from a tree holding ``files``."""
+    tree: dict[str, bytes | str] = {}
+    for path, data in files.items():
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            tree["/".join(parts[:i])] = ""
+        tree[path] = data
+    return tree
+
+
+def assert_one_tree(got: dict[str, bytes | str], old: dict, new: dict) -> str:
+    """``got`` is exactly ``old`` or exactly ``new``; returns which."""
+    if got == old:
+        return "old"
+    if got == new:
+        return "new"
+    from_old = sum(1 for p, v in got.items() if old.get(p) == v and new.get(p) != v)
+    from_new = sum(1 for p, v in got.items() if new.get(p) == v and old.get(p) != v)
+    raise AssertionError(
+        f"the target is neither tree: {from_old} entries only the old one has, "
+        f"{from_new} only the new one, {len(got)} in all (old {len(old)}, new {len(new)})"
+    )
+
+
+def test_a_merge_killed_mid_publish_leaves_the_old_or_the_new_tree(tmp_path: Path) -> None:
+    """Issue 10, item 8: 20,000 files, the writer SIGKILLed the moment the target
+    changes. It used to hold 19,995 old and 5 new files; now the whole new tree is in
+    place when anything is, and the next writer removes what the dead one left."""
+    n = 20_000
+    target = tmp_path / "out"
+    put_files(target, old_files(n))
+    watched = target / min(new_files(n).keys() & old_files(n).keys())  # replaced first
+    inode = os.stat(watched).st_ino
+    child = Child("merge", str(target), str(n))
+    child.wait_for("writing")
+    deadline = time.monotonic() + TIMEOUT
+    while child.proc.poll() is None and os.stat(watched).st_ino == inode:
+        assert time.monotonic() < deadline, "the merge never changed the target"
+        os.sched_yield()  # the child needs the CPU more
+    child.kill()
+    old, new = tree_of(old_files(n)), tree_of(merged_files(n))
+    assert assert_one_tree(file_contents(target), old, new) == "new"
+    write_tree(*build_manifest({"extra": b"x"}), target)
+    assert file_contents(target) == new | {"extra": b"x"}
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("pause", "exchange", "seen"),
+    [
+        ("before-swap", True, "old"),
+        ("after-swap", True, "new"),
+        ("before-swap", False, "old"),
+        ("between-renames", False, "absent"),
+        ("after-swap", False, "new"),
+    ],
+)
+def test_a_writer_killed_at_each_step_of_the_swap(
+    tmp_path: Path, pause: str, exchange: bool, seen: str
+) -> None:
+    """What a reader sees after the kill, at each step, with RENAME_EXCHANGE and
+    without it (then the target is missing between two renames, and the next writer
+    finishes the swap: the staging was complete)."""
+    n = 200
+    target = tmp_path / "out"
+    put_files(target, old_files(n))
+    flags = ["--pause", pause] + ([] if exchange else ["--no-exchange"])
+    child = Child("merge", str(target), str(n), *flags)
+    child.wait_for("ready")
+    child.kill()
+    old, new = tree_of(old_files(n)), tree_of(merged_files(n))
+    if seen == "absent":
+        assert not target.exists()
+    else:
+        assert assert_one_tree(file_contents(target), old, new) == seen
+    write_tree(*build_manifest({"extra": b"x"}), target)
+    assert file_contents(target) == (old if seen == "old" else new) | {"extra": b"x"}
+    assert leftovers(tmp_path) == []
+
+
+def test_staging_locked_by_a_writer_in_another_pid_namespace_is_kept(tmp_path: Path) -> None:
+    """Issue 10, item 7: a live writer whose pid is not visible here (a container,
+    another host on NFS) holds its staging's lock: another writer must not remove its
+    staging; once the lock is free, the next writer does."""
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    live = tmp_path / f".out.air-staging-{pid_max + 1}-{'a' * 16}"
+    (live / "half").mkdir(parents=True)
+    lock = Path(f"{live}.lock")
+    lock.touch()
+    holder = Child("hold", str(lock))
+    try:
+        holder.wait_for("ready")
+        write_tree(*build_manifest({"f": b"1"}), tmp_path / "out")
+        assert (live / "half").is_dir() and lock.exists()
+    finally:
+        holder.finish()
+    write_tree(*build_manifest({"g": b"2"}), tmp_path / "out")
+    assert file_contents(tmp_path / "out") == {"f": b"1", "g": b"2"}
+    assert leftovers(tmp_path) == []
+
+
+TAGS, ROUNDS = ("t0", "t1", "t2"), 3
+
+
+def assert_all_merged(target: Path, keep: bool) -> None:
+    """Every writer's last round is in, whole; ``common`` is one writer's."""
+    got = file_contents(target)
+    common = got.pop("common")
+    assert common in {race_files(tag, ROUNDS - 1)["common"] for tag in TAGS}
+    expected: dict[str, bytes | str] = {"keep": b"mine"} if keep else {}
+    for tag in TAGS:
+        last = race_files(tag, ROUNDS - 1)
+        del last["common"]
+        expected |= tree_of(last)
+    assert got == expected
+    assert leftovers(target.parent) == []
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["fresh-target", "existing-target"])
+def test_concurrent_merges_in_threads_each_publish_whole(tmp_path: Path, keep: bool) -> None:
+    target = tmp_path / "out"
+    if keep:
+        put_files(target, {"keep": b"mine"})
+    manifests = {tag: [build_manifest(race_files(tag, r)) for r in range(ROUNDS)] for tag in TAGS}
+    start, errors = threading.Barrier(len(TAGS)), []
+
+    def run(tag: str) -> None:
+        try:
+            start.wait(timeout=TIMEOUT)
+            for manifest, chunks in manifests[tag]:
+                write_tree(manifest, chunks, target)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(tag,)) for tag in TAGS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=TIMEOUT)
+    assert not errors, errors
+    assert_all_merged(target, keep)
+
+
+def test_concurrent_merges_in_processes_each_publish_whole(tmp_path: Path) -> None:
+    """Processes racing for a fresh target: one publishes it by rename, the others
+    merge into it, each whole (threads above cover an existing target too)."""
+    target = tmp_path / "out"
+    children = [Child("race", str(target), tag, str(ROUNDS)) for tag in TAGS]
+    try:
+        for child in children:
+            child.wait_for("ready")
+        for child in children:  # as close to together as processes get
+            assert child.proc.stdin is not None
+            child.proc.stdin.write("go\n")
+            child.proc.stdin.flush()
+    finally:
+        for child in children:
+            child.finish()
+    assert_all_merged(target, keep=False)
