@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from air_transfer.errors import ManifestError
 
+
 class LeavesTree(ManifestError):
     """A link (or path) that resolves outside the tree: the one refusal a merge makes
     of links that, like a loop, would otherwise only fail to resolve."""
