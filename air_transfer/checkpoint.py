@@ -2,9 +2,11 @@
 as a list of chunks instead of one blob (ray-project/ray#25217).
 
 A ChunkedCheckpoint is either *local* (a directory on some pyarrow filesystem, exactly
-like its parent class) or *transferred* (made by ``from_object_ref``: a read-only view
-over chunks in the object store, whose ``filesystem`` streams from them). Both
-``to_directory`` and ``open`` work the same way on either.
+like its parent class) or *transferred* (a read-only view over chunks in the object
+store, whose ``filesystem`` streams from them). Both ``to_directory`` and ``open``
+work the same way on either. What ``to_object_ref`` puts in the object store is the
+transferred checkpoint itself (pickled as its handle: manifest and refs), so the
+value a task receives for the ref, or ``ray.get`` returns, is ready to use.
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ import posixpath
 from typing import Any
 
 import ray
-from ray.exceptions import ObjectLostError
+from ray.exceptions import ObjectLostError, RayTaskError
 from ray.train import Checkpoint
 
 from air_transfer import _ray
 from air_transfer.config import TransferConfig
 from air_transfer.fs import payload_filesystem
-from air_transfer.handle import TransferHandle, lost_error, pack, pack_to_ref
+from air_transfer.future import TransferFuture
+from air_transfer.handle import TransferHandle, lost_error, raise_transfer_error, submit
 from air_transfer.layout import Source
 from air_transfer.manifest import Manifest
+from air_transfer.nodes import node_agent, running_in_agent
 
 
 class ChunkedCheckpoint(Checkpoint):
@@ -36,6 +40,11 @@ class ChunkedCheckpoint(Checkpoint):
     """
 
     _handle: TransferHandle | None = None
+
+    @classmethod
+    def from_directory(cls, path: str | os.PathLike[str]) -> ChunkedCheckpoint:
+        """A local checkpoint directory, ready to transfer."""
+        return cls(os.path.abspath(os.fspath(path)))
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> ChunkedCheckpoint:
@@ -54,63 +63,103 @@ class ChunkedCheckpoint(Checkpoint):
         return ckpt
 
     # -- transfer ----------------------------------------------------------------------
-    def to_object_ref(self, config: TransferConfig | None = None) -> ray.ObjectRef:
-        """Pack this checkpoint into chunks and return an ObjectRef to its handle.
+    def to_object_ref_async(self, config: TransferConfig | None = None) -> TransferFuture:
+        """Start packing this checkpoint into chunks and return at once (after the
+        directory scan and the submission of one packing task per chunk).
+
+        ``future.ref`` is usable immediately by any reader anywhere; the future
+        completes when the source directory is no longer needed, or raises what
+        packing raised (and so does any reader of ``ref``; nothing is published).
+        Packing runs in the node's agent, outside this process's Python. The chunks
+        are owned as with ``to_object_ref``.
+        """
+        if self._reusable(config):
+            return TransferFuture(ray.put(self), None)
+        ref, done = submit_transfer(Source(self.filesystem, self.path), config)
+        return TransferFuture(ref, done)
+
+    def to_object_ref(self, config: TransferConfig | None = None) -> ray.ObjectRef[Any]:
+        """Pack this checkpoint into chunks and return an ObjectRef to it, once every
+        chunk is packed (``to_object_ref_async(config).result()``).
 
         The chunks are owned by the calling process (keep it alive, and the ref
         referenced, until every reader is done) or, with ``owner="node"``, by the
         node's long-lived agent. A transferred checkpoint is re-shared
         without repacking unless a ``config`` asks for a different cut.
         """
-        if self._reusable(config):
-            return ray.put(self._handle)
-        return pack_to_ref(Source(self.filesystem, self.path), config)
+        return self.to_object_ref_async(config).result()
 
     def pack(self, config: TransferConfig | None = None) -> TransferHandle:
-        """Pack into chunks without wrapping the handle in an ObjectRef."""
+        """Pack into chunks and return the complete handle (manifest with every
+        checksum, payload) without wrapping it in an ObjectRef."""
         if self._reusable(config):
             assert self._handle is not None
-            return self._handle
-        if config is not None and config.owner == "node":
-            return ray.get(self.to_object_ref(config))
-        return pack(Source(self.filesystem, self.path), config)
+            return self._handle.complete()
+        ref = self.to_object_ref(config)
+        return ChunkedCheckpoint.from_object_ref(ref).handle().complete()
 
     def _reusable(self, config: TransferConfig | None) -> bool:
         return self._handle is not None and config in (None, self._handle.config)
 
     @classmethod
-    def from_object_ref(cls, ref: ray.ObjectRef) -> ChunkedCheckpoint:
-        """The checkpoint behind ``ref`` (from ``to_object_ref``), readable here."""
-        if not isinstance(ref, ray.ObjectRef):
-            raise TypeError(f"from_object_ref expects a ray.ObjectRef, got {type(ref).__name__}")
-        try:
-            handle = ray.get(ref)
-        except ObjectLostError as e:
-            raise lost_error(None, f"the checkpoint handle {ref.hex()}", e) from e
-        if not isinstance(handle, TransferHandle):
+    def from_object_ref(cls, ref: Any) -> ChunkedCheckpoint:
+        """The checkpoint behind ``ref`` (from ``to_object_ref``), readable here.
+
+        ``ref`` may also be what Ray hands a task for such a ref passed as a
+        top-level argument (the checkpoint itself) or what ``ray.get(ref)`` returned.
+        """
+        value = ref
+        if isinstance(ref, ray.ObjectRef):
+            try:
+                value = ray.get(ref)
+            except (ObjectLostError, RayTaskError) as e:
+                if isinstance(e, RayTaskError):
+                    raise_transfer_error(None, f"the checkpoint {ref.hex()}", e)
+                raise lost_error(None, f"the checkpoint handle {ref.hex()}", e) from e
+        if isinstance(value, ChunkedCheckpoint) and value._handle is not None:
+            return value
+        if isinstance(value, TransferHandle):
+            return cls._from_handle(value)
+        if isinstance(ref, ray.ObjectRef):
             raise TypeError(
-                f"ObjectRef {ref.hex()} holds a {type(handle).__name__}, not a checkpoint "
+                f"ObjectRef {ref.hex()} holds a {type(value).__name__}, not a checkpoint "
                 "made by ChunkedCheckpoint.to_object_ref()"
             )
-        return cls._from_handle(handle)
+        raise TypeError(
+            "from_object_ref expects a ray.ObjectRef from ChunkedCheckpoint.to_object_ref() "
+            f"or the transferred checkpoint it holds, got a {type(value).__name__}"
+        )
+
+    def handle(self) -> TransferHandle:
+        """The transfer handle of a transferred checkpoint."""
+        if self._handle is None:
+            raise ValueError(
+                f"checkpoint at {self.path!r} is local and has no transfer handle until "
+                "packed; use checkpoint.pack() or to_object_ref()"
+            )
+        return self._handle
 
     @property
     def manifest(self) -> Manifest:
-        """What this transferred checkpoint contains (paths, sizes, chunk checksums)."""
+        """What this transferred checkpoint contains (paths, sizes, chunk checksums;
+        waits for packing to finish if it is still running)."""
         if self._handle is None:
             raise ValueError(
                 f"checkpoint at {self.path!r} is local and has no manifest until packed; "
                 "use checkpoint.pack().manifest or transfer it with to_object_ref()"
             )
+        if self._handle.pending is not None:
+            self._handle = self._handle.complete()
         return self._handle.manifest
 
     # -- reading -----------------------------------------------------------------------
     def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
         """Write the checkpoint to ``path`` (a fresh temporary directory if None).
 
-        A transferred checkpoint streams its chunks to disk with bounded memory, and
-        the target appears only when complete and verified; an existing directory is
-        merged into (the merged tree replaces it in one step).
+        A transferred checkpoint streams its chunks to disk with bounded memory,
+        writing each as it arrives (even while later ones are still being packed),
+        and the target shows the result only once complete and verified; an existing
+        directory is merged into (the merged tree replaces it in one step).
         """
         if self._handle is None:
             return super().to_directory(path)
@@ -122,7 +171,10 @@ class ChunkedCheckpoint(Checkpoint):
         directory; only the chunks holding that file are fetched."""
         if self._handle is not None:
             return self._handle.open_file(relpath)
-        return self.filesystem.open_input_file(posixpath.join(self.path, relpath))
+        stream: io.BufferedIOBase = self.filesystem.open_input_file(
+            posixpath.join(self.path, relpath)
+        )
+        return stream
 
     # -- identity ----------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -141,3 +193,17 @@ class ChunkedCheckpoint(Checkpoint):
         if handle is not None:
             state = {**state, "path": "/", "filesystem": payload_filesystem(handle)}
         self.__dict__.update(state)
+
+
+def submit_transfer(
+    source: Source, config: TransferConfig | None = None
+) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None]:
+    """Start transferring ``source``: the ref of the transferred checkpoint (put by
+    this process or, for ``owner="node"``, by this node's agent) and the ref of its
+    completion (None if packing is done)."""
+    config = config or TransferConfig()
+    if config.owner == "node" and not running_in_agent():
+        ref, done = ray.get(node_agent().submit_transfer.remote(source, config))
+        return ref, done
+    handle, done = submit(source, config)
+    return ray.put(ChunkedCheckpoint._from_handle(handle)), done

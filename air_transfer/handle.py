@@ -1,30 +1,34 @@
 """A packed checkpoint in transit: manifest + strategy + payload, and the packing step
 that makes one.
 
-This is what ``ChunkedCheckpoint.to_object_ref`` puts in the object store and what a
-transferred checkpoint pickles as: a few KB of manifest plus the payload's
-ObjectRefs, never the bytes themselves (Ray keeps refs nested in a put object alive
-for as long as that object is referenced).
+This is what a transferred checkpoint pickles as: a few KB of manifest plus the
+payload's ObjectRefs, never the bytes themselves (Ray keeps refs nested in a put
+object alive for as long as that object is referenced). A handle may describe a
+transfer whose packing is still running (``submit``): its chunks' checksums are then
+refs too, each resolving when its chunk is packed, and a reader simply waits for a
+chunk that is not there yet.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import ray
-from ray.exceptions import ObjectLostError, RayActorError
+from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
 from air_transfer import _ray
 from air_transfer.config import TransferConfig
 from air_transfer.errors import CheckpointLostError
+from air_transfer.fetch import fetch_in_order
 from air_transfer.layout import Source, scan
 from air_transfer.manifest import Manifest
-from air_transfer.nodes import node_agent, running_in_agent, this_node_id
+from air_transfer.nodes import node_agent, this_node_id
 from air_transfer.reader import ChunkFileReader, buffered
 from air_transfer.strategies import TransferStrategy, get_strategy, select_strategy
 from air_transfer.writer import check_chunk, write_tree
@@ -32,7 +36,11 @@ from air_transfer.writer import check_chunk, write_tree
 
 @dataclass(frozen=True, eq=False)
 class TransferHandle:
-    """Everything a reader anywhere in the cluster needs to rebuild the checkpoint."""
+    """Everything a reader anywhere in the cluster needs to rebuild the checkpoint.
+
+    ``pending`` holds the refs of the chunks' checksums while packing may still be
+    running (``manifest.chunks`` is then None); ``complete()`` waits for them.
+    """
 
     manifest: Manifest
     strategy: TransferStrategy
@@ -40,10 +48,36 @@ class TransferHandle:
     config: TransferConfig
     owner: str
     transfer_id: str
+    pending: tuple[Any, ...] | None = None
+
+    def checksums(self, start: int = 0, stop: int | None = None) -> Iterator[str]:
+        """The checksums of chunks ``start``..``stop - 1``, in order, each as soon as
+        its chunk is packed; raises what packing raised."""
+        stop = self.manifest.num_chunks if stop is None else stop
+        if self.manifest.chunks is not None:
+            yield from self.manifest.chunks[start:stop]
+            return
+        assert self.pending is not None
+        index = start
+        try:
+            for checksum in fetch_in_order(self.pending[start:stop], self.config.window):
+                yield checksum
+                index += 1
+        except (RayTaskError, ObjectLostError, RayActorError) as e:
+            raise_transfer_error(self, f"the checksum of chunk {index}", e)
+
+    def complete(self) -> TransferHandle:
+        """This handle with every checksum in its manifest: waits for packing to
+        finish, and raises what it raised."""
+        if self.pending is None:
+            return self
+        manifest = self.manifest.with_checksums(list(self.checksums()))
+        return dataclasses.replace(self, manifest=manifest, pending=None)
 
     def iter_chunks(self, start: int = 0, stop: int | None = None) -> Iterator[Any]:
         """Chunks ``start``..``stop - 1`` in order as the strategy delivers them
-        (unverified); a lost chunk raises CheckpointLostError."""
+        (unverified); a lost chunk raises CheckpointLostError, a failed packing what
+        packing raised."""
         stop = self.manifest.num_chunks if stop is None else stop
         index = start
         try:
@@ -52,22 +86,30 @@ class TransferHandle:
             ):
                 yield chunk
                 index += 1
-        except (ObjectLostError, RayActorError) as e:
-            raise lost_error(self, f"chunk {index} of {self.manifest.num_chunks}", e) from e
+        except (RayTaskError, ObjectLostError, RayActorError) as e:
+            raise_transfer_error(self, f"chunk {index} of {self.manifest.num_chunks}", e)
 
     def verified_chunks(self, start: int, stop: int) -> Iterator[tuple[int, memoryview]]:
         """``(index, view)`` for chunks ``start``..``stop - 1``, each checked."""
-        for index, chunk in enumerate(self.iter_chunks(start, stop), start):
+        pairs = zip(self.iter_chunks(start, stop), self.checksums(start, stop), strict=True)
+        for index, (chunk, expected) in enumerate(pairs, start):
             view = memoryview(chunk).cast("B")
-            check_chunk(self.manifest, index, view, self.config.verify)
+            check_chunk(self.manifest, index, view, self.config.verify, expected=expected)
             yield index, view
 
     def write_to(self, target: str | os.PathLike[str]) -> str:
-        """Rebuild the checkpoint at ``target``: published only once complete and
-        verified; merged into an existing directory, whose merged tree replaces it in
-        one step."""
+        """Rebuild the checkpoint at ``target``, writing each chunk as it arrives
+        (while later ones are still being packed or fetched); the target shows the
+        result only once complete and verified, and an existing directory is merged
+        into (the merged tree replaces it in one step)."""
+        expected = None if self.manifest.chunks is not None else self.checksums()
         return write_tree(
-            self.manifest, self.iter_chunks(), target, self.config.verify, self.config.direct_io
+            self.manifest,
+            self.iter_chunks(),
+            target,
+            self.config.verify,
+            self.config.direct_io,
+            expected=expected,
         )
 
     def open_file(self, relpath: str) -> io.BufferedReader:
@@ -88,44 +130,50 @@ class TransferHandle:
     def describe(self) -> str:
         m = self.manifest
         n_files = sum(1 for _ in m.files())
+        state = "" if self.pending is None else ", packing may be running"
         return (
             f"strategy={self.strategy.name!r}, files={n_files}, bytes={m.total_bytes}, "
-            f"chunks={m.num_chunks}"
+            f"chunks={m.num_chunks}{state}"
         )
 
 
-def pack_to_ref(source: Source, config: TransferConfig | None = None) -> ray.ObjectRef:
-    """Pack ``source`` and return an ObjectRef to the handle, owned (with the chunks)
-    by this process or, for ``owner="node"``, by this node's agent."""
-    config = config or TransferConfig()
-    if config.owner == "node" and not running_in_agent():
-        [ref] = ray.get(node_agent().pack.remote(source, config))
-        return ref
-    return ray.put(pack(source, config))
-
-
-def pack(source: Source, config: TransferConfig | None = None) -> TransferHandle:
+def submit(
+    source: Source, config: TransferConfig | None = None
+) -> tuple[TransferHandle, ray.ObjectRef[Any] | None]:
     """Scan ``source``, pick a strategy (``config.strategy``, else by size against
-    the free object store), and pack in this process."""
+    the free object store) and start packing it in this node's agent, owned by this
+    process. Returns the handle, usable at once, and a ref that resolves when every
+    chunk is packed (raising what packing raised), or None if packing is done."""
     config = config or TransferConfig()
     scanned = scan(source, follow_symlinks=config.follow_symlinks)
     total = sum(f.size for f in scanned.files)
-    store_free = _ray.object_store_free_bytes(this_node_id())
-    strategy = get_strategy(select_strategy(total, config, store_free))()
+    here = this_node_id()
+    strategy = get_strategy(select_strategy(total, config, _ray.object_store_free_bytes(here)))()
     # The strategy proves every byte it reads against the scan's stamps, so the
     # manifest's sizes and mtimes are those of the bytes packed.
-    packed = strategy.pack(source, scanned.files, scanned.stamps, config)
+    packed = strategy.submit(source, scanned.files, scanned.stamps, config)
+    pending = packed.pending
     manifest = Manifest(
-        entries=scanned.entries, chunk_bytes=config.chunk_bytes, chunks=packed.checksums
+        entries=scanned.entries,
+        chunk_bytes=config.chunk_bytes,
+        chunks=None if pending else packed.checksums,
     )
-    return TransferHandle(
+    handle = TransferHandle(
         manifest=manifest,
         strategy=strategy,
         payload=packed.payload,
         config=config,
         owner=describe_current_process(),
         transfer_id=uuid.uuid4().hex,
+        pending=packed.checksums if pending else None,
     )
+    done = node_agent(here).packed.remote(*packed.checksums) if pending else None
+    return handle, done
+
+
+def pack(source: Source, config: TransferConfig | None = None) -> TransferHandle:
+    """``submit``, then wait until every chunk is packed: a complete handle."""
+    return submit(source, config)[0].complete()
 
 
 def describe_current_process() -> str:
@@ -139,6 +187,22 @@ def describe_current_process() -> str:
         role = f"task {ctx.get_task_function_name() or '?'}"
     worker, node = ctx.get_worker_id()[:12], ctx.get_node_id()[:12]
     return f"{role} (worker {worker}, pid {os.getpid()}, node {node})"
+
+
+def raise_transfer_error(
+    handle: TransferHandle | None, what: str, error: BaseException
+) -> NoReturn:
+    """Raise what a failed fetch of ``what`` means for the reader: the error packing
+    raised (SourceChangedError, PermissionError, ... as packing raised it, not Ray's
+    wrapper), or CheckpointLostError when the owner or the object is gone."""
+    if isinstance(error, RayTaskError):
+        cause = error.cause
+        if isinstance(cause, (ObjectLostError, RayActorError)):
+            raise lost_error(handle, what, cause) from error
+        if isinstance(cause, Exception):
+            raise cause from None
+        raise error
+    raise lost_error(handle, what, error) from error
 
 
 def lost_error(

@@ -27,6 +27,10 @@ class Knobs:
     #: Threads of a node agent: enough that every worker of a node can call it at once
     #: (metadata calls, upload chunks, streams), each call short or backpressured.
     agent_max_concurrency: int = 32
+    #: Threads of a node agent that pack chunks (one task per chunk): each holds one
+    #: chunk-sized buffer, so they bound the agent's private memory (pack_threads x
+    #: chunk_bytes); two keep a disk and a core busy while the caller's node runs on.
+    pack_threads: int = 2
     #: Reusable read buffers of the packing reader: one being filled, one waiting in
     #: the hand-off, one held by the caller (memory: 3 x chunk_bytes).
     pack_ring_buffers: int = 3
@@ -39,6 +43,7 @@ class Knobs:
             "read_buffer_bytes",
             "max_fetch_threads",
             "agent_max_concurrency",
+            "pack_threads",
             "pack_ring_buffers",
         ):
             value = getattr(self, name)

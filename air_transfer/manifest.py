@@ -9,6 +9,7 @@ manifest, so no path from a manifest can reach outside the target directory.
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -105,11 +106,15 @@ class Manifest:
     Files are laid end to end in ``entries`` order (directories and symlinks take no
     bytes); the stream is cut every ``chunk_bytes`` and ``chunks[i]`` is the checksum
     of chunk ``i``. Construction validates, so a Manifest object is always safe.
+
+    ``chunks`` is None while the checksums are still being computed: an asynchronous
+    transfer (``to_object_ref_async``) describes its entries before its chunks are
+    packed, and its checksums arrive with the chunks (``with_checksums``).
     """
 
     entries: tuple[Entry, ...]
     chunk_bytes: int
-    chunks: tuple[str, ...]
+    chunks: tuple[str, ...] | None
     schema_version: int = SCHEMA_VERSION
     checksum: str = CHECKSUM_ALGORITHM
     _by_path: dict[str, int] = field(init=False, repr=False, compare=False)
@@ -121,7 +126,8 @@ class Manifest:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entries", tuple(self.entries))
-        object.__setattr__(self, "chunks", tuple(self.chunks))
+        if self.chunks is not None:
+            object.__setattr__(self, "chunks", tuple(self.chunks))
         by_path, offsets, total = _validate(self)
         object.__setattr__(self, "_by_path", by_path)
         object.__setattr__(self, "_offsets", offsets)
@@ -140,7 +146,16 @@ class Manifest:
 
     @property
     def num_chunks(self) -> int:
-        return len(self.chunks)
+        return -(-self._total // self.chunk_bytes)
+
+    @property
+    def is_complete(self) -> bool:
+        """Whether the chunk checksums are known (see the class docstring)."""
+        return self.chunks is not None
+
+    def with_checksums(self, chunks: Sequence[str]) -> Manifest:
+        """This manifest with its chunk checksums, validated."""
+        return dataclasses.replace(self, chunks=tuple(chunks))
 
     def chunk_length(self, index: int) -> int:
         """Bytes in chunk ``index``: ``chunk_bytes`` except for the last one."""
@@ -186,7 +201,7 @@ class Manifest:
             "checksum": self.checksum,
             "chunk_bytes": self.chunk_bytes,
             "entries": [e.to_dict() for e in self.entries],
-            "chunks": list(self.chunks),
+            "chunks": None if self.chunks is None else list(self.chunks),
         }
 
     @classmethod
@@ -207,12 +222,14 @@ class Manifest:
         entries, chunks = d["entries"], d["chunks"]
         if not isinstance(entries, Sequence) or isinstance(entries, (str, bytes)):
             raise ManifestError("manifest 'entries' must be a list")
-        if not isinstance(chunks, Sequence) or isinstance(chunks, (str, bytes)):
-            raise ManifestError("manifest 'chunks' must be a list")
+        if chunks is not None and (
+            not isinstance(chunks, Sequence) or isinstance(chunks, (str, bytes))
+        ):
+            raise ManifestError("manifest 'chunks' must be a list (or null while pending)")
         return cls(
             entries=tuple(Entry.from_dict(e) for e in entries),
             chunk_bytes=d["chunk_bytes"],
-            chunks=tuple(chunks),
+            chunks=None if chunks is None else tuple(chunks),
             schema_version=version,
             checksum=d.get("checksum", CHECKSUM_ALGORITHM),
         )
@@ -371,6 +388,8 @@ def _validate(m: Manifest) -> tuple[dict[str, int], tuple[int, ...], int]:
         check_links({e.path: (e.kind, e.target) for e in m.entries})
 
     total = offset
+    if m.chunks is None:
+        return by_path, tuple(offsets), total
     for i, c in enumerate(m.chunks):
         if not isinstance(c, str) or not _CHECKSUM_RE.fullmatch(c):
             raise ManifestError(

@@ -27,6 +27,8 @@ NAMESPACE = "air_transfer"
 #: Where the agent class lives: imported on first start, by name (see above).
 AGENT_CLASS = "air_transfer.agent.actor:NodeAgent"
 _NAME_PREFIX = "air-transfer-agent-"
+#: The agent's concurrency group for packing tasks (``KNOBS.pack_threads`` threads).
+PACK_GROUP = "pack"
 
 
 def agent_name(node_id: str) -> str:
@@ -57,7 +59,9 @@ def _remote_agent_class() -> Any:
     # ray.remote at first use, not at import (Ray Tune's file_transfer does the
     # latter; it registers a remote class in every process that imports it).
     module, _, name = AGENT_CLASS.partition(":")
-    return ray.remote(getattr(importlib.import_module(module), name))
+    cls = getattr(importlib.import_module(module), name)
+    # Concurrency groups can only be declared here, not in .options().
+    return ray.remote(concurrency_groups={PACK_GROUP: KNOBS.pack_threads})(cls)
 
 
 def node_agent(node_id: str | None = None) -> Any:

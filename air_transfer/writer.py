@@ -37,10 +37,13 @@ def write_tree(
     target: str | os.PathLike[str],
     verify: bool = True,
     direct_io: bool = True,
+    expected: Iterable[str] | None = None,
 ) -> str:
     """Rebuild the checkpoint described by ``manifest`` at ``target`` from its chunks
     (buffers, in order) and return the target path. With ``direct_io``, large files
-    bypass the page cache (see ``air_transfer.direct_io``).
+    bypass the page cache (see ``air_transfer.direct_io``). ``expected`` gives the
+    chunks' checksums in order where the manifest does not carry them yet (a
+    transfer still being packed); each is asked for only when its chunk arrives.
 
     Raises ChecksumError (target untouched) if a chunk does not match its checksum or
     the chunks do not add up to the manifest; NotADirectoryError if ``target`` is a
@@ -60,7 +63,7 @@ def write_tree(
     if _existing_target(real):
         check_merge(manifest, real)
     with site.staging() as staging:
-        _write_entries(manifest, chunks, staging.path, verify, direct_io, real)
+        _write_entries(manifest, chunks, staging.path, verify, direct_io, real, expected)
         with site.publish_lock():
             site.recover_locked()  # a writer may have died mid-swap meanwhile
             _publish(manifest, staging, real)
@@ -117,7 +120,9 @@ def _write_entries(
     verify: bool,
     direct_io: bool,
     target: str,
+    expected: Iterable[str] | None = None,
 ) -> None:
+    checksums = iter(expected) if expected is not None else None
     for e in manifest.entries:
         if e.kind == "dir":
             os.mkdir(_join(root, e.path), 0o700)
@@ -135,7 +140,8 @@ def _write_entries(
                 )
             chunk_spans = next(spans)
             view = memoryview(chunk).cast("B")
-            check_chunk(manifest, index, view, verify, files, chunk_spans, target)
+            checksum = next(checksums) if checksums is not None else None
+            check_chunk(manifest, index, view, verify, files, chunk_spans, target, checksum)
             for span in chunk_spans:
                 end = span.chunk_offset + span.length
                 sink.write(span.file_index, view[span.chunk_offset : end])
@@ -214,6 +220,17 @@ class _FileSink:
         self._close(failed=exc_type is not None)
 
 
+def _checksum(manifest: Manifest, index: int, expected: str | None) -> str:
+    if expected is not None:
+        return expected
+    if manifest.chunks is None:
+        raise ValueError(
+            f"chunk {index} cannot be verified: the manifest's checksums are still being "
+            "computed and none was given"
+        )
+    return manifest.chunks[index]
+
+
 def check_chunk(
     manifest: Manifest,
     index: int,
@@ -222,19 +239,23 @@ def check_chunk(
     files: Sequence[Entry] | None = None,
     spans: Sequence[Span] | None = None,
     target: str | None = None,
+    expected: str | None = None,
 ) -> None:
     """Raise ChecksumError (errno EBADMSG, as for a bad filesystem checksum; naming
     ``target`` if given), naming the chunk and the files it carries, unless chunk
-    ``index`` has the manifest's length and (if ``verify``) checksum."""
-    expected = manifest.chunk_length(index)
-    if len(view) == expected and (not verify or chunk_checksum(view) == manifest.chunks[index]):
+    ``index`` has the manifest's length and (if ``verify``) checksum: ``expected``,
+    or the manifest's when None."""
+    length = manifest.chunk_length(index)
+    if len(view) == length and (
+        not verify or chunk_checksum(view) == _checksum(manifest, index, expected)
+    ):
         return
     if files is None or spans is None:
         files = list(manifest.files())
         sizes = [f.size for f in files]
         spans = next(iter_chunk_spans(sizes, manifest.chunk_bytes, index))
     message = (
-        f"chunk {index} of {manifest.num_chunks} ({len(view)} bytes, expected {expected}) "
+        f"chunk {index} of {manifest.num_chunks} ({len(view)} bytes, expected {length}) "
         f"does not match its manifest checksum; it carries {_describe(files, spans)}. "
         "The payload is corrupt or was altered; nothing was published"
     )

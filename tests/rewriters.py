@@ -6,6 +6,7 @@ in a node agent with ``install_in_agent``)."""
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,10 +44,14 @@ class RewriteOnce:
     fired: bool = False
 
     def __call__(self, where: str, span: packing.FileSpan) -> None:
-        if self.fired or os.path.basename(where) != self.name or span.file_offset < self.offset:
-            return
-        self.fired = True
-        rewrite(where, self.how)
+        # The agent packs chunks on several threads: fire once, whichever comes first.
+        with globals().setdefault("_HOOK_LOCK", threading.Lock()):
+            if self.fired or os.path.basename(where) != self.name:
+                return
+            if span.file_offset < self.offset:
+                return
+            self.fired = True
+            rewrite(where, self.how)
 
 
 def _set_hook(agent: Any, hook: Any) -> None:

@@ -67,7 +67,7 @@ def test_symlink_outside_unless_followed(tmp_path: Path) -> None:
 
 def altered(restored: ChunkedCheckpoint, chunk: int) -> ChunkedCheckpoint:
     """The same payload under a manifest that expects other bytes for ``chunk``."""
-    handle = restored._handle
+    handle = restored.handle().complete()
     m = handle.manifest
     sums = list(m.chunks)
     sums[chunk] = "0" * 32
@@ -162,8 +162,12 @@ class Producer:
 @pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "streamed"])
 def test_owner_died(tmp_path: Path, strategy: str) -> None:
     src = rich_tree(tmp_path / "src")
+    (src / "weights.bin").write_bytes(os.urandom(1024 * KiB))
+    # Chunks over Ray's inline limit (100 KiB): a smaller task result is returned
+    # inline to its owner, and a copy a reader's node got may outlive the owner there.
+    config = config_for(strategy).replace(chunk_bytes=256 * KiB, window=8)
     producer = Producer.options(name=f"producer-{strategy}").remote()
-    (ref,), restored = ray.get(producer.share.remote(str(src), config_for(strategy)))
+    (ref,), restored = ray.get(producer.share.remote(str(src), config))
     ray.kill(producer)
     # Ray frees a dead owner's objects asynchronously (a second or two); until then
     # a local copy may still be read, which is fine. What must happen is that reading

@@ -94,10 +94,16 @@ CHANGED = r"w\.bin' changed after the directory was scanned"
 # -- a same-size rewrite in place, wherever the bytes are read -------------------------
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_torn_pack_same_size_rewrite_while_packed_in_the_caller(
-    tmp_path: Path, strategy: str, in_driver: Callable[[Any], None]
+    tmp_path: Path,
+    strategy: str,
+    in_driver: Callable[[Any], None],
+    in_agent: Callable[[Any], None],
 ) -> None:
+    """owner="caller": the built-in strategies read in this node's agent (one task
+    per chunk, owned by the caller), a custom one in the caller itself."""
     src = make_source(tmp_path)
     in_driver(RewriteOnce("w.bin", offset=8 * KiB))  # mid-file: chunks 1-2 are read
+    in_agent(RewriteOnce("w.bin", offset=8 * KiB))
     with pytest.raises(SourceChangedError, match=CHANGED) as e:
         ChunkedCheckpoint.from_directory(src).to_object_ref(config=config_for(strategy))
     assert e.value.filename == str(src / "w.bin") and e.value.errno is not None
@@ -149,24 +155,32 @@ def test_streamed_file_rewritten_after_packing_is_caught_even_unverified(
 
 # -- what the checks see -----------------------------------------------------------------
 def test_torn_pack_mtime_put_back_after_a_rewrite_is_caught_by_ctime(
-    tmp_path: Path, in_driver: Callable[[Any], None]
+    tmp_path: Path, in_agent: Callable[[Any], None]
 ) -> None:
     src = make_source(tmp_path)
-    in_driver(RewriteOnce("w.bin", how="utime-reset", offset=8 * KiB))
+    # One chunk holds all of w.bin: no other packing thread reads it between the
+    # rewrite and its utime.
+    in_agent(RewriteOnce("w.bin", how="utime-reset"))
     with pytest.raises(SourceChangedError, match=CHANGED) as e:
-        ChunkedCheckpoint.from_directory(src).to_object_ref(config=config_for("chunked"))
+        ChunkedCheckpoint.from_directory(src).to_object_ref(
+            config=config_for("chunked").replace(chunk_bytes=64 * KiB)
+        )
     assert "ctime_ns" in str(e.value) and "mtime_ns" not in str(e.value)
 
 
 def test_torn_pack_file_renamed_over_while_packed_is_caught(
-    tmp_path: Path, in_driver: Callable[[Any], None]
+    tmp_path: Path, in_agent: Callable[[Any], None]
 ) -> None:
     """The open fd keeps the old inode (its bytes are intact), but the source now has
     another file under that name: the old inode's link count dropped to 0."""
     src = make_source(tmp_path)
-    in_driver(RewriteOnce("w.bin", how="rename", offset=8 * KiB))
+    # One chunk holds all of w.bin, so one read of it is followed by the rename (with
+    # several, a concurrent packing thread may open the new file: "a new inode").
+    in_agent(RewriteOnce("w.bin", how="rename"))
     with pytest.raises(SourceChangedError, match=CHANGED) as e:
-        ChunkedCheckpoint.from_directory(src).to_object_ref(config=config_for("chunked"))
+        ChunkedCheckpoint.from_directory(src).to_object_ref(
+            config=config_for("chunked").replace(chunk_bytes=64 * KiB)
+        )
     assert "nlink" in str(e.value)
 
 

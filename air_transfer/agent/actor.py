@@ -28,12 +28,20 @@ import numpy as np
 import pyarrow.fs as pafs
 import ray
 
+from air_transfer.checkpoint import submit_transfer
 from air_transfer.config import TransferConfig
 from air_transfer.errors import SourceChangedError
-from air_transfer.handle import TransferHandle, pack
+from air_transfer.handle import TransferHandle
 from air_transfer.layout import Source, Stamp, iter_chunk_spans
-from air_transfer.manifest import Entry
-from air_transfer.packing import current_stamps, read_chunks_ahead
+from air_transfer.manifest import Entry, chunk_checksum
+from air_transfer.nodes import PACK_GROUP
+from air_transfer.packing import (
+    ChunkPacker,
+    ChunkPlan,
+    current_stamps,
+    fill_chunk,
+    read_chunks_ahead,
+)
 from air_transfer.storage.disk import DiskStorage
 from air_transfer.storage.disk_uploads import DiskUploads
 from air_transfer.storage.sink import store_checkpoint
@@ -44,6 +52,7 @@ class NodeAgent:
     its disk for the node storage filesystem."""
 
     def __init__(self) -> None:
+        self._packer = ChunkPacker()
         services = (DiskStorage(), DiskUploads())
         self._disk_ops: dict[str, Callable[..., Any]] = {
             name: getattr(service, name) for service in services for name in type(service).OPS
@@ -54,14 +63,6 @@ class NodeAgent:
 
     def pid(self) -> int:
         return os.getpid()
-
-    def pack(self, source: Source, config: TransferConfig) -> list[ray.ObjectRef]:
-        """Pack ``source`` here, so this actor owns the chunks and the handle.
-
-        Returned inside a list: a bare ObjectRef returned by a task would be resolved
-        to its value; nested, the caller borrows a ref that this actor owns.
-        """
-        return [ray.put(pack(source, config))]
 
     def store_checkpoint(
         self, handle: TransferHandle, filesystem: pafs.FileSystem, path: str
@@ -86,7 +87,7 @@ class NodeAgent:
         source: Source,
         files: Sequence[Entry],
         chunk_bytes: int,
-        checksums: Sequence[str],
+        checksums: Sequence[Any],
         start: int,
         stop: int | None,
         verify: bool = True,
@@ -99,13 +100,17 @@ class NodeAgent:
         since packing or while streamed raises SourceChangedError naming it. With
         ``verify``, each chunk is also compared with the checksum taken at packing,
         so a directory that changed since then is reported here, naming the files,
-        rather than as corrupt bytes on the reader's side.
+        rather than as corrupt bytes on the reader's side. A checksum may still be a
+        ref (its packing task has not finished): the stream then waits for it.
         """
         if stamps is None:
             stamps = current_stamps(source, files)
         chunks = read_chunks_ahead(source, files, stamps, chunk_bytes, start, stop)
         for index, view, checksum in chunks:
-            if verify and checksum != checksums[index]:
+            expected = checksums[index] if verify else checksum
+            if not isinstance(expected, str):
+                expected = ray.get(expected)
+            if checksum != expected:
                 # Which files the chunk carries is only worked out for the message.
                 sizes = [f.size for f in files]
                 chunk_spans = next(iter_chunk_spans(sizes, chunk_bytes, index))
@@ -120,3 +125,46 @@ class NodeAgent:
             # The yielded array is copied into the object store before the generator
             # resumes, so the reader thread may reuse this buffer afterwards.
             yield np.frombuffer(view, dtype=np.uint8)
+
+    # -- packing, one task per chunk (``strategies.agent_tasks``) --------------------
+    @ray.method(concurrency_group=PACK_GROUP, num_returns=2)  # type: ignore[untyped-decorator]
+    def pack_chunk(self, source: Source, plan: ChunkPlan) -> tuple[np.ndarray, str]:
+        """Chunk ``plan.index`` of ``source`` and its checksum, as two objects owned
+        by whoever submitted this task."""
+        return self._packer.pack(source, plan)
+
+    @ray.method(concurrency_group=PACK_GROUP)  # type: ignore[untyped-decorator]
+    def checksum_chunk(self, source: Source, plan: ChunkPlan) -> str:
+        """Only the checksum of chunk ``plan.index`` (``streamed``)."""
+        return self._packer.checksum(source, plan)
+
+    @ray.method(concurrency_group=PACK_GROUP)  # type: ignore[untyped-decorator]
+    def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+        """The whole (small, ``inline``) stream as one array, then the checksum of each
+        chunk: ``1 + len(plans)`` objects (the caller sets ``num_returns``)."""
+        total = sum(plan.length for plan in plans)
+        stream = np.empty(total, dtype=np.uint8)
+        checksums = []
+        offset = 0
+        for plan in plans:
+            view = memoryview(stream)[offset : offset + plan.length]
+            fill_chunk(source, plan, view)
+            checksums.append(chunk_checksum(view))
+            offset += plan.length
+        return stream if not plans else (stream, *checksums)
+
+    def packed(self, *checksums: str) -> tuple[str, ...]:
+        """Runs once every chunk of a transfer is packed (its arguments are the
+        checksums' refs, resolved first): the completion a ``TransferFuture`` waits
+        for, failing with the first packing error."""
+        return checksums
+
+    def submit_transfer(
+        self, source: Source, config: TransferConfig
+    ) -> list[ray.ObjectRef[Any] | None]:
+        """Start packing ``source`` here (``owner="node"``): this agent submits the
+        chunk tasks to itself, so it owns the chunks and the checkpoint object, and
+        they outlive the caller even while packing is still running. Returns
+        ``[checkpoint ref, completion ref or None]``, nested so the caller borrows."""
+        ref, done = submit_transfer(source, config)
+        return [ref, done]

@@ -17,10 +17,16 @@ from air_transfer.manifest import Entry, Manifest
 class Packed:
     """What packing produced: the payload (anything picklable that lets
     ``iter_chunks`` produce the chunks again, typically ObjectRefs) and the checksum
-    of every chunk, in order."""
+    of every chunk, in order: each a str, or, from ``submit``, an ObjectRef that
+    resolves to it once the chunk is packed (and raises what packing raised)."""
 
     payload: Any
-    checksums: tuple[str, ...]
+    checksums: tuple[Any, ...]
+
+    @property
+    def pending(self) -> bool:
+        """Whether the checksums are still refs (packing may still be running)."""
+        return any(not isinstance(c, str) for c in self.checksums)
 
 
 class TransferStrategy(ABC):
@@ -47,6 +53,19 @@ class TransferStrategy(ABC):
         ``stamps`` are the files as scanned: read with ``packing.read_chunks`` (or
         ``fill_chunk``), which raises SourceChangedError for a file that no longer
         matches its stamp, so the checksums are of the version the scan described."""
+
+    def submit(
+        self,
+        source: Source,
+        files: Sequence[Entry],
+        stamps: Sequence[Stamp],
+        config: TransferConfig,
+    ) -> Packed:
+        """Start packing and return at once: a payload whose chunks readers may
+        already ask for (they wait for a chunk not yet packed), and checksums that are
+        ObjectRefs resolving as chunks are packed. ``to_object_ref_async`` uses this;
+        the default packs here, blocking, with ``pack``."""
+        return self.pack(source, files, stamps, config)
 
     @abstractmethod
     def iter_chunks(

@@ -18,6 +18,7 @@ from air_transfer.fetch import fetch_in_order
 from air_transfer.layout import Source, Stamp
 from air_transfer.manifest import Entry, Manifest
 from air_transfer.packing import read_chunks_ahead
+from air_transfer.strategies.agent_tasks import agent_can_read, submit_pack_chunks
 from air_transfer.strategies.base import Packed, TransferStrategy
 
 
@@ -41,6 +42,20 @@ class ChunkedStrategy(TransferStrategy):
             refs.append(ray.put(np.frombuffer(view, dtype=np.uint8)))
             checksums.append(checksum)
         return Packed(refs, tuple(checksums))
+
+    def submit(
+        self,
+        source: Source,
+        files: Sequence[Entry],
+        stamps: Sequence[Stamp],
+        config: TransferConfig,
+    ) -> Packed:
+        """One ``pack_chunk`` task per chunk in this node's agent (``agent_tasks``);
+        a source the agent cannot receive is packed here."""
+        if not agent_can_read(source):
+            return self.pack(source, files, stamps, config)
+        data, checksums = submit_pack_chunks(source, files, stamps, config.chunk_bytes)
+        return Packed(data, tuple(checksums))
 
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig

@@ -26,6 +26,7 @@ from air_transfer.layout import Source, Stamp
 from air_transfer.manifest import Entry, Manifest
 from air_transfer.nodes import node_agent, this_node_id
 from air_transfer.packing import read_chunks_ahead
+from air_transfer.strategies.agent_tasks import agent_can_read, submit_checksum_chunks
 from air_transfer.strategies.base import Packed, TransferStrategy
 
 
@@ -39,6 +40,9 @@ class StreamSource:
     #: The files as scanned at packing: the agent proves its reads against them, so a
     #: file changed since packing (or while streamed) is an error even unverified.
     stamps: tuple[Stamp, ...]
+    #: Refs of the chunks' checksums while the checksum pass may still be running
+    #: (``submit``); the stream waits for each one it checks against.
+    checksums: tuple[Any, ...] | None = None
 
 
 class StreamedStrategy(TransferStrategy):
@@ -66,6 +70,22 @@ class StreamedStrategy(TransferStrategy):
         node_id = this_node_id()
         return Packed(StreamSource(node_agent(node_id), source, node_id, tuple(stamps)), checksums)
 
+    def submit(
+        self,
+        source: Source,
+        files: Sequence[Entry],
+        stamps: Sequence[Stamp],
+        config: TransferConfig,
+    ) -> Packed:
+        """The checksum pass as one task per chunk in this node's agent; readers may
+        start streaming at once (each chunk streamed waits for its checksum)."""
+        if not agent_can_read(source):
+            return self.pack(source, files, stamps, config)
+        refs = tuple(submit_checksum_chunks(source, files, stamps, config.chunk_bytes))
+        node_id = this_node_id()
+        payload = StreamSource(node_agent(node_id), source, node_id, tuple(stamps), refs)
+        return Packed(payload, refs)
+
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
     ) -> Iterator[Any]:
@@ -75,7 +95,7 @@ class StreamedStrategy(TransferStrategy):
             payload.source,
             list(manifest.files()),
             manifest.chunk_bytes,
-            manifest.chunks,
+            manifest.chunks if manifest.chunks is not None else payload.checksums,
             start,
             stop,
             config.verify,

@@ -1,0 +1,77 @@
+"""Packing as one task per chunk in the node agent: the refs of every chunk exist
+before its bytes do.
+
+Ray creates the ObjectRef of a task's result when the task is submitted, and the
+submitter owns it. So the caller submits one ``pack_chunk`` task per chunk to its
+node's agent and holds every chunk's ref (and its checksum's) within milliseconds; a
+reader anywhere can start on chunk 0 while chunk 1 is still being read, and waits
+for a chunk that is not packed yet instead of failing. The bytes are read by the
+agent, outside the caller's Python (a training loop keeps its GIL), a few chunks at a
+time (the agent's ``pack`` concurrency group), and checked against the scan's stamps.
+Ownership is the caller's, exactly as if it had called ``ray.put``: the chunks die
+with the caller, unless the caller is the agent itself (``owner="node"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+import ray.cloudpickle
+
+from air_transfer.layout import Source, Stamp
+from air_transfer.manifest import Entry
+from air_transfer.nodes import node_agent, this_node_id
+from air_transfer.packing import plan_chunks
+
+
+def agent_can_read(source: Source) -> bool:
+    """Whether ``source`` can be sent to the agent: a filesystem that lives only in
+    this process (a ``PyFileSystem`` over a local object) cannot, and is then packed
+    here by the strategy's ``pack``."""
+    try:
+        ray.cloudpickle.dumps(source)
+    except Exception:
+        return False
+    return True
+
+
+def submit_pack_chunks(
+    source: Source, files: Sequence[Entry], stamps: Sequence[Stamp], chunk_bytes: int
+) -> tuple[list[ray.ObjectRef[Any]], list[ray.ObjectRef[str]]]:
+    """Submit ``pack_chunk`` for every chunk to this node's agent; the chunks' refs
+    and their checksums' refs, in order, at once."""
+    agent = node_agent(this_node_id())
+    data: list[ray.ObjectRef[Any]] = []
+    checksums: list[ray.ObjectRef[str]] = []
+    for plan in plan_chunks(files, stamps, chunk_bytes):
+        chunk_ref, checksum_ref = agent.pack_chunk.remote(source, plan)
+        data.append(chunk_ref)
+        checksums.append(checksum_ref)
+    return data, checksums
+
+
+def submit_checksum_chunks(
+    source: Source, files: Sequence[Entry], stamps: Sequence[Stamp], chunk_bytes: int
+) -> list[ray.ObjectRef[str]]:
+    """Submit ``checksum_chunk`` for every chunk to this node's agent: refs of the
+    checksums alone (``streamed`` moves the bytes at transfer time)."""
+    agent = node_agent(this_node_id())
+    return [
+        agent.checksum_chunk.remote(source, plan)
+        for plan in plan_chunks(files, stamps, chunk_bytes)
+    ]
+
+
+def submit_pack_stream(
+    source: Source, files: Sequence[Entry], stamps: Sequence[Stamp], chunk_bytes: int
+) -> tuple[ray.ObjectRef[Any], list[ray.ObjectRef[str]]]:
+    """Submit one ``pack_stream`` task for the whole (small) stream: a ref to it as
+    one object, and refs of its chunks' checksums."""
+    plans = list(plan_chunks(files, stamps, chunk_bytes))
+    agent = node_agent(this_node_id())
+    refs = agent.pack_stream.options(num_returns=1 + len(plans)).remote(source, plans)
+    if not plans:  # num_returns=1: a single ref, not a list
+        return refs, []
+    return refs[0], list(refs[1:])
