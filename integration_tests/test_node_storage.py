@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import posixpath
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from air_transfer import (
 from air_transfer.direct_io import MIN_DIRECT_FILE_BYTES
 from air_transfer.manifest import chunk_checksum
 from air_transfer.nodes import node_agent
+from air_transfer.storage.disk import STAGING_MARK
 from air_transfer.storage.handler import NodeStorageHandler
 
 pytestmark = pytest.mark.usefixtures("cluster")
@@ -322,7 +324,8 @@ def test_a_file_that_changed_size_while_read_is_an_error(
     (root / "big").write_bytes(BODY)
     with f.open_input_stream(f"{root}/big") as s:
         os.truncate(root / "big", MiB)  # after the open, before the bytes are read
-        with pytest.raises(SourceChangedError, match="changed size while being read"):
+        changed = rf"changed while being read: {len(BODY)} bytes when opened, {MiB} now"
+        with pytest.raises(SourceChangedError, match=changed):
             s.read()
 
 
@@ -415,3 +418,66 @@ def test_memory_stays_within_a_few_chunks_on_both_ends(tmp_path: Path) -> None:
     assert growth["same"] and (tmp_path / "dest.bin").stat().st_size == size
     assert growth["self"] < bound, f"the client grew {growth['self'] / MiB:.0f} MiB"
     assert growth["agent"] < bound, f"the agent grew {growth['agent'] / MiB:.0f} MiB"
+
+
+# -- the agent confines every path it is given --------------------------------------
+def test_the_agent_refuses_every_path_outside_the_root(
+    node_fs: tuple[pafs.FileSystem, Path],
+) -> None:
+    """Defect: the agent's ``fs_commit``, called directly, renamed or deleted a file
+    outside the root (its staging path was not confined). Every operation, called
+    on the actor with each of its path arguments outside the root (absolute, with
+    "..", relative, through a symlink), is refused, and nothing outside changes."""
+    _, root = node_fs
+    outside = root.parent / "outside"
+    outside.mkdir()
+    staged = f".secret{STAGING_MARK}x"
+    for name in ("secret", staged):
+        (outside / name).write_bytes(b"outside")
+    before = snapshot(outside)
+    agent, r = node_agent(node_ids()["node_a"]), str(root)
+    ok = chunk_checksum(b"")
+    staging = ray.get(agent.disk.remote("fs_open_write", r, f"{r}/d/new", False))[0]
+
+    def forms(name: str) -> list[str]:
+        return [
+            str(outside / name),
+            f"{r}/../outside/{name}",
+            f"../outside/{name}",
+            f"{r}/link/outside/{name}",
+        ]
+
+    calls: list[tuple[str, Callable[[str], tuple[Any, ...]]]] = [
+        ("fs_info", lambda p: ([p],)),
+        ("fs_list", lambda p: (posixpath.dirname(p), True, False)),
+        ("fs_create_dir", lambda p: (p + "-dir/x", True)),
+        ("fs_delete_dir", lambda p: (posixpath.dirname(p),)),
+        ("fs_delete_dir_contents", lambda p: (posixpath.dirname(p), False)),
+        ("fs_delete_file", lambda p: (p,)),
+        ("fs_move", lambda p: (p, f"{r}/d/moved")),
+        ("fs_move", lambda p: (f"{r}/d/f", p)),
+        ("fs_copy_file", lambda p: (p, f"{r}/d/copy")),
+        ("fs_copy_file", lambda p: (f"{r}/d/f", p)),
+        ("fs_open_write", lambda p: (p, True)),
+        ("fs_write", lambda p: (posixpath.join(posixpath.dirname(p), staged), 0, b"", ok)),
+        (
+            "fs_commit",
+            lambda p: (f"{r}/d/f", posixpath.join(posixpath.dirname(p), staged), 0, b"", ok, 7),
+        ),
+        ("fs_commit", lambda p: (p, staging, 0, b"", ok, 0)),
+        ("fs_abort", lambda p: (posixpath.join(posixpath.dirname(p), staged),)),
+    ]
+    for op, args in calls:  # node_fs made root/link -> root.parent
+        for path in forms("secret"):
+            with pytest.raises(PermissionError):
+                ray.get(agent.disk.remote(op, r, *args(path)))
+            assert snapshot(outside) == before, f"{op}{args(path)} changed a file outside"
+    for path in forms("secret"):
+        reads = agent.disk_read.options(num_returns="streaming").remote(r, path, 7, MiB, 0)
+        with pytest.raises(PermissionError):
+            ray.get(next(reads))
+    assert (root / "d" / "f").read_bytes() == b"inside"
+
+
+def snapshot(top: Path) -> list[tuple[str, bytes]]:
+    return sorted((str(p.relative_to(top)), p.read_bytes()) for p in top.rglob("*"))

@@ -3,8 +3,8 @@ chunks through the object store with a bounded number in flight.
 
 ``AgentLink`` is the caller's connection to one storage node's agent: it finds the
 agent by name, runs one disk operation per call, and turns Ray's wrappers back into
-the OSError the agent raised. A read is the agent's streaming generator (the one that
-serves the ``streamed`` strategy) over one file, consumed by the generator-backed
+the OSError the agent raised. A read is the agent's streaming generator over one
+file (``disk_reads``, confined to the storage root), consumed by the generator-backed
 ``ChunkFileReader``: ``window`` chunks ahead, and a seek to another chunk starts a new
 stream there. A write is cut into ``chunk_bytes`` chunks, each sent to the agent with
 its checksum, at most ``window`` unacknowledged; ``close`` commits (``disk_uploads``).
@@ -14,23 +14,21 @@ Memory stays at a few chunks on both ends whatever the file size.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
-import posixpath
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import pyarrow.fs as pafs
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from air_transfer import _ray
 from air_transfer.config import TransferConfig
 from air_transfer.errors import SourceChangedError
-from air_transfer.layout import Source
-from air_transfer.manifest import Entry, chunk_checksum
+from air_transfer.manifest import chunk_checksum
 from air_transfer.nodes import live_node_ids, node_agent
 from air_transfer.reader import ChunkFileReader, buffered
 
@@ -110,16 +108,9 @@ def _chunks(link: AgentLink, local: str, size: int, first: int) -> Iterator[tupl
     cb = link.config.chunk_bytes
     if first * cb >= size:
         return
-    parent, name = posixpath.split(local)
     with link.errors():
-        refs = _ray.streaming(link.agent().stream, link.config.window).remote(
-            Source(pafs.LocalFileSystem(), parent),
-            [Entry(name, "file", size)],
-            cb,
-            (),  # no checksums to verify against: the file is read as it is now
-            first,
-            None,
-            False,
+        refs = _ray.streaming(link.agent().disk_read, link.config.window).remote(
+            link.root, local, size, cb, first
         )
         for index, ref in enumerate(refs, first):
             try:
@@ -127,8 +118,10 @@ def _chunks(link: AgentLink, local: str, size: int, first: int) -> Iterator[tupl
             except RayTaskError as e:
                 if isinstance(e.cause, SourceChangedError):
                     raise SourceChangedError(
-                        f"{local!r} on node {link.node_id} changed size while being read "
-                        f"(chunk {index}); read it again"
+                        errno.ESTALE,
+                        f"{e.cause.strerror} (on node {link.node_id}, chunk {index}); "
+                        "read it again",
+                        local,
                     ) from None
                 raise
             del ref  # the store frees the chunk once it is consumed
@@ -139,9 +132,12 @@ class ChunkWriter(io.RawIOBase):
     """Cuts what is written into ``chunk_bytes`` chunks and sends each to the agent,
     waiting once ``window`` are unacknowledged; ``close`` commits the file."""
 
-    def __init__(self, link: AgentLink, local: str, staging: str, start: int) -> None:
+    def __init__(
+        self, link: AgentLink, local: str, staging: str, start: int, expect: Any = None
+    ) -> None:
         super().__init__()
         self.link, self.local, self.staging = link, local, staging
+        self.expect = expect  # what the commit expects at ``local`` (appends)
         self.chunk_bytes, self.window = link.config.chunk_bytes, link.config.window
         self.offset = start  # where the next sent chunk goes in the staging file
         self.written = 0
@@ -160,7 +156,7 @@ class ChunkWriter(io.RawIOBase):
         if self.closed:
             raise ValueError(f"write to closed file {self.local!r}")
         if self.failed:
-            raise OSError(f"an earlier write to {self.local!r} failed; it will not be stored")
+            raise OSError(errno.EIO, "an earlier write failed; the file is not stored", self.local)
         try:
             return self._write(memoryview(data).cast("B"))
         except BaseException:
@@ -188,7 +184,7 @@ class ChunkWriter(io.RawIOBase):
 
     def _send(self, chunk: np.ndarray) -> None:
         while len(self.pending) >= self.window:
-            self._wait(self.pending.popleft())
+            self.link.wait(self.pending.popleft())
         call = self.link.submit(
             "fs_write",
             self.staging,
@@ -200,9 +196,6 @@ class ChunkWriter(io.RawIOBase):
         self.pending.append(call)
         self.offset += len(chunk)
 
-    def _wait(self, ref: ray.ObjectRef) -> None:
-        self.link.wait(ref)
-
     def close(self) -> None:
         """Commit the file: it appears whole, or (after a failed write) not at all."""
         if self.closed:
@@ -212,7 +205,7 @@ class ChunkWriter(io.RawIOBase):
                 self.link.call("fs_abort", self.staging)
                 return
             while self.pending:
-                self._wait(self.pending.popleft())
+                self.link.wait(self.pending.popleft())
             tail = self.buffer[: self.filled] if self.buffer is not None else b""
             self.link.call(
                 "fs_commit",
@@ -223,6 +216,7 @@ class ChunkWriter(io.RawIOBase):
                 chunk_checksum(tail),
                 self.offset + self.filled,
                 self.link.config.direct_io,
+                self.expect,
             )
         except BaseException:
             with contextlib.suppress(Exception):
