@@ -8,13 +8,18 @@ so that every call crosses nodes. File bodies span several chunks.
 
 from __future__ import annotations
 
+import errno
+import gc
+import io
 import os
 import pickle
 import posixpath
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 import ray
@@ -33,6 +38,7 @@ from air_transfer.manifest import chunk_checksum
 from air_transfer.nodes import node_agent
 from air_transfer.storage.disk import STAGING_MARK
 from air_transfer.storage.handler import NodeStorageHandler
+from air_transfer.storage.streams import ChunkWriter
 
 pytestmark = pytest.mark.usefixtures("cluster")
 CONFIG = TransferConfig(chunk_bytes=MiB, window=3)
@@ -418,6 +424,137 @@ def test_memory_stays_within_a_few_chunks_on_both_ends(tmp_path: Path) -> None:
     assert growth["same"] and (tmp_path / "dest.bin").stat().st_size == size
     assert growth["self"] < bound, f"the client grew {growth['self'] / MiB:.0f} MiB"
     assert growth["agent"] < bound, f"the agent grew {growth['agent'] / MiB:.0f} MiB"
+
+
+# -- uploads that do not finish leave nothing --------------------------------------
+class FailingReads(pafs.FileSystemHandler):
+    """Local files whose reads fail after ``after`` bytes, as a source that breaks
+    in the middle of ``copy_files`` (a lost disk, a network filesystem)."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+
+    def get_type_name(self) -> str:
+        return "failing-reads"
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        return pafs.LocalFileSystem().get_file_info(paths)
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        return pafs.LocalFileSystem().get_file_info(selector)
+
+    def open_input_stream(self, path: str) -> Any:
+        after, f = self.after, open(path, "rb")
+
+        class Breaking(io.RawIOBase):
+            def readable(self) -> bool:
+                return True
+
+            def readinto(self, buffer: Any) -> int:
+                if f.tell() >= after:
+                    raise OSError(errno.EIO, "the source broke mid-file", path)
+                return f.readinto(buffer)
+
+        return pa.PythonFile(io.BufferedReader(Breaking()), mode="r")
+
+    open_input_file = open_input_stream
+
+    def unused(self, *args: Any) -> Any:
+        raise NotImplementedError("not needed as a copy_files source")
+
+    create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = unused
+    delete_file = move = copy_file = open_output_stream = open_append_stream = unused
+
+
+def hidden_left(top: Path) -> list[str]:
+    return [p.name for p in top.rglob("*") if ".air-upload-" in p.name]
+
+
+@pytest.mark.parametrize("breaks", ["reading the source", "writing the destination"])
+def test_a_failed_copy_files_leaves_no_staging_file_and_no_partial_file(
+    node_fs: tuple[pafs.FileSystem, Path],
+    tmp_path: Path,
+    breaks: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Defects: when writing failed, the staging file (~110 MiB in the report) stayed
+    until the garbage collector ran: the writer was caught in a reference cycle. When
+    reading the source failed, pyarrow dropped the destination stream unclosed and
+    io.IOBase's finalizer closed it, which committed the truncated file. Both are
+    checked with the collector off, the exception still held, right after the call.
+    (One file at a time: with threads, copy_files returns at the first failure while
+    its other files are still being copied, each to finish or fail on its own.)"""
+    f, root = node_fs
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a", "b"):  # longer than the window: a failed chunk surfaces in write()
+        (src / name).write_bytes(BODY * 2)
+    f.create_dir(f"{root}/dest")  # copy_files makes only the source's subdirectories
+    source: pafs.FileSystem = pafs.LocalFileSystem()
+    if breaks == "reading the source":
+        source = pafs.PyFileSystem(FailingReads(after=2 * MiB))
+    else:
+        import air_transfer.storage.streams
+
+        sent: list[int] = []
+
+        def second_altered(chunk: Any) -> str:
+            sent.append(len(sent))
+            return "0" * 32 if len(sent) == 2 else chunk_checksum(chunk)
+
+        monkeypatch.setattr(air_transfer.storage.streams, "chunk_checksum", second_altered)
+    gc.disable()
+    try:
+        with pytest.raises(OSError) as failed:
+            pafs.copy_files(
+                str(src),
+                f"{root}/dest",
+                source_filesystem=source,
+                destination_filesystem=f,
+                use_threads=False,
+            )
+        assert failed.value is not None  # held: its traceback holds the writer's frames
+        assert hidden_left(root) == []
+        for landed in (root / "dest").iterdir():  # a file copied whole may be there
+            assert landed.read_bytes() == BODY * 2, f"{landed.name} was published truncated"
+    finally:
+        gc.enable()
+
+
+def test_a_failed_write_frees_its_writer_without_the_garbage_collector(
+    node_fs: tuple[pafs.FileSystem, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect: AgentLink re-raised the agent's error (``e.cause``) inside ``except e``,
+    so the error's __context__ was e, which holds it as .cause: a reference cycle
+    that kept e's traceback, and the ChunkWriter in its frames, alive until the
+    cyclic collector ran, and the upload's staging file with it."""
+    import air_transfer.storage.streams
+
+    f, root = node_fs
+    handler = f.handler
+    local = f"{root}/d/out"
+    staging, start, expect = handler.call_agent("fs_open_write", local, False)
+    writer = ChunkWriter(handler.link, local, staging, start, expect)
+    alive = weakref.ref(writer)
+    sent: list[int] = []
+
+    def second_altered(chunk: Any) -> str:
+        sent.append(len(sent))
+        return "0" * 32 if len(sent) == 2 else chunk_checksum(chunk)
+
+    monkeypatch.setattr(air_transfer.storage.streams, "chunk_checksum", second_altered)
+    gc.disable()
+    try:
+        with pytest.raises(ChecksumError) as failed:
+            writer.write(BODY * 2)
+        assert hidden_left(root) == []  # removed at once, though `failed` holds the writer
+        del writer, failed
+        assert alive() is None
+    finally:
+        gc.enable()
 
 
 # -- the agent confines every path it is given --------------------------------------

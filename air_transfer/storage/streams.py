@@ -9,14 +9,26 @@ file (``disk_reads``, confined to the storage root), consumed by the generator-b
 stream there. A write is cut into ``chunk_bytes`` chunks, each sent to the agent with
 its checksum, at most ``window`` unacknowledged; ``close`` commits (``disk_uploads``).
 Memory stays at a few chunks on both ends whatever the file size.
+
+An upload that does not end in ``close`` leaves nothing behind, whoever holds the
+writer afterwards: a failed write aborts it at once (the exception's traceback keeps
+the writer alive as long as the caller keeps the exception), and a writer dropped
+unclosed aborts it when it is freed (pyarrow's ``copy_files`` drops the destination
+stream without closing it when reading the source fails; ``io.IOBase`` would
+otherwise close it, and so commit the truncated file).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
+import functools
+import gc
 import io
 import logging
+import queue
+import threading
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -86,7 +98,11 @@ class AgentLink:
             yield
         except RayTaskError as e:
             if isinstance(e.cause, (OSError, ValueError)):
-                raise e.cause from None
+                # A copy: raised here, e.cause itself would get e as its __context__
+                # while e holds it as .cause, a reference cycle that keeps e's
+                # traceback, and every frame in it (a ChunkWriter's among them),
+                # alive until the cyclic garbage collector happens to run.
+                raise copy.copy(e.cause) from None
             raise
         except RayActorError as e:
             self._agent, self._lost = None, True
@@ -130,7 +146,8 @@ def _chunks(link: AgentLink, local: str, size: int, first: int) -> Iterator[tupl
 
 class ChunkWriter(io.RawIOBase):
     """Cuts what is written into ``chunk_bytes`` chunks and sends each to the agent,
-    waiting once ``window`` are unacknowledged; ``close`` commits the file."""
+    waiting once ``window`` are unacknowledged; ``close`` commits the file, and
+    anything else (a failed write, being dropped unclosed) aborts it."""
 
     def __init__(
         self, link: AgentLink, local: str, staging: str, start: int, expect: Any = None
@@ -145,6 +162,7 @@ class ChunkWriter(io.RawIOBase):
         self.filled = 0
         self.pending: deque[ray.ObjectRef] = deque()
         self.failed = False
+        _reaper()  # started here, never from a finalizer
 
     def writable(self) -> bool:
         return True
@@ -160,7 +178,7 @@ class ChunkWriter(io.RawIOBase):
         try:
             return self._write(memoryview(data).cast("B"))
         except BaseException:
-            self.failed = True  # close() then discards the upload: it may have a hole
+            self._abort()  # now: the staging file may have a hole
             raise
 
     def _write(self, view: memoryview) -> int:
@@ -202,8 +220,7 @@ class ChunkWriter(io.RawIOBase):
             return
         try:
             if self.failed:
-                self.link.call("fs_abort", self.staging)
-                return
+                return  # aborted when the write failed
             while self.pending:
                 self.link.wait(self.pending.popleft())
             tail = self.buffer[: self.filled] if self.buffer is not None else b""
@@ -219,10 +236,66 @@ class ChunkWriter(io.RawIOBase):
                 self.expect,
             )
         except BaseException:
-            with contextlib.suppress(Exception):
-                self.link.call("fs_abort", self.staging)
+            self._abort()
             raise
         finally:
             self.buffer = None
-            self.pending.clear()
             super().close()
+
+    def _abort(self) -> None:
+        """Remove the staging file, once the chunk writes in flight are done (so that
+        none fails unseen, and none lands after the removal)."""
+        self.failed = True
+        pending, self.pending = list(self.pending), deque()
+        _abort_upload(self.link, self.staging, pending)
+
+    def __del__(self) -> None:
+        if not self.closed:  # dropped unclosed: the upload did not finish
+            self.failed = True
+            pending, self.pending = list(self.pending), deque()
+            _reaper().abandon(self.link, self.staging, pending)
+            io.RawIOBase.close(self)  # not self.close(): that would commit
+        super().__del__()
+
+
+def _abort_upload(link: AgentLink, staging: str, pending: list[ray.ObjectRef]) -> None:
+    for ref in pending:
+        with contextlib.suppress(Exception):
+            link.wait(ref)
+    try:
+        link.call("fs_abort", staging)
+    except Exception as e:  # the agent is gone: the file stays hidden, goes with its dir
+        logger.warning("air-transfer: could not remove the staging file %s: %s", staging, e)
+
+
+class _Reaper:
+    """Aborts the uploads of writers dropped unclosed. Outside a garbage collection,
+    at once in the dropping thread (pyarrow's, during ``copy_files``), so the staging
+    file is gone when the failed call returns. During one, the finalizer may have
+    interrupted any code, Ray's included, so it only hands the work to this thread
+    (``SimpleQueue.put`` is safe there)."""
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[tuple[AgentLink, str, list[ray.ObjectRef]]]
+        self.queue = queue.SimpleQueue()
+        self.collecting = False
+        gc.callbacks.append(self._phase)
+        threading.Thread(target=self._run, name="air-transfer-aborts", daemon=True).start()
+
+    def _phase(self, phase: str, info: dict[str, Any]) -> None:
+        self.collecting = phase == "start"
+
+    def abandon(self, link: AgentLink, staging: str, pending: list[ray.ObjectRef]) -> None:
+        if self.collecting:
+            self.queue.put((link, staging, pending))
+        else:
+            _abort_upload(link, staging, pending)
+
+    def _run(self) -> None:
+        while True:
+            _abort_upload(*self.queue.get())
+
+
+@functools.cache
+def _reaper() -> _Reaper:
+    return _Reaper()
