@@ -67,7 +67,7 @@ class NodeAgent:
     def pid(self) -> int:
         return os.getpid()
 
-    def pack(self, source: Source, config: TransferConfig) -> list[ray.ObjectRef]:
+    def pack(self, source: Source, config: TransferConfig) -> list[ray.ObjectRef[Any]]:
         """Pack ``source`` here, so this actor owns the chunks and the handle.
 
         Returned inside a list: a bare ObjectRef returned by a task would be resolved

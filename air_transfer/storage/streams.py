@@ -79,13 +79,13 @@ class AgentLink:
         with self.errors():
             return ray.get(self.agent().disk.remote(op, self.root, *args))
 
-    def submit(self, op: str, *args: Any) -> ray.ObjectRef:
+    def submit(self, op: str, *args: Any) -> ray.ObjectRef[Any]:
         """Start disk operation ``op`` and return its ref (wait with ``wait``)."""
         with self.errors():
-            ref: ray.ObjectRef = self.agent().disk.remote(op, self.root, *args)
+            ref: ray.ObjectRef[Any] = self.agent().disk.remote(op, self.root, *args)
             return ref
 
-    def wait(self, ref: ray.ObjectRef) -> Any:
+    def wait(self, ref: ray.ObjectRef[Any]) -> Any:
         with self.errors():
             return ray.get(ref)
 
@@ -160,7 +160,7 @@ class ChunkWriter(io.RawIOBase):
         self.written = 0
         self.buffer: np.ndarray | None = None
         self.filled = 0
-        self.pending: deque[ray.ObjectRef] = deque()
+        self.pending: deque[ray.ObjectRef[Any]] = deque()
         self.failed = False
         _reaper()  # started here, never from a finalizer
 
@@ -258,7 +258,7 @@ class ChunkWriter(io.RawIOBase):
         super().__del__()
 
 
-def _abort_upload(link: AgentLink, staging: str, pending: list[ray.ObjectRef]) -> None:
+def _abort_upload(link: AgentLink, staging: str, pending: list[ray.ObjectRef[Any]]) -> None:
     for ref in pending:
         with contextlib.suppress(Exception):
             link.wait(ref)
@@ -276,7 +276,7 @@ class _Reaper:
     (``SimpleQueue.put`` is safe there)."""
 
     def __init__(self) -> None:
-        self.queue: queue.SimpleQueue[tuple[AgentLink, str, list[ray.ObjectRef]]]
+        self.queue: queue.SimpleQueue[tuple[AgentLink, str, list[ray.ObjectRef[Any]]]]
         self.queue = queue.SimpleQueue()
         self.collecting = False
         gc.callbacks.append(self._phase)
@@ -285,7 +285,7 @@ class _Reaper:
     def _phase(self, phase: str, info: dict[str, Any]) -> None:
         self.collecting = phase == "start"
 
-    def abandon(self, link: AgentLink, staging: str, pending: list[ray.ObjectRef]) -> None:
+    def abandon(self, link: AgentLink, staging: str, pending: list[ray.ObjectRef[Any]]) -> None:
         if self.collecting:
             self.queue.put((link, staging, pending))
         else:
