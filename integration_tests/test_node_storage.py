@@ -36,9 +36,9 @@ from air_transfer import (
 from air_transfer.direct_io import MIN_DIRECT_FILE_BYTES
 from air_transfer.manifest import chunk_checksum
 from air_transfer.nodes import node_agent
+from air_transfer.storage.chunk_writer import ChunkWriter
 from air_transfer.storage.disk import STAGING_MARK
 from air_transfer.storage.handler import NodeStorageHandler
-from air_transfer.storage.streams import ChunkWriter
 
 pytestmark = pytest.mark.usefixtures("cluster")
 CONFIG = TransferConfig(chunk_bytes=MiB, window=3)
@@ -289,7 +289,7 @@ def test_an_upload_with_an_altered_chunk_is_not_stored(
     """The agent refuses the second chunk; the chunks after it are written, so the
     staging file has the full size: only the writer's memory of the failure keeps
     a file with a hole from being committed."""
-    import air_transfer.storage.streams
+    import air_transfer.storage.chunk_writer
 
     sent = []
 
@@ -297,7 +297,7 @@ def test_an_upload_with_an_altered_chunk_is_not_stored(
         sent.append(len(sent))
         return "0" * 32 if len(sent) == 2 else chunk_checksum(chunk)
 
-    monkeypatch.setattr(air_transfer.storage.streams, "chunk_checksum", checksum_altered_once)
+    monkeypatch.setattr(air_transfer.storage.chunk_writer, "chunk_checksum", checksum_altered_once)
     f, root = node_fs
     (root / "d" / "f").write_bytes(b"old")
     altered = pytest.raises(ChecksumError, match="arrived altered")
@@ -497,7 +497,7 @@ def test_a_failed_copy_files_leaves_no_staging_file_and_no_partial_file(
     if breaks == "reading the source":
         source = pafs.PyFileSystem(FailingReads(after=2 * MiB))
     else:
-        import air_transfer.storage.streams
+        import air_transfer.storage.chunk_writer
 
         sent: list[int] = []
 
@@ -505,7 +505,7 @@ def test_a_failed_copy_files_leaves_no_staging_file_and_no_partial_file(
             sent.append(len(sent))
             return "0" * 32 if len(sent) == 2 else chunk_checksum(chunk)
 
-        monkeypatch.setattr(air_transfer.storage.streams, "chunk_checksum", second_altered)
+        monkeypatch.setattr(air_transfer.storage.chunk_writer, "chunk_checksum", second_altered)
     gc.disable()
     try:
         with pytest.raises(OSError) as failed:
@@ -531,7 +531,7 @@ def test_a_failed_write_frees_its_writer_without_the_garbage_collector(
     so the error's __context__ was e, which holds it as .cause: a reference cycle
     that kept e's traceback, and the ChunkWriter in its frames, alive until the
     cyclic collector ran, and the upload's staging file with it."""
-    import air_transfer.storage.streams
+    import air_transfer.storage.chunk_writer
 
     f, root = node_fs
     handler = f.handler
@@ -545,7 +545,7 @@ def test_a_failed_write_frees_its_writer_without_the_garbage_collector(
         sent.append(len(sent))
         return "0" * 32 if len(sent) == 2 else chunk_checksum(chunk)
 
-    monkeypatch.setattr(air_transfer.storage.streams, "chunk_checksum", second_altered)
+    monkeypatch.setattr(air_transfer.storage.chunk_writer, "chunk_checksum", second_altered)
     gc.disable()
     try:
         with pytest.raises(ChecksumError) as failed:

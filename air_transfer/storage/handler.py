@@ -20,8 +20,9 @@ import ray
 
 from air_transfer.config import TransferConfig
 from air_transfer.nodes import this_node_id
+from air_transfer.storage.chunk_writer import ChunkWriter
 from air_transfer.storage.confine import storage_path
-from air_transfer.storage.streams import AgentLink, ChunkWriter, open_reader
+from air_transfer.storage.streams import AgentLink, open_reader
 
 
 class NodeStorageHandler(pafs.FileSystemHandler):
