@@ -24,6 +24,7 @@ from air_transfer.manifest import chunk_checksum
 from air_transfer.storage import disk_uploads
 from air_transfer.storage.confine import checked_path, storage_path
 from air_transfer.storage.disk import STAGING_MARK, DiskStorage
+from air_transfer.storage.disk_reads import read_chunks
 from air_transfer.storage.disk_uploads import DiskUploads
 
 
@@ -418,3 +419,23 @@ def test_a_directory_swapped_for_a_symlink_after_the_check_is_not_followed(
     with pytest.raises(PermissionError):
         calls[op]()
     assert swapped and untouched(outside)
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """Opening a FIFO for reading blocks until a writer comes: an agent thread would
+    hang on one (put there, or swapped in after ``fs_info`` said it was a file)."""
+    disk, root, fifo = Disk(), str(tmp_path), str(tmp_path / "fifo")
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        next(read_chunks(root, fifo, 0, 1 << 20, 0))
+    with pytest.raises(OSError, match="not a regular file"):
+        disk.fs_copy_file(root, fifo, f"{root}/copy")
+    assert sorted(os.listdir(tmp_path)) == ["fifo"]
+
+
+def test_a_root_given_with_a_trailing_slash(tmp_path: Path) -> None:
+    """The agent takes the root from its caller, who may not have normalised it."""
+    disk, root = Disk(), f"{tmp_path}/"
+    assert storage_path(root, f"{tmp_path}/x") == f"{tmp_path}/x"
+    disk.fs_create_dir(root, f"{tmp_path}/x", False)
+    assert disk.fs_info(root, [f"{tmp_path}/x"])[0][0] == pafs.FileType.Directory

@@ -147,6 +147,8 @@ class ChunkWriter(io.RawIOBase):
 
 
 def _abort_upload(link: AgentLink, staging: str, pending: list[ray.ObjectRef[Any]]) -> None:
+    if not ray.is_initialized():  # Ray is gone (interpreter exit): so is the agent
+        return
     for ref in pending:
         with contextlib.suppress(Exception):
             link.wait(ref)

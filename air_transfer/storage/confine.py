@@ -65,6 +65,7 @@ def storage_path(root: str, path: str) -> str:
         raise TypeError(f"a storage path must be a str, got {type(path).__name__}")
     if "\x00" in path:
         raise ValueError(f"storage path {path!r} contains a NUL byte")
+    root = "/" + posixpath.normpath(root).lstrip("/")  # as given by a direct caller too
     joined = posixpath.normpath(posixpath.join(root, path))
     joined = "/" + joined.lstrip("/")  # normpath keeps a leading "//"
     if not inside(root, joined):
@@ -140,9 +141,11 @@ def open_listable(where: Where) -> int:
 
 
 def open_file(where: Where, flags: int) -> int:
-    """The file ``where`` opened with ``flags``, never through a symlink (Raced)."""
+    """The file ``where`` opened with ``flags``, never through a symlink (Raced), and
+    without blocking on a FIFO (callers check what they opened)."""
+    flags |= os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        return os.open(where.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=where.fd)
+        return os.open(where.name, flags, 0o666, dir_fd=where.fd)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise Raced from None

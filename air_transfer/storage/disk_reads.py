@@ -32,6 +32,8 @@ def read_chunks(
         before = os.fstat(fd)
         if stat.S_ISDIR(before.st_mode):
             raise oserror(IsADirectoryError, errno.EISDIR, path, ": cannot read a directory")
+        if not stat.S_ISREG(before.st_mode):
+            raise oserror(OSError, errno.EINVAL, path, ": not a regular file")
         if before.st_size != size:
             raise _changed(path, f"{size} bytes when opened, {before.st_size} now")
         buffer = np.empty(min(chunk_bytes, size), dtype=np.uint8)

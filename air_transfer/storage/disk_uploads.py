@@ -63,8 +63,11 @@ class DiskUploads:
     def fs_copy_file(self, root: str, src: str, dest: str) -> None:
         source = at(root, src, lambda w: open_file(w, os.O_RDONLY))
         try:
-            if stat.S_ISDIR(os.fstat(source).st_mode):
+            mode = os.fstat(source).st_mode
+            if stat.S_ISDIR(mode):
                 raise oserror(IsADirectoryError, errno.EISDIR, src, ": cannot copy a directory")
+            if not stat.S_ISREG(mode):
+                raise oserror(OSError, errno.EINVAL, src, ": not a regular file")
             staging, _, _ = self.fs_open_write(root, dest, append=False)
             try:
                 at(root, staging, lambda w: _copy_into(w, source), follow=False)
@@ -219,6 +222,8 @@ def _take_over(w: Where, out: int, append: bool) -> tuple[int, Expect]:
         os.fchmod(out, stat.S_IMODE(st.st_mode))
         if not append:
             return 0, None
+        if not stat.S_ISREG(st.st_mode):  # a FIFO, a device: nothing to copy
+            return 0, _stamp(st)
         with open(fd, "rb", closefd=False) as i, open(out, "wb", closefd=False) as o:
             shutil.copyfileobj(i, o, 8 << 20)
         # What was copied, not the size seen before: the file may have grown since.
