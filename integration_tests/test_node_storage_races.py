@@ -287,6 +287,7 @@ def race_here(race: str, f: pafs.FileSystem, base: str, gate: Any) -> dict[str, 
 @pytest.mark.parametrize(
     ("race", "check"),
     [("create_dir", all_ok("c")), ("delete_dir", one_ok("d")), ("write", all_ok("w"))],
+    ids=["create_dir", "delete_dir", "write"],
 )
 def test_concurrent_processes_on_several_nodes(tmp_path: Path, race: str, check: Check) -> None:
     """Processes on three nodes (four threads each) call one operation of one
