@@ -5,17 +5,26 @@ the refusals that protect the disk. The full method contract, across nodes, is i
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
 import sys
+import threading
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pyarrow.fs as pafs
 import pytest
 
 from air_transfer.direct_io import MIN_DIRECT_FILE_BYTES
 from air_transfer.errors import ChecksumError
 from air_transfer.manifest import chunk_checksum
 from air_transfer.storage import disk_uploads
-from air_transfer.storage.disk import STAGING_MARK, DiskStorage, checked_path, storage_path
+from air_transfer.storage.confine import checked_path, storage_path
+from air_transfer.storage.disk import STAGING_MARK, DiskStorage
+from air_transfer.storage.disk_reads import read_chunks
 from air_transfer.storage.disk_uploads import DiskUploads
 
 
@@ -67,7 +76,7 @@ def test_a_symlink_out_of_the_root_is_refused(tmp_path: Path) -> None:
 def test_upload_in_chunks_any_order_then_commit(tmp_path: Path) -> None:
     disk, root, target = Disk(), str(tmp_path), str(tmp_path / "f")
     Path(target).write_bytes(b"old")
-    staging, start = disk.fs_open_write(root, target, append=False)
+    staging, start, _ = disk.fs_open_write(root, target, append=False)
     assert start == 0 and STAGING_MARK in staging
     second, first = b"world", b"hello "
     disk.fs_write(root, staging, 6, second, chunk_checksum(second))  # out of order
@@ -96,7 +105,7 @@ def test_large_chunks_upload_the_same_with_or_without_direct_io(
     disk, root, target = Disk(), str(tmp_path), str(tmp_path / "model.bin")
     chunk = MIN_DIRECT_FILE_BYTES
     body = os.urandom(2 * chunk + 4097)
-    staging, _ = disk.fs_open_write(root, target, append=False)
+    staging, _, _ = disk.fs_open_write(root, target, append=False)
     for index in (1, 0):
         piece = body[index * chunk : (index + 1) * chunk]
         disk.fs_write(root, staging, index * chunk, piece, chunk_checksum(piece), direct_io)
@@ -115,15 +124,16 @@ def test_append_starts_after_the_existing_bytes(tmp_path: Path) -> None:
     disk, root, target = Disk(), str(tmp_path), str(tmp_path / "f")
     Path(target).write_bytes(b"abc")
     os.chmod(target, 0o600)
-    staging, start = disk.fs_open_write(root, target, append=True)
-    disk.fs_commit(root, target, staging, start, b"de", chunk_checksum(b"de"), start + 2)
+    staging, start, expect = disk.fs_open_write(root, target, append=True)
+    de = chunk_checksum(b"de")
+    disk.fs_commit(root, target, staging, start, b"de", de, start + 2, expect=expect)
     assert Path(target).read_bytes() == b"abcde"
     assert Path(target).stat().st_mode & 0o777 == 0o600  # the mode is kept
 
 
 def test_an_altered_chunk_or_a_short_upload_is_not_published(tmp_path: Path) -> None:
     disk, root, target = Disk(), str(tmp_path), str(tmp_path / "f")
-    staging, _ = disk.fs_open_write(root, target, append=False)
+    staging, _, _ = disk.fs_open_write(root, target, append=False)
     with pytest.raises(ChecksumError, match="arrived altered"):
         disk.fs_write(root, staging, 0, b"abcd", chunk_checksum(b"abcX"))
     with pytest.raises(OSError, match=r"incomplete: 0 of 4 bytes"):
@@ -133,7 +143,7 @@ def test_an_altered_chunk_or_a_short_upload_is_not_published(tmp_path: Path) -> 
 
 def test_abort_removes_only_staging_files(tmp_path: Path) -> None:
     disk, root = Disk(), str(tmp_path)
-    staging, _ = disk.fs_open_write(root, str(tmp_path / "f"), append=False)
+    staging, _, _ = disk.fs_open_write(root, str(tmp_path / "f"), append=False)
     disk.fs_abort(root, staging)
     disk.fs_abort(root, staging)  # twice: fine
     (tmp_path / "keep").write_bytes(b"x")
@@ -149,3 +159,283 @@ def test_the_root_itself_and_slash_are_protected(tmp_path: Path) -> None:
     with pytest.raises(PermissionError, match="'/'"):
         disk.fs_delete_dir_contents("/", "/", missing_dir_ok=False)
     assert tmp_path.is_dir()
+
+
+# -- concurrency: what several callers at once get (the agent runs 32 threads) ------
+THREADS, ROUNDS = 8, 40
+
+
+def race(calls: list[Callable[[], object]]) -> Counter[str]:
+    """Run ``calls`` in threads released together; ``"ok"`` or the exception's type
+    name for each."""
+    start = threading.Barrier(len(calls))
+    outcomes: Counter[str] = Counter()
+
+    def run(call: Callable[[], object]) -> None:
+        start.wait()
+        try:
+            call()
+            outcomes["ok"] += 1
+        except Exception as e:
+            outcomes[type(e).__name__] += 1
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
+
+
+def make_tree(top: Path, width: int = 3) -> None:
+    for i in range(width):
+        (top / f"s{i}" / "t").mkdir(parents=True)
+        for j in range(4):
+            (top / f"s{i}" / f"f{j}").write_bytes(b"x")
+            (top / f"s{i}" / "t" / f"g{j}").write_bytes(b"y")
+
+
+def leftovers(top: Path) -> list[str]:
+    """Hidden staging files or trash of node storage under ``top``."""
+    return [p.name for p in top.rglob("*") if ".air-upload-" in p.name or ".air-trash-" in p.name]
+
+
+def test_concurrent_create_dir_of_one_path_all_succeed(tmp_path: Path) -> None:
+    """Defect: the agent checked isdir, then called makedirs without exist_ok; of
+    callers creating one directory at once (Ray Train's workers creating
+    ``checkpoint_...``), all but the first raised FileExistsError."""
+    disk, root = Disk(), str(tmp_path)
+    for r in range(ROUNDS):
+        deep, flat = f"{root}/r{r}/a/b/c", f"{root}/r{r}"
+        calls = [functools.partial(disk.fs_create_dir, root, deep, True)] * (THREADS // 2)
+        calls += [functools.partial(disk.fs_create_dir, root, flat, False)] * (THREADS // 2)
+        assert race(calls) == {"ok": THREADS}, f"round {r}"
+        assert os.path.isdir(deep)
+
+
+def test_concurrent_delete_dir_exactly_one_succeeds(tmp_path: Path) -> None:
+    """Defect: concurrent deletions of one tree tripped over each other inside
+    ``shutil.rmtree`` (FileNotFoundError for an entry another one removed), so none
+    might succeed. Now exactly one does and the others find nothing (as with
+    LocalFileSystem), and nothing hidden is left."""
+    disk, root = Disk(), str(tmp_path)
+    for r in range(ROUNDS // 4):
+        make_tree(tmp_path / "x")
+        outcomes = race([lambda: disk.fs_delete_dir(root, f"{root}/x")] * THREADS)
+        assert outcomes == {"ok": 1, "FileNotFoundError": THREADS - 1}, f"round {r}"
+        assert os.listdir(tmp_path) == []
+
+
+def test_concurrent_delete_dir_contents_all_succeed(tmp_path: Path) -> None:
+    """Defect: an entry removed by a concurrent caller failed the walk with
+    FileNotFoundError although the directory exists; emptying an emptied
+    directory succeeds."""
+    disk, root = Disk(), str(tmp_path)
+    for r in range(ROUNDS // 4):
+        make_tree(tmp_path / "x")
+        calls = [lambda: disk.fs_delete_dir_contents(root, f"{root}/x", False)] * THREADS
+        assert race(calls) == {"ok": THREADS}, f"round {r}"
+        assert os.listdir(tmp_path / "x") == []
+
+
+def test_listing_while_the_tree_is_deleted(tmp_path: Path) -> None:
+    """Defect: a recursive listing racing a deletion raised FileNotFoundError for a
+    subdirectory that vanished under it, or listed vanished entries as NotFound.
+    Now a listing either ran first (ok, only entries that exist) or after (the base
+    is gone: FileNotFoundError)."""
+    disk, root = Disk(), str(tmp_path)
+    listings: list[list[tuple[str, int, int | None, int | None]]] = []
+    for r in range(ROUNDS // 2):
+        make_tree(tmp_path / "x", width=6)
+
+        def listing() -> None:
+            listings.append(disk.fs_list(root, f"{root}/x", True, False))
+
+        outcomes = race([listing] * (THREADS - 1) + [lambda: disk.fs_delete_dir(root, f"{root}/x")])
+        assert set(outcomes) <= {"ok", "FileNotFoundError"}, f"round {r}: {outcomes}"
+    found = [e for entries in listings for e in entries]
+    assert found and all(t != pafs.FileType.NotFound for _, t, _, _ in found)
+
+
+def test_concurrent_appends_lose_nothing_silently(tmp_path: Path) -> None:
+    """Defect: an append copies the file, then renames its copy over it; of two at
+    once, the second rename dropped the first one's bytes without an error. Now an
+    append that would drop bytes fails (ESTALE): every byte of every append that
+    succeeded is in the file."""
+    disk, root, target = Disk(), str(tmp_path), str(tmp_path / "log")
+    block = b"0123456789" * 100
+    for r in range(ROUNDS // 4):
+        Path(target).write_bytes(b"head")
+
+        def append() -> None:
+            staging, start, expect = disk.fs_open_write(root, target, append=True)
+            check, end = chunk_checksum(block), start + len(block)
+            disk.fs_commit(root, target, staging, start, block, check, end, False, expect)
+
+        outcomes = race([append] * THREADS)
+        assert outcomes["ok"] >= 1 and set(outcomes) <= {"ok", "OSError"}, f"round {r}"
+        assert Path(target).read_bytes() == b"head" + block * outcomes["ok"], f"round {r}"
+        assert leftovers(tmp_path) == []
+
+
+def test_a_tree_deeper_than_the_recursion_limit_is_listed_and_deleted(tmp_path: Path) -> None:
+    """Defect: listing and deletion recursed once per level (RecursionError past
+    ~1,000 levels)."""
+    disk, root, depth = Disk(), str(tmp_path), sys.getrecursionlimit() + 200
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        for _ in range(depth):  # relative steps: the full path is longer than PATH_MAX
+            os.mkdir("d", dir_fd=fd)
+            step = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = step
+        os.close(os.open("leaf", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+        os.close(fd)
+        entries = disk.fs_list(root, f"{root}/d", True, False)
+        assert len(entries) == depth  # depth - 1 directories below d, and the leaf
+        disk.fs_delete_dir(root, f"{root}/d")
+        assert os.listdir(tmp_path) == []
+    finally:  # shutil.rmtree (pytest's clean-up) recurses too
+        subprocess.run(["rm", "-rf", str(tmp_path / "d")], check=False)
+
+
+# -- confinement: every path the agent is given ---------------------------------------
+@pytest.fixture
+def jail(tmp_path: Path) -> tuple[Path, Path]:
+    """A storage root holding ``d/f``, ``link -> outside``, and an ``outside``
+    directory next to it holding ``secret``, a staging-named file and ``sub/``."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f").write_bytes(b"inside")
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"outside")
+    (outside / f".secret{STAGING_MARK}x").write_bytes(b"outside")
+    (outside / "sub").mkdir()
+    (outside / "sub" / "secret").write_bytes(b"outside")
+    (root / "link").symlink_to(outside)
+    return root, outside
+
+
+def untouched(outside: Path) -> bool:
+    files = [f".secret{STAGING_MARK}x", "secret", "sub/secret"]
+    return sorted(str(p.relative_to(outside)) for p in outside.rglob("*")) == sorted(
+        [*files, "sub"]
+    ) and all((outside / f).read_bytes() == b"outside" for f in files)
+
+
+def escapes(root: Path, outside: Path, name: str) -> list[str]:
+    """Ways to name ``outside/name`` from ``root``: absolute, dot-dot, relative,
+    and through the symlink."""
+    return [
+        str(outside / name),
+        f"{root}/../outside/{name}",
+        f"../outside/{name}",
+        f"{root}/link/{name}",
+    ]
+
+
+def test_commit_confines_its_staging_path(jail: tuple[Path, Path]) -> None:
+    """Defect: ``fs_commit`` did not confine its staging path: given one outside
+    the root it renamed that file over the target, or (size mismatch) deleted it."""
+    (root, outside), disk = jail, Disk()
+    for staging in escapes(root, outside, f".secret{STAGING_MARK}x"):
+        for size in (7, 8):  # the size the file has (a rename), and not (a delete)
+            with pytest.raises(PermissionError):
+                disk.fs_commit(str(root), f"{root}/d/f", staging, 0, b"", chunk_checksum(b""), size)
+    assert untouched(outside) and (root / "d" / "f").read_bytes() == b"inside"
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        "fs_info", "fs_list", "fs_create_dir", "fs_delete_dir", "fs_delete_dir_contents",
+        "fs_delete_file", "fs_move_src", "fs_move_dest", "fs_copy_file_src",
+        "fs_copy_file_dest", "fs_open_write", "fs_write", "fs_commit_path", "fs_abort",
+    ],
+)  # fmt: skip
+def test_every_operation_confines_every_path(jail: tuple[Path, Path], op: str) -> None:
+    (root, outside), disk, r = jail, Disk(), str(jail[0])
+    staging, _, _ = disk.fs_open_write(r, f"{r}/d/new", append=False)
+    calls: dict[str, Callable[[str], object]] = {
+        "fs_info": lambda p: disk.fs_info(r, [p]),
+        "fs_list": lambda p: disk.fs_list(r, p, True, False),
+        "fs_create_dir": lambda p: disk.fs_create_dir(r, p + "/x", True),
+        "fs_delete_dir": lambda p: disk.fs_delete_dir(r, p),
+        "fs_delete_dir_contents": lambda p: disk.fs_delete_dir_contents(r, p, False),
+        "fs_delete_file": lambda p: disk.fs_delete_file(r, p),
+        "fs_move_src": lambda p: disk.fs_move(r, p, f"{r}/d/moved"),
+        "fs_move_dest": lambda p: disk.fs_move(r, f"{r}/d/f", p),
+        "fs_copy_file_src": lambda p: disk.fs_copy_file(r, p, f"{r}/d/copy"),
+        "fs_copy_file_dest": lambda p: disk.fs_copy_file(r, f"{r}/d/f", p),
+        "fs_open_write": lambda p: disk.fs_open_write(r, p, True),
+        "fs_write": lambda p: disk.fs_write(r, p, 0, b"x", chunk_checksum(b"x")),
+        "fs_commit_path": lambda p: disk.fs_commit(r, p, staging, 0, b"", chunk_checksum(b""), 0),
+        "fs_abort": lambda p: disk.fs_abort(r, p),
+    }
+    name = {"fs_write": f".secret{STAGING_MARK}x", "fs_abort": f".secret{STAGING_MARK}x"}.get(
+        op, "sub" if "dir" in op or op == "fs_list" else "secret"
+    )
+    for path in escapes(root, outside, name):
+        with pytest.raises(PermissionError):
+            calls[op](path)
+        assert untouched(outside), f"{op}({path!r}) touched a file outside the root"
+    assert (root / "d" / "f").read_bytes() == b"inside"
+
+
+@pytest.mark.parametrize("op", ["delete_file", "write", "create_dir", "move", "info"])
+def test_a_directory_swapped_for_a_symlink_after_the_check_is_not_followed(
+    jail: tuple[Path, Path], op: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect (TOCTOU): a path was checked (its real path inside the root), then used
+    by name; a directory on the way replaced by a symlink out of the root in
+    between led the operation outside. Here the swap happens right after the path's
+    first resolution, the worst moment: the operation must refuse, touching nothing
+    outside."""
+    (root, outside), disk, r = jail, Disk(), str(jail[0])
+    (root / "d" / "secret").write_bytes(b"inside")
+    (root / "d" / "sub").mkdir()
+    staging, _, _ = disk.fs_open_write(r, f"{r}/d/secret", append=False)
+    realpath = os.path.realpath
+    swapped: list[str] = []
+
+    def resolve_then_swap(path: Any, *args: Any, **kwargs: Any) -> str:
+        real = realpath(path, *args, **kwargs)
+        if not swapped and str(path).startswith(f"{r}/d"):
+            swapped.append(str(path))
+            os.rename(root / "d", root / "d.old")
+            (root / "d").symlink_to(outside)
+        return real
+
+    monkeypatch.setattr(os.path, "realpath", resolve_then_swap)
+    calls: dict[str, Callable[[], object]] = {
+        "delete_file": lambda: disk.fs_delete_file(r, f"{r}/d/secret"),
+        "write": lambda: disk.fs_commit(
+            r, f"{r}/d/secret", staging, 0, b"x", chunk_checksum(b"x"), 1
+        ),
+        "create_dir": lambda: disk.fs_create_dir(r, f"{r}/d/sub/x", False),
+        "move": lambda: disk.fs_move(r, f"{r}/d/secret", f"{r}/moved"),
+        "info": lambda: disk.fs_info(r, [f"{r}/d/secret"]),
+    }
+    with pytest.raises(PermissionError):
+        calls[op]()
+    assert swapped and untouched(outside)
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """Opening a FIFO for reading blocks until a writer comes: an agent thread would
+    hang on one (put there, or swapped in after ``fs_info`` said it was a file)."""
+    disk, root, fifo = Disk(), str(tmp_path), str(tmp_path / "fifo")
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        next(read_chunks(root, fifo, 0, 1 << 20, 0))
+    with pytest.raises(OSError, match="not a regular file"):
+        disk.fs_copy_file(root, fifo, f"{root}/copy")
+    assert sorted(os.listdir(tmp_path)) == ["fifo"]
+
+
+def test_a_root_given_with_a_trailing_slash(tmp_path: Path) -> None:
+    """The agent takes the root from its caller, who may not have normalised it."""
+    disk, root = Disk(), f"{tmp_path}/"
+    assert storage_path(root, f"{tmp_path}/x") == f"{tmp_path}/x"
+    disk.fs_create_dir(root, f"{tmp_path}/x", False)
+    assert disk.fs_info(root, [f"{tmp_path}/x"])[0][0] == pafs.FileType.Directory

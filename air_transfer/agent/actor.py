@@ -11,6 +11,17 @@ The agent is a composition root: each method hands its work to a service of a lo
 layer (packing, the ``streamed`` reader, node storage's disk side, the storage sink)
 and adds nothing but the process those services run in. Nothing below imports it.
 
+Paths: node storage's methods (``disk``, ``disk_read``) confine every path they are
+given, staging paths and both ends of a move included, to the storage root the
+caller names, through ``storage.confine`` (no symlink leads out, even one made while
+the operation runs). ``pack`` and ``stream`` read a checkpoint directory that a
+worker of this node names, anywhere on this node, by design (``owner="node"`` and the
+``streamed`` strategy serve the worker's own directories; a handle carries no root);
+``store_checkpoint`` writes where the run's storage says, confined to the root when
+that is node storage. The root is the caller's: these confine what a filesystem
+user's *paths* reach, not what a Ray client may do (any Ray task can run code on any
+node).
+
 Lifetime: an agent lives until ``shutdown_agents()`` is called or its node or the
 cluster stops. It keeps no chunk alive by itself: chunks it packed stay in the object
 store exactly as long as some checkpoint, handle or ObjectRef anywhere refers to them
@@ -43,6 +54,7 @@ from air_transfer.packing import (
     read_chunks_ahead,
 )
 from air_transfer.storage.disk import DiskStorage
+from air_transfer.storage.disk_reads import read_chunks
 from air_transfer.storage.disk_uploads import DiskUploads
 from air_transfer.storage.sink import store_checkpoint
 
@@ -82,6 +94,13 @@ class NodeAgent:
             ) from None
         return method(root, *args)
 
+    def disk_read(
+        self, root: str, path: str, size: int, chunk_bytes: int, first: int
+    ) -> Iterator[np.ndarray]:
+        """Stream chunks ``first``.. of node-storage file ``path`` (``size`` bytes),
+        confined to ``root``: the reads of ``storage_filesystem``."""
+        yield from read_chunks(root, path, size, chunk_bytes, first)
+
     def stream(
         self,
         source: Source,
@@ -93,7 +112,9 @@ class NodeAgent:
         verify: bool = True,
         stamps: Sequence[Stamp] | None = None,
     ) -> Iterator[np.ndarray]:
-        """Read chunks ``start``..``stop - 1`` of ``source`` now and yield them.
+        """Read chunks ``start``..``stop - 1`` of ``source`` now and yield them: the
+        ``streamed`` strategy's reads of a worker's checkpoint directory (not
+        confined to a root; node storage reads through ``disk_read``).
 
         Every read is proven against ``stamps``, the files as scanned at packing
         (None: as found now, for a plain read of one version), so a file changed

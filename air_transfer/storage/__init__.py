@@ -2,7 +2,8 @@
 every node of the cluster reaches through that node's agent.
 
 Modules by where they run: ``handler`` in the caller (the ``FileSystemHandler``),
-``streams`` on the wire (agent calls, chunked bodies), ``disk`` and ``disk_uploads``
-on the storage node (inside its agent), ``sink`` in the agent that writes a
-transferred checkpoint into storage.
+``streams`` and ``chunk_writer`` on the wire (agent calls, chunked bodies), ``disk``,
+``disk_tree``, ``disk_uploads`` and ``disk_reads`` on the storage node (inside its
+agent), every path there confined to the root by ``confine``; ``sink`` in the agent
+that writes a transferred checkpoint into storage.
 """

@@ -2,13 +2,23 @@
 
 Runs in the agent of the storage node (``NodeAgent.disk`` dispatches to these
 methods): every metadata operation of ``storage_filesystem`` is one call to one of
-them (file bodies: ``disk_uploads``). They keep no state between calls, so the
-agent's threads may run them in any order.
+them (file bodies: ``disk_uploads``, ``disk_reads``). They keep no state between
+calls, and the agent runs up to 32 of them at once, for callers on every node.
 
-Paths arrive already normalised and checked against the storage root lexically (see
-``storage_path``); here the real path is checked too, so a symlink cannot lead out of
-the root. Errors are the built-in ``OSError`` subclasses a local pyarrow filesystem
-raises, naming the path. Plain Python: unit-tested without Ray.
+So no operation checks and then acts: each acts and reads the outcome from the
+system call (``mkdir`` then ``EEXIST``, ``rename`` then ``ENOENT``), and what several
+callers do at once ends as some order of the same calls one after the other would.
+Concurrent ``create_dir`` of one path all succeed; of concurrent ``delete_dir`` (or
+``delete_file``, ``move``) of one path exactly one succeeds and the others raise
+FileNotFoundError, as with pyarrow's ``LocalFileSystem``. Where ``LocalFileSystem``
+itself trips over a concurrent change (an entry deleted by another caller during its
+``delete_dir_contents`` or a recursive listing raises FileNotFoundError), these give
+the outcome of some serial order instead.
+
+Every path is confined to the root by ``confine.at`` (no symlink leads out, even one
+made while the operation runs). Errors are the built-in ``OSError`` subclasses a
+local pyarrow filesystem raises, naming the path. Plain Python: unit-tested without
+Ray.
 """
 
 from __future__ import annotations
@@ -16,49 +26,32 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
-import shutil
 import stat
 from typing import ClassVar
 
-import pyarrow.fs as pafs
+from air_transfer.storage.confine import (
+    Raced,
+    Where,
+    at,
+    checked_path,
+    is_symlink,
+    open_listable,
+    oserror,
+    storage_path,
+)
+from air_transfer.storage.disk_tree import (
+    NOT_FOUND,
+    STAGING_MARK,
+    TRASH_MARK,
+    UNKNOWN,
+    Info,
+    hidden_name,
+    list_tree,
+    remove_tree,
+    to_info,
+)
 
-#: Marks the staging files of uploads in progress (``disk_uploads``); listings
-#: leave them out.
-STAGING_MARK = ".air-upload-"
-
-#: (type, size, mtime_ns) of one path, as ``pyarrow.fs.FileInfo`` takes them.
-Info = tuple[int, int | None, int | None]
-
-
-def storage_path(root: str, path: str) -> str:
-    """The absolute node path that ``path`` names: itself if absolute, else under
-    ``root``; normalised. PermissionError if it leaves ``root``."""
-    if not isinstance(path, str):
-        raise TypeError(f"a storage path must be a str, got {type(path).__name__}")
-    if "\x00" in path:
-        raise ValueError(f"storage path {path!r} contains a NUL byte")
-    joined = posixpath.normpath(posixpath.join(root, path))
-    joined = "/" + joined.lstrip("/")  # normpath keeps a leading "//"
-    if not _inside(root, joined):
-        raise PermissionError(
-            f"path {path!r} ({joined!r}) is outside the storage root {root!r} of this "
-            "air-transfer node storage; refused"
-        )
-    return joined
-
-
-def checked_path(root: str, path: str) -> str:
-    """``storage_path`` checked on this node too: its real location (symlinks
-    resolved) must be inside ``root``."""
-    return real_path(root, storage_path(root, path))
-
-
-def _inside(root: str, path: str) -> bool:
-    return root == "/" or path == root or path.startswith(root + "/")
-
-
-def oserror(kind: type[OSError], code: int, path: str, detail: str = "") -> OSError:
-    return kind(code, f"{os.strerror(code)}{detail}", path)
+__all__ = ["STAGING_MARK", "DiskStorage", "Info", "checked_path", "oserror", "storage_path"]
 
 
 class DiskStorage:
@@ -77,97 +70,152 @@ class DiskStorage:
         }
     )
 
-    # -- metadata ------------------------------------------------------------------
     def fs_info(self, root: str, paths: list[str]) -> list[Info]:
-        return [_info(real_path(root, p)) for p in paths]
+        return [info(root, p) for p in paths]
 
     def fs_list(
         self, root: str, base: str, recursive: bool, allow_not_found: bool
     ) -> list[tuple[str, int, int | None, int | None]]:
         """``(relative path, type, size, mtime_ns)`` of what is under ``base``."""
         try:
-            st = os.stat(real_path(root, base))
+            found, links = at(root, base, lambda w: list_tree(open_listable(w), recursive))
+        except NotADirectoryError as e:
+            raise oserror(NotADirectoryError, errno.ENOTDIR, base, ": cannot list it") from e
         except FileNotFoundError:
             if allow_not_found:
                 return []
             raise
-        if not stat.S_ISDIR(st.st_mode):
-            raise oserror(NotADirectoryError, errno.ENOTDIR, base, ": cannot list it")
-        out: list[tuple[str, int, int | None, int | None]] = []
-
-        def walk(directory: str, rel: str) -> None:
-            with os.scandir(directory) as it:
-                for d in it:
-                    if STAGING_MARK in d.name:
-                        continue
-                    child = f"{rel}{d.name}"
-                    out.append((child, *_info(d.path)))
-                    if recursive and d.is_dir(follow_symlinks=False):
-                        walk(d.path, child + "/")
-
-        walk(base, "")
-        return out
+        for i in links:  # a symlink is what its target is, if that is inside the root
+            rel, *_ = found[i]
+            try:
+                found[i] = (rel, *info(root, posixpath.join(storage_path(root, base), rel)))
+            except PermissionError:
+                found[i] = (rel, *UNKNOWN)
+        return [entry for entry in found if entry[1] != NOT_FOUND[0]]
 
     def fs_create_dir(self, root: str, path: str, recursive: bool) -> None:
-        path = real_path(root, path)
-        if os.path.isdir(path):
-            return
-        if recursive:
-            os.makedirs(path)
-        else:
-            os.mkdir(path)
+        def make(w: Where) -> None:
+            try:
+                os.mkdir(w.name, 0o777, dir_fd=w.fd)
+                return
+            except FileExistsError:
+                pass  # made meanwhile by another caller, or a file
+            except FileNotFoundError:
+                if recursive:  # its parent was deleted since the walk: walk again
+                    raise Raced from None
+                raise
+            try:
+                st = os.stat(w.name, dir_fd=w.fd, follow_symlinks=False)
+            except FileNotFoundError:
+                raise Raced from None  # deleted again meanwhile: try again
+            if is_symlink(st):
+                raise Raced
+            if not stat.S_ISDIR(st.st_mode):
+                raise oserror(FileExistsError, errno.EEXIST, w.name, " (not a directory)")
+
+        at(root, path, make, make_parents=recursive)
 
     def fs_delete_dir(self, root: str, path: str) -> None:
-        if real_path(root, path) == root:
-            raise PermissionError(f"refusing to delete the storage root {root!r} itself")
-        _require_dir(path)
-        shutil.rmtree(path)
+        """Rename the directory to a hidden name in its parent (atomic: of concurrent
+        deletions, one wins), then remove it at leisure."""
+
+        def delete(w: Where) -> None:
+            st = os.stat(w.name, dir_fd=w.fd, follow_symlinks=False)
+            if is_symlink(st):  # as LocalFileSystem: the link goes, not its target
+                os.unlink(w.name, dir_fd=w.fd)
+                return
+            if not stat.S_ISDIR(st.st_mode):
+                raise oserror(NotADirectoryError, errno.ENOTDIR, w.name, ": not a directory")
+            trash = hidden_name(w.name, TRASH_MARK)
+            try:
+                os.rename(w.name, trash, src_dir_fd=w.fd, dst_dir_fd=w.fd)
+            except OSError as e:
+                if e.errno not in (errno.EBUSY, errno.EXDEV):  # a mount point: in place
+                    raise
+                trash = w.name
+            remove_tree(Where(w.fd, trash, w.real))
+
+        at(root, path, delete, follow=False)
 
     def fs_delete_dir_contents(self, root: str, path: str, missing_dir_ok: bool) -> None:
-        if real_path(root, path) == "/":
-            raise PermissionError("refusing to delete the contents of '/'")
+        def clear(w: Where) -> None:
+            if w.real == "/":
+                raise PermissionError(errno.EACCES, "the contents of '/'; refused", path)
+            fd = open_listable(w)
+            try:
+                with os.scandir(fd) as it:
+                    names = [(d.name, d.is_dir(follow_symlinks=False)) for d in it]
+                for name, is_dir in names:
+                    if is_dir:
+                        _delete_subdir(fd, name, w.real)
+                    else:
+                        _unlink_if_there(fd, name, w.real)
+            finally:
+                os.close(fd)
+
         try:
-            _require_dir(path)
+            at(root, path, clear)
         except FileNotFoundError:
-            if missing_dir_ok:
-                return
-            raise
-        with os.scandir(path) as it:
-            for d in it:
-                if d.is_dir(follow_symlinks=False):
-                    shutil.rmtree(d.path)
-                else:
-                    os.unlink(d.path)
+            if not missing_dir_ok:
+                raise
 
     def fs_delete_file(self, root: str, path: str) -> None:
-        os.unlink(real_path(root, path))
+        at(root, path, lambda w: os.unlink(w.name, dir_fd=w.fd), follow=False)
 
     def fs_move(self, root: str, src: str, dest: str) -> None:
-        os.rename(real_path(root, src), real_path(root, dest))
+        def move(s: Where) -> None:
+            def to(d: Where) -> None:
+                try:
+                    os.rename(s.name, d.name, src_dir_fd=s.fd, dst_dir_fd=d.fd)
+                except OSError as e:
+                    raise type(e)(e.errno, e.strerror, src, None, dest) from e
+
+            at(root, dest, to, follow=False)
+
+        at(root, src, move, follow=False)
 
 
-def real_path(root: str, path: str) -> str:
-    """``path`` if its real location (symlinks resolved) is inside ``root``."""
-    if root != "/" and not _inside(os.path.realpath(root), os.path.realpath(path)):
-        raise PermissionError(
-            f"{path!r} leads outside the storage root {root!r} through a symlink; refused"
-        )
-    return path
+def info(root: str, path: str) -> Info:
+    """What ``path`` is now (following a symlink inside the root)."""
 
+    def look(w: Where) -> Info:
+        try:
+            st = os.stat(w.name, dir_fd=w.fd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return NOT_FOUND
+        if is_symlink(st):
+            raise Raced
+        return to_info(st)
 
-def _info(path: str) -> Info:
     try:
-        st = os.stat(path)
+        return at(root, path, look)
     except (FileNotFoundError, NotADirectoryError):
-        return (pafs.FileType.NotFound, None, None)
-    if stat.S_ISDIR(st.st_mode):
-        return (pafs.FileType.Directory, None, st.st_mtime_ns)
-    if stat.S_ISREG(st.st_mode):
-        return (pafs.FileType.File, st.st_size, st.st_mtime_ns)
-    return (pafs.FileType.Unknown, None, st.st_mtime_ns)
+        return NOT_FOUND  # a directory on the way is missing, or is a file
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # as LocalFileSystem: a symlink loop is not found
+            return NOT_FOUND
+        raise
 
 
-def _require_dir(path: str) -> None:
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise oserror(NotADirectoryError, errno.ENOTDIR, path)
+def _delete_subdir(fd: int, name: str, real: str) -> None:
+    """Delete subdirectory ``name`` of the open directory ``fd`` (in ``real``) as
+    ``fs_delete_dir`` does; one already gone was deleted by another caller: fine."""
+    trash = hidden_name(name, TRASH_MARK)
+    try:
+        os.rename(name, trash, src_dir_fd=fd, dst_dir_fd=fd)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        if e.errno not in (errno.EBUSY, errno.EXDEV):
+            raise
+        trash = name
+    remove_tree(Where(fd, trash, posixpath.join(real, name)))
+
+
+def _unlink_if_there(fd: int, name: str, real: str) -> None:
+    try:
+        os.unlink(name, dir_fd=fd)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:  # replaced by a directory meanwhile
+        _delete_subdir(fd, name, real)

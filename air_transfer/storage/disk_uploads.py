@@ -1,12 +1,19 @@
 """Node storage, the storage-node side: file bodies arriving in chunks.
 
 Runs in the agent of the storage node (``NodeAgent.disk`` dispatches to these
-methods). A write to ``path`` creates a hidden
-staging file next to it; each chunk, checked against the checksum it was sent with,
-is written at its offset (``os.pwrite``), so the agent's threads may write chunks in
-any order; the commit checks the size and renames the staging file over ``path``.
-Readers see the old file or the new one, never half of it. A staging file whose
-writer died stays hidden from listings and goes with its directory. Plain Python.
+methods). A write to ``path`` creates a hidden staging file next to it; each chunk,
+checked against the checksum it was sent with, is written at its offset
+(``os.pwrite``), so the agent's threads may write chunks in any order; the commit
+checks the size and renames the staging file over ``path``. Readers see the old file
+or the new one, never half of it. A staging file whose writer died stays hidden from
+listings and goes with its directory.
+
+Concurrent writes to one path: each has its own staging file and the last commit
+wins, whole. An append copies the file as it is when the append opens; if another
+commit replaced the file before this one commits, this one fails (``ESTALE``) rather
+than silently dropping the other writer's bytes (``LocalFileSystem`` appends in place,
+so there both land). Every path, staging paths included, is confined to the root by
+``confine.at``; a staging path must name a staging file. Plain Python.
 """
 
 from __future__ import annotations
@@ -14,15 +21,30 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import posixpath
 import shutil
 import stat
-import uuid
+import sys
+import threading
 from typing import Any, ClassVar
 
 from air_transfer.direct_io import pwrite_direct, should_write_direct
 from air_transfer.errors import ChecksumError
 from air_transfer.manifest import chunk_checksum
-from air_transfer.storage.disk import STAGING_MARK, oserror, real_path
+from air_transfer.storage.confine import (
+    Raced,
+    Where,
+    at,
+    checked_path,
+    is_symlink,
+    open_file,
+    oserror,
+)
+from air_transfer.storage.disk_tree import STAGING_MARK, hidden_name
+
+#: What an append expects to find at commit: (device, inode, size, mtime_ns) of the
+#: file it copied, () for no file; None: a plain write, which expects nothing.
+Expect = tuple[int, ...] | None
 
 
 class DiskUploads:
@@ -33,44 +55,57 @@ class DiskUploads:
         {"fs_copy_file", "fs_open_write", "fs_write", "fs_commit", "fs_abort"}
     )
 
-    def fs_copy_file(self, root: str, src: str, dest: str) -> None:
-        src = real_path(root, src)
-        if os.path.isdir(src):
-            raise oserror(IsADirectoryError, errno.EISDIR, src, ": cannot copy a directory")
-        staging, _ = self.fs_open_write(root, dest, append=False)
-        try:
-            shutil.copyfile(src, staging)
-            os.replace(staging, dest)
-        except BaseException:
-            _discard(staging)
-            raise
+    def __init__(self) -> None:
+        # An append's check that its file is unchanged, and its rename, must not let
+        # another commit in between (every commit of this storage runs in this agent).
+        self._publishing = threading.Lock()
 
-    def fs_open_write(self, root: str, path: str, append: bool) -> tuple[str, int]:
-        """Create the staging file for a write to ``path``; returns it and the offset
-        the new bytes start at (the current size when appending)."""
-        path = real_path(root, path)
-        if os.path.isdir(path):
-            raise oserror(IsADirectoryError, errno.EISDIR, path, ": cannot write to it")
-        parent, name = os.path.split(path)
+    def fs_copy_file(self, root: str, src: str, dest: str) -> None:
+        source = at(root, src, lambda w: open_file(w, os.O_RDONLY))
         try:
-            parent_st = os.stat(parent)
-        except FileNotFoundError:
-            raise oserror(FileNotFoundError, errno.ENOENT, path, " (parent directory)") from None
-        except NotADirectoryError:
-            raise oserror(NotADirectoryError, errno.ENOTDIR, path, " (in its parent)") from None
-        if not stat.S_ISDIR(parent_st.st_mode):
-            raise oserror(NotADirectoryError, errno.ENOTDIR, path, " (its parent is a file)")
-        staging = os.path.join(parent, f".{name}{STAGING_MARK}{uuid.uuid4().hex}")
-        os.close(os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return staging, 0
-        os.chmod(staging, stat.S_IMODE(st.st_mode))
-        if not append:
-            return staging, 0
-        shutil.copyfile(path, staging)
-        return staging, st.st_size
+            mode = os.fstat(source).st_mode
+            if stat.S_ISDIR(mode):
+                raise oserror(IsADirectoryError, errno.EISDIR, src, ": cannot copy a directory")
+            if not stat.S_ISREG(mode):
+                raise oserror(OSError, errno.EINVAL, src, ": not a regular file")
+            staging, _, _ = self.fs_open_write(root, dest, append=False)
+            try:
+                at(root, staging, lambda w: _copy_into(w, source), follow=False)
+                self._publish(root, dest, staging, None, None)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    self.fs_abort(root, staging)
+                raise
+        finally:
+            os.close(source)
+
+    def fs_open_write(self, root: str, path: str, append: bool) -> tuple[str, int, Expect]:
+        """Create the staging file for a write to ``path``; returns it, the offset the
+        new bytes start at (the size of the file copied when appending), and what the
+        commit expects to find at ``path``."""
+
+        def stage(w: Where) -> tuple[str, int, Expect]:
+            try:
+                st: os.stat_result | None = os.stat(w.name, dir_fd=w.fd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and is_symlink(st):
+                raise Raced  # the resolution found none: it changed meanwhile
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                raise oserror(IsADirectoryError, errno.EISDIR, w.name, ": cannot write to it")
+            name = hidden_name(w.name, STAGING_MARK)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            out = os.open(name, flags, 0o666, dir_fd=w.fd)
+            try:
+                start, expect = _take_over(w, out, append)
+                return posixpath.join(posixpath.dirname(w.real), name), start, expect
+            except BaseException:
+                os.unlink(name, dir_fd=w.fd)
+                raise
+            finally:
+                os.close(out)
+
+        return at(root, path, stage)
 
     def fs_write(
         self,
@@ -87,19 +122,25 @@ class DiskUploads:
         view = memoryview(data).cast("B")
         if chunk_checksum(view) != checksum:
             raise ChecksumError(
-                f"a chunk of {len(view)} bytes for offset {offset} of {staging!r} arrived "
-                "altered (checksum mismatch); the file is not written"
+                errno.EIO,
+                f"a chunk of {len(view)} bytes for offset {offset} arrived altered "
+                "(checksum mismatch); the file is not written",
+                staging,
             )
-        path = _staging(root, staging)
-        if should_write_direct(len(view), direct_io) and pwrite_direct(path, view, offset):
-            return
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            while view:
-                n = os.pwrite(fd, view, offset)
-                view, offset = view[n:], offset + n
-        finally:
-            os.close(fd)
+        _require_staging(staging)
+
+        def write(w: Where) -> None:
+            fd = open_file(w, os.O_WRONLY)
+            try:
+                if should_write_direct(len(view), direct_io) and _pwrite_direct(fd, view, offset):
+                    return
+                done = 0
+                while done < len(view):
+                    done += os.pwrite(fd, view[done:], offset + done)
+            finally:
+                os.close(fd)
+
+        at(root, staging, write, follow=False)
 
     def fs_commit(
         self,
@@ -111,32 +152,109 @@ class DiskUploads:
         checksum: str,
         size: int,
         direct_io: bool = False,
+        expect: Expect = None,
     ) -> None:
         """Write the last bytes, check the staging file holds ``size`` bytes, and
         rename it over ``path``; on any error the staging file is removed."""
+        _require_staging(staging)  # before anything, the clean-up included
+        checked_path(root, path)  # and a refused path before any byte is written
         try:
             if len(memoryview(tail)):
                 self.fs_write(root, staging, offset, tail, checksum, direct_io)
-            written = os.stat(staging).st_size
-            if written != size:
-                raise OSError(
-                    f"upload of {path!r} is incomplete: {written} of {size} bytes arrived"
-                )
-            os.replace(staging, real_path(root, path))
+            self._publish(root, path, staging, size, expect)
         except BaseException:
-            _discard(staging)
+            with contextlib.suppress(OSError):
+                self.fs_abort(root, staging)
             raise
 
     def fs_abort(self, root: str, staging: str) -> None:
-        _discard(_staging(root, staging))
+        _require_staging(staging)
+
+        def discard(w: Where) -> None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(w.name, dir_fd=w.fd)
+
+        at(root, staging, discard, follow=False)
+
+    def _publish(
+        self, root: str, path: str, staging: str, size: int | None, expect: Expect
+    ) -> None:
+        def publish(s: Where) -> None:
+            if size is not None:
+                fd = open_file(s, os.O_RDONLY)
+                try:
+                    written = os.fstat(fd).st_size
+                finally:
+                    os.close(fd)
+                if written != size:
+                    detail = f": upload incomplete: {written} of {size} bytes arrived"
+                    raise oserror(OSError, errno.EIO, path, detail)
+
+            def replace(d: Where) -> None:
+                with self._publishing:
+                    if expect is not None and _found(d) != expect:
+                        detail = (
+                            " (it changed since this append began: another write was "
+                            "committed first; nothing was stored, append again)"
+                        )
+                        raise oserror(OSError, errno.ESTALE, path, detail)
+                    os.rename(s.name, d.name, src_dir_fd=s.fd, dst_dir_fd=d.fd)
+
+            at(root, path, replace)
+
+        at(root, staging, publish, follow=False)
 
 
-def _staging(root: str, staging: str) -> str:
-    if STAGING_MARK not in os.path.basename(staging):
-        raise PermissionError(f"{staging!r} is not a staging file of an upload")
-    return real_path(root, staging)
+def _require_staging(staging: str) -> None:
+    if not isinstance(staging, str) or STAGING_MARK not in posixpath.basename(staging):
+        raise PermissionError(errno.EACCES, "not a staging file of an upload; refused", staging)
 
 
-def _discard(staging: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(staging)
+def _take_over(w: Where, out: int, append: bool) -> tuple[int, Expect]:
+    """Give the staging file ``out`` the mode of the file at ``w`` (and its bytes, when
+    appending); the offset new bytes start at, and what the commit expects there."""
+    try:
+        fd = open_file(w, os.O_RDONLY)
+    except FileNotFoundError:  # none (or deleted meanwhile): a new file
+        return 0, (() if append else None)
+    try:
+        st = os.fstat(fd)
+        os.fchmod(out, stat.S_IMODE(st.st_mode))
+        if not append:
+            return 0, None
+        if not stat.S_ISREG(st.st_mode):  # a FIFO, a device: nothing to copy
+            return 0, _stamp(st)
+        with open(fd, "rb", closefd=False) as i, open(out, "wb", closefd=False) as o:
+            shutil.copyfileobj(i, o, 8 << 20)
+        # What was copied, not the size seen before: the file may have grown since.
+        return os.fstat(out).st_size, _stamp(os.fstat(fd))
+    finally:
+        os.close(fd)
+
+
+def _copy_into(w: Where, source: int) -> None:
+    out = open_file(w, os.O_WRONLY)
+    try:
+        with open(source, "rb", closefd=False) as i, open(out, "wb", closefd=False) as o:
+            shutil.copyfileobj(i, o, 8 << 20)
+    finally:
+        os.close(out)
+
+
+def _found(w: Where) -> tuple[int, ...]:
+    try:
+        return _stamp(os.stat(w.name, dir_fd=w.fd, follow_symlinks=False))
+    except FileNotFoundError:
+        return ()
+
+
+def _stamp(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _pwrite_direct(fd: int, view: memoryview, offset: int) -> bool:
+    """``pwrite_direct`` on the staging file already opened (confined) as ``fd``: it
+    opens a path, so it is given the fd's own, which no rename can redirect. Only
+    Linux has ``O_DIRECT``, and ``/proc``."""
+    proc = f"/proc/self/fd/{fd}"
+    return sys.platform == "linux" and os.path.exists(proc) and pwrite_direct(proc, view, offset)

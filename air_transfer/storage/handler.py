@@ -20,8 +20,9 @@ import ray
 
 from air_transfer.config import TransferConfig
 from air_transfer.nodes import this_node_id
-from air_transfer.storage.disk import storage_path
-from air_transfer.storage.streams import AgentLink, ChunkWriter, open_reader
+from air_transfer.storage.chunk_writer import ChunkWriter
+from air_transfer.storage.confine import storage_path
+from air_transfer.storage.streams import AgentLink, open_reader
 
 
 class NodeStorageHandler(pafs.FileSystemHandler):
@@ -151,8 +152,8 @@ class NodeStorageHandler(pafs.FileSystemHandler):
 
     def _open_output(self, path: str, append: bool) -> Any:
         local = self._path(path)
-        staging, start = self.call_agent("fs_open_write", local, append)
-        return pa.PythonFile(ChunkWriter(self.link, local, staging, start), mode="w")
+        staging, start, expect = self.call_agent("fs_open_write", local, append)
+        return pa.PythonFile(ChunkWriter(self.link, local, staging, start, expect), mode="w")
 
 
 def node_storage_handler(fs: pafs.FileSystem) -> NodeStorageHandler | None:

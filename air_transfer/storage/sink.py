@@ -15,7 +15,7 @@ import pyarrow.fs as pafs
 from air_transfer.fs import payload_filesystem
 from air_transfer.handle import TransferHandle
 from air_transfer.nodes import this_node_id
-from air_transfer.storage.disk import checked_path
+from air_transfer.storage.confine import checked_path
 from air_transfer.storage.handler import node_storage_handler
 
 
@@ -25,6 +25,9 @@ def store_checkpoint(handle: TransferHandle, filesystem: pafs.FileSystem, path: 
     file by file through pyarrow."""
     handler = node_storage_handler(filesystem)
     if handler is not None and handler.node_id == this_node_id():
+        # Checked now, then handed to the writer by path: a directory on the way
+        # swapped for a symlink out of the root in between would lead the write out
+        # (the writer resolves the target as it finds it; see storage.confine).
         return handle.write_to(checked_path(handler.root, path))
     if isinstance(filesystem, pafs.LocalFileSystem):
         return handle.write_to(os.path.abspath(path))

@@ -3,34 +3,29 @@ chunks through the object store with a bounded number in flight.
 
 ``AgentLink`` is the caller's connection to one storage node's agent: it finds the
 agent by name, runs one disk operation per call, and turns Ray's wrappers back into
-the OSError the agent raised. A read is the agent's streaming generator (the one that
-serves the ``streamed`` strategy) over one file, consumed by the generator-backed
+the OSError the agent raised. A read is the agent's streaming generator over one
+file (``disk_reads``, confined to the storage root), consumed by the generator-backed
 ``ChunkFileReader``: ``window`` chunks ahead, and a seek to another chunk starts a new
-stream there. A write is cut into ``chunk_bytes`` chunks, each sent to the agent with
-its checksum, at most ``window`` unacknowledged; ``close`` commits (``disk_uploads``).
-Memory stays at a few chunks on both ends whatever the file size.
+stream there. Writes: ``chunk_writer``. Memory stays at a few chunks whatever the
+file size.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import errno
 import io
 import logging
-import posixpath
-from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-import pyarrow.fs as pafs
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from air_transfer import _ray
 from air_transfer.config import TransferConfig
 from air_transfer.errors import SourceChangedError
-from air_transfer.layout import Source
-from air_transfer.manifest import Entry, chunk_checksum
 from air_transfer.nodes import live_node_ids, node_agent
 from air_transfer.reader import ChunkFileReader, buffered
 
@@ -69,13 +64,13 @@ class AgentLink:
         with self.errors():
             return ray.get(self.agent().disk.remote(op, self.root, *args))
 
-    def submit(self, op: str, *args: Any) -> ray.ObjectRef:
+    def submit(self, op: str, *args: Any) -> ray.ObjectRef[Any]:
         """Start disk operation ``op`` and return its ref (wait with ``wait``)."""
         with self.errors():
-            ref: ray.ObjectRef = self.agent().disk.remote(op, self.root, *args)
+            ref: ray.ObjectRef[Any] = self.agent().disk.remote(op, self.root, *args)
             return ref
 
-    def wait(self, ref: ray.ObjectRef) -> Any:
+    def wait(self, ref: ray.ObjectRef[Any]) -> Any:
         with self.errors():
             return ray.get(ref)
 
@@ -88,7 +83,11 @@ class AgentLink:
             yield
         except RayTaskError as e:
             if isinstance(e.cause, (OSError, ValueError)):
-                raise e.cause from None
+                # A copy: raised here, e.cause itself would get e as its __context__
+                # while e holds it as .cause, a reference cycle that keeps e's
+                # traceback, and every frame in it (a ChunkWriter's among them),
+                # alive until the cyclic garbage collector happens to run.
+                raise copy.copy(e.cause) from None
             raise
         except RayActorError as e:
             self._agent, self._lost = None, True
@@ -110,16 +109,9 @@ def _chunks(link: AgentLink, local: str, size: int, first: int) -> Iterator[tupl
     cb = link.config.chunk_bytes
     if first * cb >= size:
         return
-    parent, name = posixpath.split(local)
     with link.errors():
-        refs = _ray.streaming(link.agent().stream, link.config.window).remote(
-            Source(pafs.LocalFileSystem(), parent),
-            [Entry(name, "file", size)],
-            cb,
-            (),  # no checksums to verify against: the file is read as it is now
-            first,
-            None,
-            False,
+        refs = _ray.streaming(link.agent().disk_read, link.config.window).remote(
+            link.root, local, size, cb, first
         )
         for index, ref in enumerate(refs, first):
             try:
@@ -127,108 +119,11 @@ def _chunks(link: AgentLink, local: str, size: int, first: int) -> Iterator[tupl
             except RayTaskError as e:
                 if isinstance(e.cause, SourceChangedError):
                     raise SourceChangedError(
-                        f"{local!r} on node {link.node_id} changed size while being read "
-                        f"(chunk {index}); read it again"
+                        errno.ESTALE,
+                        f"{e.cause.strerror} (on node {link.node_id}, chunk {index}); "
+                        "read it again",
+                        local,
                     ) from None
                 raise
             del ref  # the store frees the chunk once it is consumed
             yield index, memoryview(chunk).cast("B")
-
-
-class ChunkWriter(io.RawIOBase):
-    """Cuts what is written into ``chunk_bytes`` chunks and sends each to the agent,
-    waiting once ``window`` are unacknowledged; ``close`` commits the file."""
-
-    def __init__(self, link: AgentLink, local: str, staging: str, start: int) -> None:
-        super().__init__()
-        self.link, self.local, self.staging = link, local, staging
-        self.chunk_bytes, self.window = link.config.chunk_bytes, link.config.window
-        self.offset = start  # where the next sent chunk goes in the staging file
-        self.written = 0
-        self.buffer: np.ndarray | None = None
-        self.filled = 0
-        self.pending: deque[ray.ObjectRef] = deque()
-        self.failed = False
-
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.written
-
-    def write(self, data: Any) -> int:
-        if self.closed:
-            raise ValueError(f"write to closed file {self.local!r}")
-        if self.failed:
-            raise OSError(f"an earlier write to {self.local!r} failed; it will not be stored")
-        try:
-            return self._write(memoryview(data).cast("B"))
-        except BaseException:
-            self.failed = True  # close() then discards the upload: it may have a hole
-            raise
-
-    def _write(self, view: memoryview) -> int:
-        n, cb = len(view), self.chunk_bytes
-        while view:
-            if not self.filled and len(view) >= cb:  # a whole chunk: no copy here
-                self._send(np.frombuffer(view[:cb], dtype=np.uint8))
-                view = view[cb:]
-                continue
-            if self.buffer is None:
-                self.buffer = np.empty(cb, dtype=np.uint8)
-            take = min(cb - self.filled, len(view))
-            self.buffer[self.filled : self.filled + take] = view[:take]
-            self.filled += take
-            view = view[take:]
-            if self.filled == cb:
-                self._send(self.buffer)  # Ray copies an argument into the store on submit
-                self.filled = 0
-        self.written += n
-        return n
-
-    def _send(self, chunk: np.ndarray) -> None:
-        while len(self.pending) >= self.window:
-            self._wait(self.pending.popleft())
-        call = self.link.submit(
-            "fs_write",
-            self.staging,
-            self.offset,
-            chunk,
-            chunk_checksum(chunk),
-            self.link.config.direct_io,
-        )
-        self.pending.append(call)
-        self.offset += len(chunk)
-
-    def _wait(self, ref: ray.ObjectRef) -> None:
-        self.link.wait(ref)
-
-    def close(self) -> None:
-        """Commit the file: it appears whole, or (after a failed write) not at all."""
-        if self.closed:
-            return
-        try:
-            if self.failed:
-                self.link.call("fs_abort", self.staging)
-                return
-            while self.pending:
-                self._wait(self.pending.popleft())
-            tail = self.buffer[: self.filled] if self.buffer is not None else b""
-            self.link.call(
-                "fs_commit",
-                self.local,
-                self.staging,
-                self.offset,
-                tail,
-                chunk_checksum(tail),
-                self.offset + self.filled,
-                self.link.config.direct_io,
-            )
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self.link.call("fs_abort", self.staging)
-            raise
-        finally:
-            self.buffer = None
-            self.pending.clear()
-            super().close()
