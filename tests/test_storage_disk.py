@@ -439,3 +439,17 @@ def test_a_root_given_with_a_trailing_slash(tmp_path: Path) -> None:
     assert storage_path(root, f"{tmp_path}/x") == f"{tmp_path}/x"
     disk.fs_create_dir(root, f"{tmp_path}/x", False)
     assert disk.fs_info(root, [f"{tmp_path}/x"])[0][0] == pafs.FileType.Directory
+
+
+def test_delete_dir_contents_leaves_another_callers_trash_to_it(tmp_path: Path) -> None:
+    """Defect: concurrent delete_dir_contents renamed each other's trash directories
+    again and again (``.s0.air-trash-<id>.air-trash-<id>...``) until a name passed 255
+    bytes and a caller failed with ENAMETOOLONG. A trash directory is being removed by
+    the caller that made it: the others leave it alone."""
+    root = str(tmp_path)
+    trash = tmp_path / "x" / ".s0.air-trash-0123456789abcdef0123456789abcdef"
+    (trash / "t").mkdir(parents=True)
+    (tmp_path / "x" / "f").write_bytes(b"x")
+    Disk().fs_delete_dir_contents(root, str(tmp_path / "x"), False)
+    assert os.listdir(tmp_path / "x") == [trash.name]
+    assert (trash / "t").is_dir()

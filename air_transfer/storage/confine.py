@@ -206,8 +206,12 @@ def _step(fd: int, part: str, make: bool, path: str) -> int:
         except FileNotFoundError:
             if not make:
                 raise
-        with contextlib.suppress(FileExistsError), naming(path):
-            os.mkdir(part, 0o777, dir_fd=fd)  # made concurrently: fine
+        try:
+            os.mkdir(part, 0o777, dir_fd=fd)
+        except FileExistsError:
+            pass  # made concurrently: fine
+        except FileNotFoundError:
+            raise Raced from None  # the directory holding it was deleted: walk again
     raise oserror(FileNotFoundError, errno.ENOENT, path, " (removed as fast as it was made)")
 
 

@@ -144,7 +144,13 @@ class DiskStorage:
             fd = open_listable(w)
             try:
                 with os.scandir(fd) as it:
-                    names = [(d.name, d.is_dir(follow_symlinks=False)) for d in it]
+                    # A trash entry is a directory another caller is already
+                    # deleting: renaming it again would only make its name grow.
+                    names = [
+                        (d.name, d.is_dir(follow_symlinks=False))
+                        for d in it
+                        if TRASH_MARK not in d.name
+                    ]
                 for name, is_dir in names:
                     if is_dir:
                         _delete_subdir(fd, name, w.real)
