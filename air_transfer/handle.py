@@ -11,11 +11,12 @@ chunk that is not there yet.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import io
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -50,7 +51,7 @@ class TransferHandle:
     transfer_id: str
     pending: tuple[Any, ...] | None = None
 
-    def checksums(self, start: int = 0, stop: int | None = None) -> Iterator[str]:
+    def checksums(self, start: int = 0, stop: int | None = None) -> Generator[str, None, None]:
         """The checksums of chunks ``start``..``stop - 1``, in order, each as soon as
         its chunk is packed; raises what packing raised."""
         stop = self.manifest.num_chunks if stop is None else stop
@@ -61,6 +62,8 @@ class TransferHandle:
         index = start
         try:
             for checksum in fetch_in_order(self.pending[start:stop], self.config.window):
+                if isinstance(checksum, BaseException):  # packing failed: see NodeAgent
+                    raise fresh(checksum)
                 yield checksum
                 index += 1
         except (RayTaskError, ObjectLostError, RayActorError) as e:
@@ -74,7 +77,7 @@ class TransferHandle:
         manifest = self.manifest.with_checksums(list(self.checksums()))
         return dataclasses.replace(self, manifest=manifest, pending=None)
 
-    def iter_chunks(self, start: int = 0, stop: int | None = None) -> Iterator[Any]:
+    def iter_chunks(self, start: int = 0, stop: int | None = None) -> Generator[Any, None, None]:
         """Chunks ``start``..``stop - 1`` in order as the strategy delivers them
         (unverified); a lost chunk raises CheckpointLostError, a failed packing what
         packing raised."""
@@ -102,15 +105,22 @@ class TransferHandle:
         (while later ones are still being packed or fetched); the target shows the
         result only once complete and verified, and an existing directory is merged
         into (the merged tree replaces it in one step)."""
+        chunks = self.iter_chunks()
         expected = None if self.manifest.chunks is not None else self.checksums()
-        return write_tree(
-            self.manifest,
-            self.iter_chunks(),
-            target,
-            self.config.verify,
-            self.config.direct_io,
-            expected=expected,
-        )
+        try:
+            return write_tree(
+                self.manifest,
+                chunks,
+                target,
+                self.config.verify,
+                self.config.direct_io,
+                expected=expected,
+            )
+        finally:
+            # At once, not when garbage collected: fetches in flight hold chunks.
+            chunks.close()
+            if expected is not None:
+                expected.close()
 
     def open_file(self, relpath: str) -> io.BufferedReader:
         """A seekable binary stream over one file, fetching only its chunks."""
@@ -200,9 +210,18 @@ def raise_transfer_error(
         if isinstance(cause, (ObjectLostError, RayActorError)):
             raise lost_error(handle, what, cause) from error
         if isinstance(cause, Exception):
-            raise cause from None
+            raise fresh(cause) from None
         raise error
     raise lost_error(handle, what, error) from error
+
+
+def fresh(error: BaseException) -> BaseException:
+    """A copy of ``error`` to raise in its place. Raising an exception that a frame of
+    its own traceback still references (a loop variable, Ray's wrapper whose
+    ``cause`` it is) makes a reference cycle: the frames, and the handle with every
+    chunk ref they hold, would then stay alive until the garbage collector runs,
+    keeping the chunks pinned in the object store."""
+    return copy.copy(error)
 
 
 def lost_error(

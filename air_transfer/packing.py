@@ -428,8 +428,8 @@ def read_chunks_ahead(
 
 
 class ChunkPacker:
-    """Fills chunks from their plans (one call per chunk, from any number of threads)
-    into a reusable buffer per thread, and checksums them.
+    """Fills chunks from their plans (a few per call, from any number of threads) into
+    a reusable buffer per thread, and checksums them.
 
     For the node agent, which packs every chunk of every transfer on its node as one
     task each: a fresh chunk-sized buffer per task would fault in new pages every
@@ -448,14 +448,25 @@ class ChunkPacker:
             buffer = self._local.buffer = np.empty(length, dtype=np.uint8)
         return buffer[:length]
 
-    def pack(self, source: Source, plan: ChunkPlan) -> tuple[np.ndarray, str]:
-        """Chunk ``plan.index`` of ``source`` and its checksum, proven against the
-        plan's stamps (SourceChangedError otherwise)."""
-        chunk = self._buffer(plan.length)
-        fill_chunk(source, plan, memoryview(chunk))
-        return chunk, chunk_checksum(chunk)
+    def pack(
+        self, source: Source, plans: Sequence[ChunkPlan]
+    ) -> tuple[list[np.ndarray], list[str]]:
+        """The chunks of ``plans`` of ``source`` and their checksums, each proven
+        against its plan's stamps (SourceChangedError otherwise); one buffer holds
+        them all, so they stay valid together until this thread packs again."""
+        buffer = self._buffer(sum(plan.length for plan in plans))
+        chunks, checksums = [], []
+        offset = 0
+        with FileCursor(source) as cursor:
+            for plan in plans:
+                chunk = buffer[offset : offset + plan.length]
+                fill_chunk(source, plan, memoryview(chunk), cursor)
+                chunks.append(chunk)
+                checksums.append(chunk_checksum(chunk))
+                offset += plan.length
+        return chunks, checksums
 
-    def checksum(self, source: Source, plan: ChunkPlan) -> str:
-        """Only the checksum of chunk ``plan.index`` (``streamed`` reads the bytes
-        again at transfer time)."""
-        return self.pack(source, plan)[1]
+    def checksums(self, source: Source, plans: Sequence[ChunkPlan]) -> list[str]:
+        """Only the checksums of ``plans``' chunks (``streamed`` reads the bytes again
+        at transfer time), through one chunk buffer."""
+        return [self.pack(source, [plan])[1][0] for plan in plans]

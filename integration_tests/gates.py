@@ -63,3 +63,32 @@ def gated(ckpt: ChunkedCheckpoint, gate: Any) -> ChunkedCheckpoint:
     return ChunkedCheckpoint._from_handle(
         dataclasses.replace(handle, strategy=GatedStrategy(handle.strategy, gate))
     )
+
+
+@dataclasses.dataclass
+class HoldPackingAt:
+    """A packing hook (``packing._after_span_read``) for a node agent: the first time
+    a span at file offset ``offset`` or later has been read, arrive at ``gate`` and
+    wait there until the test opens it. Packing then stops at a known chunk, so
+    "while packing is still running" is a state, not a race."""
+
+    offset: int
+    gate: Any
+    fired: bool = False
+
+    def __call__(self, where: str, span: Any) -> None:
+        if self.fired or span.file_offset < self.offset:
+            return
+        self.fired = True  # the agent packs on one thread (KNOBS.pack_threads)
+        ray.get(self.gate.arrive_and_wait.remote())
+
+
+def _set_packing_hook(agent: Any, hook: Any) -> None:
+    from air_transfer import packing
+
+    packing._after_span_read = hook
+
+
+def hold_packing(agent: Any, hook: Any) -> None:
+    """Install (or with None, clear) a packing hook in node agent ``agent``."""
+    ray.get(agent.__ray_call__.remote(_set_packing_hook, hook))

@@ -42,7 +42,7 @@ import ray
 from air_transfer.checkpoint import submit_transfer
 from air_transfer.config import TransferConfig
 from air_transfer.errors import SourceChangedError
-from air_transfer.handle import TransferHandle
+from air_transfer.handle import TransferHandle, fresh
 from air_transfer.layout import Source, Stamp, iter_chunk_spans
 from air_transfer.manifest import Entry, chunk_checksum
 from air_transfer.nodes import PACK_GROUP
@@ -131,6 +131,8 @@ class NodeAgent:
             expected = checksums[index] if verify else checksum
             if not isinstance(expected, str):
                 expected = ray.get(expected)
+                if isinstance(expected, BaseException):  # the checksum pass failed
+                    raise fresh(expected)
             if checksum != expected:
                 # Which files the chunk carries is only worked out for the message.
                 sizes = [f.size for f in files]
@@ -148,16 +150,24 @@ class NodeAgent:
             yield np.frombuffer(view, dtype=np.uint8)
 
     # -- packing, one task per chunk (``strategies.agent_tasks``) --------------------
-    @ray.method(concurrency_group=PACK_GROUP, num_returns=2)  # type: ignore[untyped-decorator]
-    def pack_chunk(self, source: Source, plan: ChunkPlan) -> tuple[np.ndarray, str]:
-        """Chunk ``plan.index`` of ``source`` and its checksum, as two objects owned
-        by whoever submitted this task."""
-        return self._packer.pack(source, plan)
+    @ray.method(concurrency_group=PACK_GROUP)  # type: ignore[untyped-decorator]
+    def pack_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+        """The chunks of ``plans`` and then their checksums: ``2 * len(plans)``
+        objects (the caller sets ``num_returns``), owned by whoever submitted this.
+        A packing error is returned in place of each checksum (see ``_failed``)."""
+        try:
+            chunks, checksums = self._packer.pack(source, plans)
+        except Exception as e:
+            return _failed(e, len(plans), len(plans))
+        return _returns([*chunks, *checksums])
 
     @ray.method(concurrency_group=PACK_GROUP)  # type: ignore[untyped-decorator]
-    def checksum_chunk(self, source: Source, plan: ChunkPlan) -> str:
-        """Only the checksum of chunk ``plan.index`` (``streamed``)."""
-        return self._packer.checksum(source, plan)
+    def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+        """Only the checksums of ``plans``' chunks (``streamed``), one object each."""
+        try:
+            return _returns(self._packer.checksums(source, plans))
+        except Exception as e:
+            return _failed(e, 0, len(plans))
 
     @ray.method(concurrency_group=PACK_GROUP)  # type: ignore[untyped-decorator]
     def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
@@ -167,17 +177,23 @@ class NodeAgent:
         stream = np.empty(total, dtype=np.uint8)
         checksums = []
         offset = 0
-        for plan in plans:
-            view = memoryview(stream)[offset : offset + plan.length]
-            fill_chunk(source, plan, view)
-            checksums.append(chunk_checksum(view))
-            offset += plan.length
-        return stream if not plans else (stream, *checksums)
+        try:
+            for plan in plans:
+                view = memoryview(stream)[offset : offset + plan.length]
+                fill_chunk(source, plan, view)
+                checksums.append(chunk_checksum(view))
+                offset += plan.length
+        except Exception as e:
+            return _failed(e, 1, len(plans))
+        return _returns([stream, *checksums])
 
     def packed(self, *checksums: str) -> tuple[str, ...]:
         """Runs once every chunk of a transfer is packed (its arguments are the
         checksums' refs, resolved first): the completion a ``TransferFuture`` waits
         for, failing with the first packing error."""
+        for checksum in checksums:
+            if isinstance(checksum, BaseException):
+                raise fresh(checksum)
         return checksums
 
     def submit_transfer(
@@ -189,3 +205,18 @@ class NodeAgent:
         ``[checkpoint ref, completion ref or None]``, nested so the caller borrows."""
         ref, done = submit_transfer(source, config)
         return [ref, done]
+
+
+def _returns(values: list[Any]) -> Any:
+    """What a task returns as ``len(values)`` objects: the value itself for one."""
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _failed(error: Exception, chunks: int, checksums: int) -> Any:
+    """The returns of a packing task that failed: empty chunks, and ``error`` in the
+    place of every checksum. Returned, not raised: a reader checks a chunk's checksum
+    before its bytes and raises the error it finds there, the completion task raises
+    it for the future, and Ray has no error objects that nobody reads to log as
+    "unhandled" (the chunks of a failed transfer after the first one it raised)."""
+    empty = np.empty(0, dtype=np.uint8)
+    return _returns([*([empty] * chunks), *([error] * checksums)])

@@ -2,8 +2,9 @@
 before its bytes do.
 
 Ray creates the ObjectRef of a task's result when the task is submitted, and the
-submitter owns it. So the caller submits one ``pack_chunk`` task per chunk to its
-node's agent and holds every chunk's ref (and its checksum's) within milliseconds; a
+submitter owns it. So the caller submits packing tasks of one or two chunks each to
+its node's agent and holds every chunk's ref (and its checksum's) within
+milliseconds; a
 reader anywhere can start on chunk 0 while chunk 1 is still being read, and waits
 for a chunk that is not packed yet instead of failing. The bytes are read by the
 agent, outside the caller's Python (a training loop keeps its GIL), a few chunks at a
@@ -14,16 +15,17 @@ with the caller, unless the caller is the agent itself (``owner="node"``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import ray
 import ray.cloudpickle
 
+from air_transfer.knobs import KNOBS
 from air_transfer.layout import Source, Stamp
 from air_transfer.manifest import Entry
 from air_transfer.nodes import node_agent, this_node_id
-from air_transfer.packing import plan_chunks
+from air_transfer.packing import ChunkPlan, plan_chunks
 
 
 def agent_can_read(source: Source) -> bool:
@@ -37,31 +39,54 @@ def agent_can_read(source: Source) -> bool:
     return True
 
 
+def task_groups(plans: Iterable[ChunkPlan]) -> Iterator[list[ChunkPlan]]:
+    """The chunks each packing task takes: the first ``KNOBS.single_chunk_tasks``
+    alone (a reader starts on chunk 0 as soon as it is read), then
+    ``KNOBS.chunks_per_task`` per task. Submitting a task costs the caller ~0.2 ms,
+    the one cost of the call that grows with the checkpoint; a task of k chunks
+    holds k chunk buffers in the agent until it returns."""
+    group: list[ChunkPlan] = []
+    for plan in plans:
+        group.append(plan)
+        if plan.index < KNOBS.single_chunk_tasks or len(group) == KNOBS.chunks_per_task:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def _refs(refs: Any, count: int) -> list[ray.ObjectRef[Any]]:
+    # num_returns=1 gives one ref, not a list of one.
+    return [refs] if count == 1 else list(refs)
+
+
 def submit_pack_chunks(
     source: Source, files: Sequence[Entry], stamps: Sequence[Stamp], chunk_bytes: int
 ) -> tuple[list[ray.ObjectRef[Any]], list[ray.ObjectRef[str]]]:
-    """Submit ``pack_chunk`` for every chunk to this node's agent; the chunks' refs
+    """Submit ``pack_chunks`` for every chunk to this node's agent; the chunks' refs
     and their checksums' refs, in order, at once."""
     agent = node_agent(this_node_id())
     data: list[ray.ObjectRef[Any]] = []
     checksums: list[ray.ObjectRef[str]] = []
-    for plan in plan_chunks(files, stamps, chunk_bytes):
-        chunk_ref, checksum_ref = agent.pack_chunk.remote(source, plan)
-        data.append(chunk_ref)
-        checksums.append(checksum_ref)
+    for group in task_groups(plan_chunks(files, stamps, chunk_bytes)):
+        k = len(group)
+        refs = _refs(agent.pack_chunks.options(num_returns=2 * k).remote(source, group), 2 * k)
+        data += refs[:k]
+        checksums += refs[k:]
     return data, checksums
 
 
 def submit_checksum_chunks(
     source: Source, files: Sequence[Entry], stamps: Sequence[Stamp], chunk_bytes: int
 ) -> list[ray.ObjectRef[str]]:
-    """Submit ``checksum_chunk`` for every chunk to this node's agent: refs of the
+    """Submit ``checksum_chunks`` for every chunk to this node's agent: refs of the
     checksums alone (``streamed`` moves the bytes at transfer time)."""
     agent = node_agent(this_node_id())
-    return [
-        agent.checksum_chunk.remote(source, plan)
-        for plan in plan_chunks(files, stamps, chunk_bytes)
-    ]
+    checksums: list[ray.ObjectRef[str]] = []
+    for group in task_groups(plan_chunks(files, stamps, chunk_bytes)):
+        k = len(group)
+        checksums += _refs(agent.checksum_chunks.options(num_returns=k).remote(source, group), k)
+    return checksums
 
 
 def submit_pack_stream(
@@ -71,7 +96,6 @@ def submit_pack_stream(
     one object, and refs of its chunks' checksums."""
     plans = list(plan_chunks(files, stamps, chunk_bytes))
     agent = node_agent(this_node_id())
-    refs = agent.pack_stream.options(num_returns=1 + len(plans)).remote(source, plans)
-    if not plans:  # num_returns=1: a single ref, not a list
-        return refs, []
-    return refs[0], list(refs[1:])
+    count = 1 + len(plans)
+    refs = _refs(agent.pack_stream.options(num_returns=count).remote(source, plans), count)
+    return refs[0], refs[1:]
