@@ -171,15 +171,15 @@ class ChunkedCheckpoint(Checkpoint):
         directory; only the chunks holding that file are fetched."""
         if self._handle is not None:
             return self._handle.open_file(relpath)
-        stream: io.BufferedIOBase = self.filesystem.open_input_file(
-            posixpath.join(self.path, relpath)
-        )
+        filesystem: Any = self.filesystem
+        stream: io.BufferedIOBase = filesystem.open_input_file(posixpath.join(self.path, relpath))
         return stream
 
     # -- identity ----------------------------------------------------------------------
     def __repr__(self) -> str:
         if self._handle is None:
-            return f"ChunkedCheckpoint(filesystem={self.filesystem.type_name}, path={self.path})"
+            filesystem: Any = self.filesystem
+            return f"ChunkedCheckpoint(filesystem={filesystem.type_name}, path={self.path})"
         return f"ChunkedCheckpoint({self._handle.describe()})"
 
     def __getstate__(self) -> dict[str, Any]:

@@ -189,8 +189,9 @@ def pack(source: Source, config: TransferConfig | None = None) -> TransferHandle
 def describe_current_process() -> str:
     """Who owns what this process puts: named in CheckpointLostError messages."""
     ctx = ray.get_runtime_context()
-    if ctx.get_actor_id():
-        role = f"actor {ctx.get_actor_name() or ctx.get_actor_id()[:12]}"
+    actor_id = ctx.get_actor_id()
+    if actor_id:
+        role = f"actor {ctx.get_actor_name() or actor_id[:12]}"
     elif ctx.worker.mode == ray.SCRIPT_MODE:
         role = "the driver"
     else:

@@ -20,7 +20,7 @@ import posixpath
 import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pyarrow.fs as pafs
 
@@ -56,7 +56,7 @@ class Source:
     def local_path(self, relpath: str) -> str:
         return os.path.join(self.root, *relpath.split("/"))
 
-    def open(self, relpath: str):
+    def open(self, relpath: str) -> Any:
         """Open one file of the checkpoint for reading, unbuffered where local."""
         if self.is_local:
             return open(self.local_path(relpath), "rb", buffering=0)

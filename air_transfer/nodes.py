@@ -61,7 +61,8 @@ def _remote_agent_class() -> Any:
     module, _, name = AGENT_CLASS.partition(":")
     cls = getattr(importlib.import_module(module), name)
     # Concurrency groups can only be declared here, not in .options().
-    return ray.remote(concurrency_groups={PACK_GROUP: KNOBS.pack_threads})(cls)
+    remote: Any = ray.remote
+    return remote(concurrency_groups={PACK_GROUP: KNOBS.pack_threads})(cls)
 
 
 def node_agent(node_id: str | None = None) -> Any:

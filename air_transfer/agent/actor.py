@@ -150,7 +150,7 @@ class NodeAgent:
             yield np.frombuffer(view, dtype=np.uint8)
 
     # -- packing, one task per chunk (``strategies.agent_tasks``) --------------------
-    @ray.method(concurrency_group=PACK_GROUP)  # type: ignore[untyped-decorator]
+    @ray.method(concurrency_group=PACK_GROUP)
     def pack_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
         """The chunks of ``plans`` and then their checksums: ``2 * len(plans)``
         objects (the caller sets ``num_returns``), owned by whoever submitted this.
@@ -161,7 +161,7 @@ class NodeAgent:
             return _failed(e, len(plans), len(plans))
         return _returns([*chunks, *checksums])
 
-    @ray.method(concurrency_group=PACK_GROUP)  # type: ignore[untyped-decorator]
+    @ray.method(concurrency_group=PACK_GROUP)
     def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
         """Only the checksums of ``plans``' chunks (``streamed``), one object each."""
         try:
@@ -169,7 +169,7 @@ class NodeAgent:
         except Exception as e:
             return _failed(e, 0, len(plans))
 
-    @ray.method(concurrency_group=PACK_GROUP)  # type: ignore[untyped-decorator]
+    @ray.method(concurrency_group=PACK_GROUP)
     def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
         """The whole (small, ``inline``) stream as one array, then the checksum of each
         chunk: ``1 + len(plans)`` objects (the caller sets ``num_returns``)."""
@@ -187,7 +187,7 @@ class NodeAgent:
             return _failed(e, 1, len(plans))
         return _returns([stream, *checksums])
 
-    def packed(self, *checksums: str) -> tuple[str, ...]:
+    def packed(self, *checksums: str | BaseException) -> tuple[str | BaseException, ...]:
         """Runs once every chunk of a transfer is packed (its arguments are the
         checksums' refs, resolved first): the completion a ``TransferFuture`` waits
         for, failing with the first packing error."""

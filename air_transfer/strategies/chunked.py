@@ -34,7 +34,7 @@ class ChunkedStrategy(TransferStrategy):
         stamps: Sequence[Stamp],
         config: TransferConfig,
     ) -> Packed:
-        refs: list[ray.ObjectRef] = []
+        refs: list[ray.ObjectRef[Any]] = []
         checksums: list[str] = []
         for _index, view, checksum in read_chunks_ahead(source, files, stamps, config.chunk_bytes):
             # ray.put copies the buffer into the object store before returning, so the
