@@ -9,6 +9,7 @@ from air_transfer.errors import (
     ManifestError,
     SourceChangedError,
 )
+from air_transfer.future import TransferFuture
 from air_transfer.manifest import Entry, Manifest
 from air_transfer.nodes import shutdown_agents
 from air_transfer.strategies import (
@@ -33,6 +34,7 @@ __all__ = [
     "Packed",
     "SourceChangedError",
     "TransferConfig",
+    "TransferFuture",
     "TransferStrategy",
     "checkpoint_upload_fn",
     "get_strategy",
