@@ -54,9 +54,11 @@ from air_transfer.packing import (
     read_chunks_ahead,
 )
 from air_transfer.storage.disk import DiskStorage
+from air_transfer.storage.disk_chunks import FileChunks
 from air_transfer.storage.disk_reads import read_chunks
 from air_transfer.storage.disk_uploads import DiskUploads
 from air_transfer.storage.sink import store_checkpoint
+from air_transfer.strategies.agent_tasks import submit_plans
 
 
 class NodeAgent:
@@ -65,6 +67,7 @@ class NodeAgent:
 
     def __init__(self) -> None:
         self._packer = ChunkPacker()
+        self._files = FileChunks(submit_plans)
         services = (DiskStorage(), DiskUploads())
         self._disk_ops: dict[str, Callable[..., Any]] = {
             name: getattr(service, name) for service in services for name in type(service).OPS
@@ -100,6 +103,29 @@ class NodeAgent:
         """Stream chunks ``first``.. of node-storage file ``path`` (``size`` bytes),
         confined to ``root``: the reads of ``storage_filesystem``."""
         yield from read_chunks(root, path, size, chunk_bytes, first)
+
+    def file_chunks(
+        self,
+        root: str,
+        path: str,
+        size: int,
+        chunk_bytes: int,
+        first: int,
+        count: int,
+        budget: int,
+    ) -> list[list[tuple[Any, Any]]]:
+        """Refs of ``count`` chunks of node-storage file ``path`` from ``first``, as
+        ``(chunk, checksum)`` pairs, packed once and shared (``disk_chunks``); nested
+        in a list so that the caller borrows them rather than waiting for them."""
+        return [self._files.refs(root, path, size, chunk_bytes, first, count, budget)]
+
+    def read_counters(self) -> dict[str, int]:
+        """What node-storage reads cost this node: bytes read from disk, served."""
+        return self._files.counters()
+
+    def clear_read_cache(self) -> None:
+        """Let go of every cached node-storage chunk (readers keep what they hold)."""
+        self._files.clear()
 
     def stream(
         self,

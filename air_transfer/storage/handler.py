@@ -22,6 +22,8 @@ from air_transfer.config import TransferConfig
 from air_transfer.nodes import this_node_id
 from air_transfer.storage.chunk_writer import ChunkWriter
 from air_transfer.storage.confine import storage_path
+from air_transfer.storage.disk_uploads import DiskUploads
+from air_transfer.storage.same_node import SameNodeWriter, open_native
 from air_transfer.storage.streams import AgentLink, open_reader
 
 
@@ -43,6 +45,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         self.config = config or TransferConfig()
         self._node_id = node_id
         self._link: AgentLink | None = None
+        self._local: bool | None = None
 
     @property
     def node_id(self) -> str:
@@ -141,8 +144,16 @@ class NodeStorageHandler(pafs.FileSystemHandler):
     def open_append_stream(self, path: str, metadata: Any = None) -> Any:
         return self._open_output(path, append=True)
 
+    def _on_storage_node(self) -> bool:
+        """Whether this process runs on the storage node (its files are local)."""
+        if self._local is None:
+            self._local = ray.is_initialized() and this_node_id() == self.node_id
+        return self._local
+
     def _open_input(self, path: str) -> Any:
         local = self._path(path)
+        if self._on_storage_node():
+            return open_native(self.root, local)
         [(ftype, size, _)] = self.call_agent("fs_info", [local])
         if ftype == pafs.FileType.NotFound:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
@@ -152,6 +163,10 @@ class NodeStorageHandler(pafs.FileSystemHandler):
 
     def _open_output(self, path: str, append: bool) -> Any:
         local = self._path(path)
+        if self._on_storage_node():
+            staging, start, expect = DiskUploads().fs_open_write(self.root, local, append)
+            writer = SameNodeWriter(self.root, local, staging, start, expect, self.config)
+            return pa.PythonFile(writer, mode="w")
         staging, start, expect = self.call_agent("fs_open_write", local, append)
         return pa.PythonFile(ChunkWriter(self.link, local, staging, start, expect), mode="w")
 
