@@ -91,10 +91,24 @@ def actor_pid(handle: Any) -> int | None:
     return int(pid) if pid else None
 
 
-def tune_file_transfer() -> Any:
-    """Ray Tune's ``file_transfer`` module, whose private ``_PackActor``,
-    ``_force_on_node``, ``_unpack_from_actor`` and ``_DEFAULT_CHUNK_SIZE_BYTES`` the
-    bench runs unchanged as the ``tune`` contender."""
+def tune_pack_actor(source_dir: str, node_id: str) -> Any:
+    """Ray Tune's ``_PackActor`` for ``source_dir``, started on ``node_id`` as
+    ``sync_dir_between_nodes`` starts it (the bench's ``tune`` contender runs Tune's
+    own code unchanged). ``max_size_bytes=None`` lifts Tune's 1 GiB refusal."""
     from ray.tune.utils import file_transfer
 
-    return file_transfer
+    ft: Any = file_transfer  # private names, untyped on purpose
+    return ft._PackActor.options(num_cpus=0, **ft._force_on_node(node_id)).remote(
+        source_dir=source_dir,
+        files_stats=None,
+        chunk_size_bytes=ft._DEFAULT_CHUNK_SIZE_BYTES,
+        max_size_bytes=None,
+    )
+
+
+def tune_unpack(pack_actor: Any, target_dir: str) -> None:
+    """The body of Tune's ``_unpack_from_actor`` task, run in this process."""
+    from ray.tune.utils import file_transfer
+
+    ft: Any = file_transfer
+    ft._unpack_from_actor._function(pack_actor, target_dir)
