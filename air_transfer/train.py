@@ -51,10 +51,11 @@ def checkpoint_upload_fn(
     node: str | None = None,
     config: TransferConfig | None = None,
 ) -> Checkpoint:
-    """Upload a reported checkpoint in chunks: pack it here, and have the agent of
-    ``node`` write it into the run's storage (``RunConfig`` storage, any pyarrow
-    filesystem that node can reach). Pass it to ``ray.train.report``; set ``node`` or
-    ``config`` with ``functools.partial``.
+    """Upload a reported checkpoint in chunks: packed by this node's agent while the
+    agent of ``node`` already writes the chunks packed so far into the run's storage
+    (``RunConfig`` storage, any pyarrow filesystem that node can reach); returns once
+    it is stored. Pass it to ``ray.train.report``; set ``node`` or ``config`` with
+    ``functools.partial``.
 
     ``node`` defaults to the storage's node for a ``storage_filesystem()``, else the
     head node. On a local filesystem the checkpoint appears whole and verified.
@@ -64,6 +65,8 @@ def checkpoint_upload_fn(
     dest = storage.build_checkpoint_path_from_name(checkpoint_dir_name)
     handler = node_storage_handler(fs)
     target = node or (handler.node_id if handler is not None else head_node_id())
-    handle = ChunkedCheckpoint.from_checkpoint(checkpoint).pack(config)
-    ray.get(node_agent(target).store_checkpoint.remote(handle, fs, dest))
+    future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(config)
+    # A top-level ref argument reaches the agent as the transferred checkpoint itself.
+    ray.get(node_agent(target).store_checkpoint.remote(future.ref, fs, dest))
+    future.result()  # stored means packed, but any packing error is raised as such
     return Checkpoint(dest, filesystem=fs)

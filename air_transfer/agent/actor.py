@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import ray
 
-from air_transfer.checkpoint import submit_transfer
+from air_transfer.checkpoint import ChunkedCheckpoint, submit_transfer
 from air_transfer.config import TransferConfig
 from air_transfer.errors import SourceChangedError
 from air_transfer.handle import TransferHandle, fresh
@@ -80,11 +80,13 @@ class NodeAgent:
         return os.getpid()
 
     def store_checkpoint(
-        self, handle: TransferHandle, filesystem: pafs.FileSystem, path: str
+        self, checkpoint: ChunkedCheckpoint | TransferHandle, filesystem: pafs.FileSystem, path: str
     ) -> str:
         """Write a transferred checkpoint to ``path`` on ``filesystem``, reached from
-        this node (``checkpoint_upload_fn``)."""
-        return store_checkpoint(handle, filesystem, path)
+        this node (``checkpoint_upload_fn``), chunk by chunk as they are packed."""
+        if isinstance(checkpoint, ChunkedCheckpoint):
+            checkpoint = checkpoint.handle()
+        return store_checkpoint(checkpoint, filesystem, path)
 
     def disk(self, op: str, root: str, *args: Any) -> Any:
         """Run node-storage operation ``op`` (an ``fs_*`` method of ``DiskStorage`` or
