@@ -21,12 +21,19 @@ from air_transfer.strategies import strategies
 
 RESULT_KEYS = {
     "contender", "size_gb", "layout", "status", "reason", "seconds", "median_s", "min_s",
-    "max_s", "s_per_gb", "ratio_to_cp", "producer_peak_private_mib",
-    "consumer_peak_private_mib", "object_store_peak_mib", "verified",
+    "max_s", "s_per_gb", "ratio_to_cp", "ratio_to_cp_direct", "call_seconds",
+    "call_median_s", "call_max_s", "pack_s", "unpack_s", "producer_peak_private_mib",
+    "consumer_peak_private_mib", "agent_peak_private_mib", "object_store_peak_mib", "verified",
 }  # fmt: skip
+#: Ray Train's controller polls its workers every 2 s by default, and a Train run
+#: ends (and a report made right after another returns) only at a poll; the smoke
+#: runs poll faster so that three short Train runs stay short.
+FAST_TRAIN_POLL = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
 
 
-def run_bench_cli(tmp: Path, *flags: str) -> tuple[dict, subprocess.CompletedProcess]:
+def run_bench_cli(
+    tmp: Path, *flags: str, env: dict[str, str] | None = None
+) -> tuple[dict, subprocess.CompletedProcess]:
     """Run the bench as a subprocess (so its Ray never meets one this process has)."""
     report = tmp / "bench.json"
     cmd = [
@@ -34,7 +41,7 @@ def run_bench_cli(tmp: Path, *flags: str) -> tuple[dict, subprocess.CompletedPro
         "--json", str(report), "--plot", str(tmp / "bench.png"),
         "--data-dir", str(tmp / "data"), "--num-cpus", "2", "--clean", "--no-prefault", *flags,
     ]  # fmt: skip
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, f"bench failed:\n{proc.stdout}\n{proc.stderr}"
@@ -91,21 +98,72 @@ def test_every_contender_round_trips_verified(single_node: tuple[dict, str, Path
     by_name = {(r["contender"], r["layout"]): r for r in report["results"]}
     for local_copy in ("cp", "cp-direct"):  # no producer process
         assert by_name[local_copy, "big"]["producer_peak_private_mib"] is None
+        assert by_name[local_copy, "big"]["call_median_s"] is None
     assert by_name["chunked", "big"]["producer_peak_private_mib"] > 0
+    for layout in ("big", "small"):
+        for name in ("chunked", "chunked-async"):  # the producer's blocking call, timed
+            row = by_name[name, layout]
+            assert len(row["call_seconds"]) == 1 and row["call_median_s"] > 0, row
+            assert row["agent_peak_private_mib"] > 0  # the node's agent packs
+            assert row["pack_s"] > 0 and row["ratio_to_cp_direct"] is not None
+        async_row = by_name["chunked-async", layout]
+        # The async call returns before packing is done; the sync one only after.
+        assert async_row["call_median_s"] <= async_row["pack_s"], async_row
 
 
 def test_output_has_table_progress_and_linearity(single_node: tuple[dict, str, Path]) -> None:
     _, output, _ = single_node
     assert "contender" in output and "s/GB" in output and "linearity" in output
+    assert "call_s" in output and "chunked-async" in output
     assert "[1/" in output  # one progress line per measurement
 
 
 def test_cross_node_with_raw(tmp_path: Path) -> None:
-    """Also the one run with the (default) warm-up round trip per actor pair."""
-    contenders = ["cp", "chunked", "raw"]
+    """Also the one run with the (default) warm-up round trip per actor pair, and
+    the store warm-up of both nodes' agents."""
+    contenders = ["cp", "chunked", "chunked-async", "raw"]
     report, _ = run_bench_cli(tmp_path, "--cross-node", "--contenders", *contenders)
     check_report(report, contenders, ["big"], tmp_path)
     assert report["config"]["cross_node"] is True
+
+
+def test_train_mode_reports_and_restores_verified_against_both_floors(tmp_path: Path) -> None:
+    """``--train``: every path and floor measured, every stored and restored
+    checkpoint verified, each Train row held against its floor."""
+    from air_transfer.bench.train_path import ROWS
+
+    report, proc = run_bench_cli(tmp_path, "--train", "--no-warmup", env=FAST_TRAIN_POLL)
+    assert report["mode"] == "train"
+    rows = {r["contender"]: r for r in report["results"]}
+    assert list(rows) == list(ROWS)
+    for name, r in rows.items():
+        assert set(r) >= {*RESULT_KEYS, "floor", "ratio_to_floor", "ratio_to_raw"}
+        assert r["status"] == "ok" and r["verified"] is True, r
+        assert len(r["seconds"]) == 1 and r["median_s"] > 0
+        assert r["floor"] == ROWS[name]
+        assert (r["ratio_to_floor"] is None) == (ROWS[name] is None), r
+    assert rows["report/other-node"]["floor"] == "raw"
+    assert rows["restore/storage-node"]["floor"] == "cp-direct"
+    assert "x_floor" in proc.stdout and "report/local-fs" in proc.stdout
+    assert not any((tmp_path / "data").glob("*")), "--clean left cached data behind"
+
+
+def test_readers_mode_reads_the_storage_disk_once(tmp_path: Path) -> None:
+    """``--readers 2``: one reader alone, then both at once, verified, with the
+    storage node's counters (read once whatever the readers: 1.0x; served once
+    per reader)."""
+    report, proc = run_bench_cli(tmp_path, "--readers", "2", "--no-warmup")
+    assert report["mode"] == "readers"
+    one, both = report["results"]
+    assert (one["contender"], one["readers"], both["contender"], both["readers"]) == (
+        "one-reader", 1, "n-readers", 2,
+    )  # fmt: skip
+    for r in (one, both):
+        assert r["status"] == "ok" and r["verified"] is True, r
+        assert r["read_ratio"] == [1.0], r
+        assert len(r["reader_seconds"]) == r["readers"] and r["ratio_to_one"] > 0
+    assert one["served_ratio"] == [1.0] and both["served_ratio"] == [2.0]
+    assert "read_x" in proc.stdout and "n-readers" in proc.stdout
 
 
 def test_cp_direct_copies_large_files_exactly_around_the_page_cache(tmp_path: Path) -> None:
@@ -216,6 +274,6 @@ def test_help_explains_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
         "--sizes", "--layout", "--small-file-kib", "--small-files", "--repeats",
         "--contenders", "--chunk-mib", "--window", "--cross-node", "--data-dir", "--clean",
         "--json", "--plot", "--no-warmup", "--drop-caches", "--num-cpus", "--object-store-mb",
-        "--no-prefault", "--memory-margin-gb", "--no-direct-io",
+        "--no-prefault", "--memory-margin-gb", "--no-direct-io", "--train", "--readers",
     ):  # fmt: skip
         assert flag in text

@@ -13,6 +13,7 @@ from air_transfer.bench.endpoint import Ends
 from air_transfer.bench.runner import warmup_size
 from air_transfer.bench.sampler import object_store_used
 from air_transfer.config import MiB, TransferConfig
+from air_transfer.nodes import node_agent
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -48,6 +49,26 @@ def test_warm_store_leaves_the_store_as_it_found_it(ends: Ends) -> None:
     before = object_store_used()
     ends.warm_store()
     assert object_store_used() <= before + endpoint.STORE_PIECE_BYTES
+
+
+def shared_bytes(pid: int) -> int:
+    """``RssShmem`` of ``pid``: the object-store pages it has mapped (the store is a
+    shared-memory file)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssShmem:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no RssShmem in /proc/{pid}/status")
+
+
+def test_warm_store_maps_the_store_into_the_agent_that_packs(ends: Ends) -> None:
+    """The node's agent packs every chunk (``to_object_ref`` submits the packing to
+    it), so its first writes to the store's pages are the ones that fault: the
+    warm-up maps most of the store into it too, not only into the producer and
+    consumer (the warm-up once skipped it, and the first trip paid for it)."""
+    agent = int(ray.get(node_agent(ends.producer_node).pid.remote()))
+    ends.warm_store()
+    assert shared_bytes(agent) >= 0.6 * node_store_bytes()
 
 
 def test_warmup_trip_is_two_chunks_but_never_above_the_smallest_checkpoint() -> None:

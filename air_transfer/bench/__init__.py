@@ -12,7 +12,11 @@ The output is verified byte for byte against the source, then deleted. The conte
   tarred into one ``bytes``, one ``ray.put``, one ``ray.get``, untar.
 - ``tune``: Ray Tune's own cross-node transfer (its pack actor and unpack task, from
   Tune's ``file_transfer`` module), as ``sync_dir_between_nodes`` uses them.
-- every registered air-transfer strategy (``inline``, ``chunked``, ...).
+- every registered air-transfer strategy (``inline``, ``chunked``, ...), through the
+  blocking ``to_object_ref``.
+- ``chunked-async``: ``chunked`` through ``to_object_ref_async``: the producer's call
+  returns once packing is submitted to its node's agent, and the consumer writes
+  chunk i while later ones are still being packed.
 - ``raw`` (default with ``--cross-node``): the same number of bytes as numpy chunks,
   ``ray.put`` by the producer and ``ray.get`` by the consumer, no files: Ray's own
   transfer ceiling.
@@ -21,8 +25,14 @@ What is measured, and how:
 
 - seconds: wall clock in the driver around the whole round trip (``perf_counter``).
   For ``tune`` this includes starting the pack actor, as every Tune sync does.
+- call seconds (``call_s``): how long the producer's call blocked it, timed in the
+  producer: ``to_object_ref`` (which returns once every chunk is packed, so it is
+  ``pack_s``) or ``to_object_ref_async`` (which returns once packing is submitted;
+  its ``pack_s`` is until its future completed: the source free again).
 - peak private memory: the high water of ``RssAnon`` in ``/proc/<pid>/status`` of the
-  producer and of the consumer process, sampled every 20 ms by a driver thread.
+  producer and of the consumer process, and for air-transfer's contenders of the
+  producer node's agent (which packs the chunks), sampled every 20 ms by a driver
+  thread.
   Plain RSS would also count the object-store pages a process maps (a zero-copy
   ``ray.get`` maps the whole object), which are not private and not the process's.
 - object store: ``cluster_resources() - available_resources()`` of
@@ -35,12 +45,17 @@ Repeats are interleaved (rep 1 of every contender, then rep 2) so a machine that
 drifts, a disk slowed by someone else's load, does not land on one contender; each
 contender has its own producer/consumer actor pair per layout, warmed up untimed by
 one round trip of two chunks (at most the smallest checkpoint) and by mapping 70% of
-the object store into both processes (``--no-warmup`` to measure these first-use
-costs too).
+the object store into both processes and into the agents of their nodes
+(``--no-warmup`` to measure these first-use costs too).
 
 A contender whose predicted memory would not fit (``blob`` needs ~8x the checkpoint,
 ``tune`` ~6x) is skipped with the reason, never run into the OOM killer; a watchdog
 also kills a run if available memory falls under half the margin anyway.
+
+Two other runs replace the contenders: ``--train`` (the Ray Train path through
+``storage_filesystem``: report and restore, beside a local-filesystem Train run, raw
+Ray and ``cp-direct``; see ``bench.train_path``) and ``--readers N`` (N readers on N
+nodes restoring one checkpoint from node storage at once; see ``bench.readers``).
 """
 
 from __future__ import annotations
@@ -56,7 +71,6 @@ from air_transfer.bench.contenders import all_contenders, contender_function, de
 from air_transfer.bench.data import (
     GB,
     LAYOUTS,
-    checkpoint_sizes,
     clean_data_dir,
     first_difference,
     layout_plan,
@@ -65,24 +79,23 @@ from air_transfer.bench.data import (
 )
 from air_transfer.bench.measure import predicted_peak_bytes, skip_reason
 from air_transfer.bench.options import add_bench_options
+from air_transfer.bench.readers import run_readers
 from air_transfer.bench.report import (
+    CONTENDER_METRICS,
     add_ratios,
     format_linearity,
+    format_readers_table,
     format_table,
+    format_train_table,
     linearity,
     pyplot,
+    run_config,
     skipped,
     write_plot,
 )
-from air_transfer.bench.runner import progress, run_layout, warmup_size
-from air_transfer.bench.session import (
-    auto_store_bytes,
-    drop_caches,
-    machine_info,
-    prefault_memory,
-    ray_session,
-)
-from air_transfer.config import MiB, TransferConfig
+from air_transfer.bench.runner import prepare, progress, run_layout
+from air_transfer.bench.session import drop_caches, machine_info, ray_session
+from air_transfer.bench.train_path import run_train
 
 __all__ = [
     "LAYOUTS",
@@ -98,6 +111,8 @@ __all__ = [
     "make_checkpoint",
     "predicted_peak_bytes",
     "run_bench",
+    "run_readers",
+    "run_train",
     "skip_reason",
     "skipped",
     "tree_digest",
@@ -107,34 +122,9 @@ __all__ = [
 def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
     """Run every contender at every layout and size; returns the JSON report."""
     contenders = opts.contenders or default_contenders(opts.cross_node)
-    config = TransferConfig(
-        chunk_bytes=opts.chunk_mib * MiB, window=opts.window, direct_io=opts.direct_io
-    )
-    # Absolute: the actors do not share the driver's working directory.
-    data_dir = opts.data_dir = os.path.abspath(os.path.expanduser(opts.data_dir))
-    os.makedirs(data_dir, exist_ok=True)
-    plan = {layout: checkpoint_sizes(opts, layout) for layout in opts.layout}
-    largest = max(n for sizes in plan.values() for _, n in sizes)
-    store = opts.object_store_mb * MiB if opts.object_store_mb else None
-    store = store or auto_store_bytes(largest, opts.cross_node)
-    if opts.prefault:
-        progress("prefaulting memory (first touch of a VM's memory is several times slower)")
-        prefault_memory(int(opts.memory_margin_gb * GB))
-
-    # (layout, bytes) -> (path, digest); "warmup" -> (path, bytes)
-    sources: dict[Any, Any] = {}
-    for layout, sizes in plan.items():
-        for size_gb, nbytes in sizes:
-            progress(f"checkpoint {layout} {size_gb:g} GB ({nbytes} bytes) in {data_dir}")
-            path = make_checkpoint(
-                data_dir, layout, round(size_gb * GB), opts.small_file_kib * 1024
-            )
-            sources[layout, nbytes] = (path, tree_digest(path))
-    if opts.warmup:
-        warmup_bytes = warmup_size(config, min(n for sizes in plan.values() for _, n in sizes))
-        sources["warmup"] = (make_checkpoint(data_dir, "big", warmup_bytes, 0), warmup_bytes)
-
-    machine = machine_info(data_dir)
+    setup = prepare(opts, 2 if opts.cross_node else 1)
+    config, plan, sources, store = setup.config, setup.plan, setup.sources, setup.store_bytes
+    machine = machine_info(opts.data_dir)
     results: list[dict[str, Any]] = []
     total = sum(len(s) for s in plan.values()) * len(contenders) * opts.repeats
     steps = (f"[{i}/{total}]" for i in range(1, total + 1))
@@ -149,26 +139,8 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
     add_ratios(results)
     per_node_store = store / (2 if opts.cross_node else 1)
     return {
-        "config": {
-            **{k: v for k, v in vars(opts).items() if k not in ("run",)},
-            "contenders": contenders,
-            "data_dir": data_dir,
-            "transfer_config": {
-                "chunk_bytes": config.chunk_bytes,
-                "window": config.window,
-                "inline_limit": config.inline_limit,
-                "verify": config.verify,
-                "direct_io": config.direct_io,
-            },
-            "object_store_bytes_per_node": int(per_node_store),
-            "metrics": {
-                "seconds": "driver wall clock around the whole round trip",
-                "peak_private": "RssAnon high water from /proc/<pid>/status, 20 ms samples",
-                "object_store": "cluster - available object_store_memory over all nodes, "
-                "20 ms samples, minus the value at start (raylets report ~every 100 ms)",
-                "size_gb": "decimal GB (10**9 bytes)",
-            },
-        },
+        "mode": "contenders",
+        "config": run_config(opts, config, contenders, per_node_store, CONTENDER_METRICS),
         "machine": machine,
         "results": results,
         "linearity": linearity(results),
@@ -196,10 +168,23 @@ def main(opts: argparse.Namespace) -> int:
         except ImportError as e:
             progress(str(e))
             return 2
-    report = run_bench(opts)
-    print(format_table(report["results"]))
-    print()
-    print(format_linearity(report["linearity"]))
+    if opts.train and opts.readers:
+        progress("--train and --readers are separate runs: give one of them")
+        return 2
+    if (opts.train or opts.readers) and (opts.contenders or opts.cross_node):
+        progress("--contenders and --cross-node do not apply to --train or --readers")
+        return 2
+    if opts.readers:
+        report = run_readers(opts)
+        print(format_readers_table(report["results"]))
+    elif opts.train:
+        report = run_train(opts)
+        print(format_train_table(report["results"]))
+    else:
+        report = run_bench(opts)
+        print(format_table(report["results"]))
+        print()
+        print(format_linearity(report["linearity"]))
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(report, f, indent=2, default=str)

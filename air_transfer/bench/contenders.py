@@ -17,13 +17,16 @@ from air_transfer.strategies import strategies as registered_strategies
 
 BUILTIN_CONTENDERS = ("cp", "cp-direct", "blob", "tune")
 RAW = "raw"
+#: ``chunked`` through ``to_object_ref_async``: the producer blocks only for the call.
+ASYNC = "chunked-async"
 #: Contenders that copy within the consumer's node and have no producer process.
 LOCAL_COPIES = ("cp", "cp-direct")
 
 
 def all_contenders() -> list[str]:
-    """Every contender name: the built-ins, each registered strategy, and ``raw``."""
-    return [*BUILTIN_CONTENDERS, *registered_strategies, RAW]
+    """Every contender name: the built-ins, each registered strategy, ``chunked``
+    through the non-blocking call, and ``raw``."""
+    return [*BUILTIN_CONTENDERS, *registered_strategies, ASYNC, RAW]
 
 
 def default_contenders(cross_node: bool) -> list[str]:
@@ -32,9 +35,17 @@ def default_contenders(cross_node: bool) -> list[str]:
     return [c for c in all_contenders() if c != RAW or cross_node]
 
 
+def packs_in_agent(name: str) -> bool:
+    """Whether contender ``name`` has its node's agent pack the chunks (so the
+    agent's memory is sampled with the producer's): every air-transfer one."""
+    return name in registered_strategies or name == ASYNC
+
+
 @dataclass
 class Trip:
-    """One timed round trip. ``verified`` is set by contenders without output files;
+    """One timed round trip. ``call_s`` is how long the producer's call blocked
+    (``to_object_ref``, or ``to_object_ref_async``); ``pack_s`` is until the source
+    was free again. ``verified`` is set by contenders without output files;
     ``hold`` keeps the trip's objects referenced until the sampler has seen them."""
 
     seconds: float
@@ -42,6 +53,7 @@ class Trip:
     unpack_s: float | None = None
     verified: bool | None = None
     hold: Any = None
+    call_s: float | None = None
 
 
 def run_cp(ends: Ends, src: str, out: str, nbytes: int) -> Trip:
@@ -112,7 +124,23 @@ def run_strategy(name: str, ends: Ends, src: str, out: str, nbytes: int) -> Trip
     start = time.perf_counter()
     packed = ends.producer.air_pack.remote(src, config)
     pack_s, unpack_s = ray.get(ends.consumer.air_unpack.remote(packed, out))
-    return Trip(time.perf_counter() - start, pack_s, unpack_s, hold=packed)
+    # The sync call blocks until every chunk is packed: its call time is pack_s.
+    return Trip(time.perf_counter() - start, pack_s, unpack_s, hold=packed, call_s=pack_s)
+
+
+def run_async(ends: Ends, src: str, out: str, nbytes: int) -> Trip:
+    """``chunked`` through ``to_object_ref_async`` in the producer: the consumer gets
+    the ref as soon as the call returns and writes chunk i while later ones are
+    still being packed by the node's agent. The round trip runs from the call to the
+    target published; ``call_s`` is what the call blocked the producer, ``pack_s``
+    when its future completed (the source free again)."""
+    config = ends.config.replace(strategy="chunked")
+    start = time.perf_counter()
+    packed = ends.producer.air_pack_async.remote(src, config)
+    call_s, unpack_s = ray.get(ends.consumer.air_unpack.remote(packed, out))
+    seconds = time.perf_counter() - start
+    pack_s = ray.get(ends.producer.air_async_packed.remote())
+    return Trip(seconds, pack_s, unpack_s, hold=packed, call_s=call_s)
 
 
 def run_raw(ends: Ends, src: str, out: str, nbytes: int) -> Trip:
@@ -135,6 +163,7 @@ def contender_function(name: str) -> Callable[[Ends, str, str, int], Trip]:
         "blob": run_blob,
         "tune": run_tune,
         RAW: run_raw,
+        ASYNC: run_async,
     }
     if name in builtins:
         return builtins[name]

@@ -9,6 +9,7 @@ import io
 import os
 import shutil
 import tarfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,10 +20,13 @@ import ray
 import xxhash
 
 from air_transfer import _ray
+from air_transfer.bench.data import tree_digest
 from air_transfer.bench.sampler import Sampler, object_store_used, wait_for_store_at_most
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.config import TransferConfig
 from air_transfer.direct_io import DirectFileWriter, should_write_direct
+from air_transfer.future import TransferFuture
+from air_transfer.nodes import node_agent
 
 
 def _extract_all(tar: tarfile.TarFile, target: str) -> None:
@@ -56,33 +60,52 @@ def copy_direct(src: str, dst: str) -> str:
     return dst
 
 
+def fill_store(fraction: float) -> list[Any]:
+    """Put pieces adding up to ``fraction`` of this node's object store and return
+    their refs: writing them maps every page of that much of the store into the
+    calling process (see ``Ends.warm_store``)."""
+    node_id = ray.get_runtime_context().get_node_id()
+    (node,) = [n for n in ray.nodes() if n["NodeID"] == node_id]
+    target = int(node["Resources"].get("object_store_memory", 0) * fraction)
+    piece = np.ones(min(STORE_PIECE_BYTES, max(target, 1)), dtype=np.uint8)
+    return [ray.put(piece) for _ in range(target // len(piece))]
+
+
+def touch_store(refs: list[Any]) -> int:
+    """Read one byte per page of each object (fetched to this node if need be),
+    which maps those pages of this node's store into the calling process."""
+    touched = 0
+    for ref in refs:
+        piece = ray.get(ref)
+        touched += int(piece[::PAGE_BYTES].sum(dtype=np.int64))
+        del piece
+    return touched
+
+
+def agent_fill_store(agent: object, fraction: float) -> list[list[Any]]:
+    """``fill_store`` run inside a node agent (``agent.__ray_call__``): the agent packs
+    every chunk now, so it is the process whose first writes to the store's pages
+    fault. The refs come back nested, so the caller borrows them."""
+    return [fill_store(fraction)]
+
+
 class Endpoint:
     """A producer or consumer process (a Ray actor with ``num_cpus=0``). Each method
     is one side of one contender and returns the seconds it spent, so a result
     also says whether packing or unpacking is the slow half."""
 
+    #: The transfer ``air_pack_async`` started: future, call time, done event and
+    #: the time packing finished (filled in by the future's callback).
+    _async: tuple[TransferFuture, float, threading.Event, list[float]] | None = None
+
     def info(self) -> tuple[int, str]:
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
     def fill_store(self, fraction: float) -> list[Any]:
-        """Put pieces adding up to ``fraction`` of this node's object store and return
-        their refs: writing them maps every page of that much of the store into this
-        process (see ``Ends.warm_store``)."""
-        node_id = ray.get_runtime_context().get_node_id()
-        (node,) = [n for n in ray.nodes() if n["NodeID"] == node_id]
-        target = int(node["Resources"].get("object_store_memory", 0) * fraction)
-        piece = np.ones(min(STORE_PIECE_BYTES, max(target, 1)), dtype=np.uint8)
-        return [ray.put(piece) for _ in range(target // len(piece))]
+        return fill_store(fraction)
 
     def touch_store(self, refs: list[Any]) -> int:
-        """Read one byte per page of each object (fetched to this node if need be),
-        which maps those pages of this node's store into this process."""
-        touched = 0
-        for ref in refs:
-            piece = ray.get(ref)
-            touched += int(piece[::PAGE_BYTES].sum(dtype=np.int64))
-            del piece
-        return touched
+        return touch_store(refs)
 
     def copytree(self, src: str, out: str, direct_io: bool = False) -> float:
         """``shutil.copytree``; with ``direct_io``, large files as air-transfer writes
@@ -119,11 +142,53 @@ class Endpoint:
         ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config=config)
         return [ref], time.perf_counter() - start
 
+    def air_pack_async(self, src: str, config: TransferConfig) -> tuple[list[Any], float]:
+        """``to_object_ref_async``: returns once the call has, with the seconds the
+        call blocked; packing goes on in the node's agent (``air_async_packed``)."""
+        done = threading.Event()
+        start = time.perf_counter()
+        future = ChunkedCheckpoint.from_directory(src).to_object_ref_async(config=config)
+        call_s = time.perf_counter() - start
+        packed_at: list[float] = []
+
+        def record(_: TransferFuture) -> None:
+            packed_at.append(time.perf_counter())
+            done.set()
+
+        future.add_done_callback(record)
+        self._async = (future, start, done, packed_at)
+        return [future.ref], call_s
+
+    def air_async_packed(self, timeout_s: float = 600.0) -> float:
+        """Seconds from the last ``air_pack_async`` call until its packing finished
+        (the source directory was free again); raises what packing raised. Lets go of
+        the future, so that only the readers' references keep the chunks."""
+        state, self._async = self._async, None
+        if state is None:
+            raise RuntimeError("air_async_packed without a transfer in flight")
+        future, start, done, packed_at = state
+        future.result(timeout_s)
+        if not done.wait(timeout_s):
+            raise TimeoutError(f"packing finished but its callback did not run in {timeout_s} s")
+        return packed_at[0] - start
+
     def air_unpack(self, packed: tuple[list[Any], float], out: str) -> tuple[float, float]:
         (ref,), pack_s = packed
         start = time.perf_counter()
         ChunkedCheckpoint.from_object_ref(ref).to_directory(out)
         return pack_s, time.perf_counter() - start
+
+    def restore(self, checkpoint: Any, out: str) -> tuple[float, dict[str, Any]]:
+        """``checkpoint.to_directory(out)`` (any ``ray.train.Checkpoint``, e.g. one in
+        node storage): the seconds it took and the digest of what it wrote, which is
+        then deleted."""
+        start = time.perf_counter()
+        checkpoint.to_directory(out)
+        seconds = time.perf_counter() - start
+        try:
+            return seconds, tree_digest(out)
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
 
     def tune_unpack(self, pack_actor: Any, out: str) -> float:
         """The body of Tune's unpack task, run here so that its
@@ -173,9 +238,31 @@ def _endpoint_actor() -> Any:
     return ray.remote(num_cpus=0)(Endpoint)
 
 
+def start_endpoint(resource: str | None = None) -> Any:
+    """A fresh ``Endpoint`` actor, pinned to the node holding custom ``resource``."""
+    return _endpoint_actor().options(resources={resource: 0.01} if resource else {}).remote()
+
+
+def warm_agent(node_id: str, fraction: float, reader: Any = None) -> None:
+    """Map ``fraction`` of node ``node_id``'s object store into that node's agent
+    (which packs every chunk: ``to_object_ref`` and node-storage reads alike), and
+    into ``reader`` too, an actor on the same node that then reads them, so that
+    neither process pays first touches of store pages on the clock."""
+    agent = node_agent(node_id)
+    (refs,) = ray.get(agent.__ray_call__.remote(agent_fill_store, fraction))
+    if reader is not None:
+        ray.get(reader.touch_store.remote(refs))
+
+
+def agent_pid(node_id: str) -> int:
+    """The pid of node ``node_id``'s agent (started if need be)."""
+    return int(ray.get(node_agent(node_id).pid.remote()))
+
+
 @dataclass
 class Ends:
-    """A producer and a consumer actor, where they run, and the run's settings."""
+    """A producer and a consumer actor, where they run, and the run's settings.
+    ``agent_pid`` is the producer node's agent, which packs the chunks."""
 
     producer: Any
     consumer: Any
@@ -184,20 +271,21 @@ class Ends:
     producer_node: str
     consumer_node: str
     config: TransferConfig
+    agent_pid: int | None = None
     sampler: Sampler | None = None
     transient: list[Any] = field(default_factory=list)
 
     @classmethod
     def start(cls, config: TransferConfig, cross_node: bool) -> Ends:
         """Two fresh actors; across nodes, pinned by the custom node resources."""
-        actor = _endpoint_actor()
-        producer = actor.options(resources={"node_a": 0.01} if cross_node else {}).remote()
-        consumer = actor.options(resources={"node_b": 0.01} if cross_node else {}).remote()
+        producer = start_endpoint("node_a" if cross_node else None)
+        consumer = start_endpoint("node_b" if cross_node else None)
         (p_pid, p_node), (c_pid, c_node) = ray.get([producer.info.remote(), consumer.info.remote()])
-        return cls(producer, consumer, p_pid, c_pid, p_node, c_node, config)
+        return cls(producer, consumer, p_pid, c_pid, p_node, c_node, config, agent_pid(p_node))
 
     def warm_store(self) -> None:
-        """Map most of the object store into both processes once, untimed.
+        """Map most of the object store into both processes and into the agent of
+        each of their nodes once, untimed.
 
         A process's first write or read of a page of the store's shared memory takes
         a page fault even though the raylet preallocated the page: measured here,
@@ -205,13 +293,20 @@ class Ends:
         once mapped, bare puts 0.35 s against 0.08 s. A long-running training
         worker has paid that long before it checkpoints, and without this warm-up
         the contender measured first at a new size would pay it for the others.
+        The agents count too: they pack the chunks (``to_object_ref`` submits the
+        packing to the node's agent) and serve node-storage reads.
         """
         before = object_store_used()
         refs = ray.get(self.producer.fill_store.remote(WARM_STORE_FRACTION))
         ray.get(self.consumer.touch_store.remote(refs))
         del refs
-        # Wait for the pieces to go, so the first measurement's store baseline is clean.
+        # Wait for the pieces to go, so the next fill and the first measurement's
+        # store baseline are clean.
         wait_for_store_at_most(before + STORE_PIECE_BYTES, timeout_s=10.0)
+        for node in dict.fromkeys([self.producer_node, self.consumer_node]):
+            same = self.consumer if node == self.consumer_node else None
+            warm_agent(node, WARM_STORE_FRACTION, same)
+            wait_for_store_at_most(before + STORE_PIECE_BYTES, timeout_s=10.0)
 
     def kill(self) -> None:
         for handle in [self.producer, self.consumer, *self.transient]:

@@ -10,7 +10,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from air_transfer.bench.contenders import LOCAL_COPIES, RAW, Trip, contender_function
+from air_transfer.bench.contenders import (
+    LOCAL_COPIES,
+    RAW,
+    Trip,
+    contender_function,
+    packs_in_agent,
+)
 from air_transfer.bench.data import GB, first_difference, tree_digest
 from air_transfer.bench.endpoint import Ends
 from air_transfer.bench.sampler import Sampler
@@ -116,7 +122,8 @@ def measure_once(
         drop_caches()  # cold start: the source is read from disk, not the page cache
     floor = int(opts.memory_margin_gb * GB / 2)
     producer = None if name in LOCAL_COPIES else ends.producer_pid
-    pids = {"producer": producer, "consumer": ends.consumer_pid}
+    agent = ends.agent_pid if packs_in_agent(name) else None
+    pids = {"producer": producer, "consumer": ends.consumer_pid, "agent": agent}
     trip, error = None, None
     with Sampler(pids, floor, ends.kill) as sampler:
         ends.sampler = sampler

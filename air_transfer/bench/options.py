@@ -64,6 +64,20 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "'cp-direct' stay local copies, the floors",
     )  # fmt: skip
     parser.add_argument(
+        "--train", action="store_true",
+        help="instead of the contenders, the Ray Train path on a 2-node cluster: "
+        "report (ray.train.report blocking time in the worker) and restore "
+        "(to_directory on the storage node and on the other node) through "
+        "storage_filesystem, beside a local-filesystem Train run, raw Ray across the "
+        "nodes and cp-direct, at every --sizes, --repeats times",
+    )  # fmt: skip
+    parser.add_argument(
+        "--readers", type=positive_int, default=None, metavar="N",
+        help="instead of the contenders, N readers on N nodes (plus the storage node) "
+        "restore one checkpoint in node storage at once: total time, one reader alone, "
+        "and bytes the storage node read from its disk and served",
+    )  # fmt: skip
+    parser.add_argument(
         "--data-dir", default=default_data_dir(), metavar="DIR",
         help="where checkpoints are cached between runs (keyed by layout and size) and "
         "outputs written (default: %(default)s)",

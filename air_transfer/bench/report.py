@@ -4,13 +4,53 @@ for)."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 from typing import Any
 
 from air_transfer.bench.data import GB
 from air_transfer.bench.measure import Measurement
-from air_transfer.config import MiB
+from air_transfer.config import MiB, TransferConfig
+
+#: What each field of a contender's result row means (in the JSON's config).
+CONTENDER_METRICS = {
+    "seconds": "driver wall clock around the whole round trip",
+    "call_seconds": "how long the producer's call blocked: to_object_ref (sync, "
+    "= pack_s) or to_object_ref_async (returns once packing is submitted)",
+    "pack_s": "until the source directory was free again (every chunk packed)",
+    "peak_private": "RssAnon high water from /proc/<pid>/status, 20 ms samples; "
+    "agent: the producer node's agent, which packs the chunks",
+    "object_store": "cluster - available object_store_memory over all nodes, "
+    "20 ms samples, minus the value at start (raylets report ~every 100 ms)",
+    "size_gb": "decimal GB (10**9 bytes)",
+}
+
+
+def run_config(
+    opts: argparse.Namespace,
+    config: TransferConfig,
+    contenders: list[str],
+    store_per_node: float,
+    metrics: dict[str, str],
+) -> dict[str, Any]:
+    """The ``config`` section of a JSON report: the flags, the transfer config, the
+    object store per node and what each metric means."""
+    return {
+        **{k: v for k, v in vars(opts).items() if k not in ("run",)},
+        "contenders": contenders,
+        "data_dir": opts.data_dir,
+        "transfer_config": {
+            "chunk_bytes": config.chunk_bytes,
+            "window": config.window,
+            "inline_limit": config.inline_limit,
+            "verify": config.verify,
+            "direct_io": config.direct_io,
+            "cache_bytes": config.cache_bytes,
+        },
+        "object_store_bytes_per_node": int(store_per_node),
+        "metrics": metrics,
+    }
 
 
 def _mib(value: int | None) -> float | None:
@@ -25,6 +65,7 @@ def summarize(
     failure = next((m.error for m in runs if m.error), None)
     seconds = [round(m.trip.seconds, 4) for m in ok if m.trip is not None]
     median = statistics.median(seconds) if seconds else None
+    calls = [round(m.trip.call_s, 5) for m in ok if m.trip and m.trip.call_s is not None]
 
     def peak(role: str) -> float | None:
         values = [m.peaks[role] for m in runs if role in m.peaks]
@@ -47,10 +88,15 @@ def summarize(
         "max_s": max(seconds) if seconds else None,
         "s_per_gb": round(median / (nbytes / GB), 4) if median is not None else None,
         "ratio_to_cp": None,
+        "ratio_to_cp_direct": None,
+        "call_seconds": calls,
+        "call_median_s": round(statistics.median(calls), 5) if calls else None,
+        "call_max_s": max(calls) if calls else None,
         "pack_s": phase("pack_s"),
         "unpack_s": phase("unpack_s"),
         "producer_peak_private_mib": peak("producer"),
         "consumer_peak_private_mib": peak("consumer"),
+        "agent_peak_private_mib": peak("agent"),
         "object_store_peak_mib": _mib(max((m.store_peak for m in runs), default=0)),
         "verified": bool(ok) and not failure,
     }
@@ -62,16 +108,21 @@ def skipped(name: str, layout: str, size_gb: float, nbytes: int, reason: str) ->
     return {**row, "status": "skipped", "reason": reason, "verified": False}
 
 
-def add_ratios(results: list[dict[str, Any]]) -> None:
-    cp = {
-        (r["layout"], r["bytes"]): r["median_s"]
-        for r in results
-        if r["contender"] == "cp" and r["median_s"]
-    }
-    for r in results:
-        base = cp.get((r["layout"], r["bytes"]))
-        if base and r["median_s"] is not None:
-            r["ratio_to_cp"] = round(r["median_s"] / base, 3)
+def add_ratios(results: list[dict[str, Any]], floors: dict[str, str] | None = None) -> None:
+    """Each row's median over the median of a floor contender at the same layout
+    and size: ``ratio_to_<key>`` for each ``key: contender`` of ``floors`` (default:
+    ``cp`` and ``cp-direct``); None where the floor did not run."""
+    floors = floors or {"cp": "cp", "cp_direct": "cp-direct"}
+    for key, floor in floors.items():
+        base = {
+            (r["layout"], r["bytes"]): r["median_s"]
+            for r in results
+            if r["contender"] == floor and r["median_s"]
+        }
+        for r in results:
+            median = base.get((r["layout"], r["bytes"]))
+            ratio = None if not median or r["median_s"] is None else r["median_s"] / median
+            r[f"ratio_to_{key}"] = None if ratio is None else round(ratio, 3)
 
 
 def linearity(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -103,28 +154,15 @@ def linearity(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 # -- output ------------------------------------------------------------------------------
 
 
-def format_table(results: list[dict[str, Any]]) -> str:
-    """The results as plain text in aligned columns, then the skip/failure reasons."""
-    header = [
-        "contender", "layout", "size_gb", "status", "median_s", "min_s", "max_s",
-        "s/GB", "x_cp", "prod_MiB", "cons_MiB", "store_MiB", "verified",
-    ]  # fmt: skip
+def num(value: float | None, digits: int = 3) -> str:
+    """A table cell: ``value`` with ``digits`` decimals, or "-" for none."""
+    return "-" if value is None else f"{value:.{digits}f}"
 
-    def num(value: float | None, digits: int = 3) -> str:
-        return "-" if value is None else f"{value:.{digits}f}"
 
-    rows = [
-        [
-            r["contender"], r["layout"], f"{r['size_gb']:g}", r["status"],
-            num(r["median_s"]), num(r["min_s"]), num(r["max_s"]), num(r["s_per_gb"]),
-            num(r["ratio_to_cp"], 2), num(r["producer_peak_private_mib"], 0),
-            num(r["consumer_peak_private_mib"], 0), num(r["object_store_peak_mib"], 0),
-            "yes" if r["verified"] else "no",
-        ]
-        for r in results
-    ]  # fmt: skip
+def aligned(header: list[str], rows: list[list[str]], left: set[int]) -> list[str]:
+    """``header``, a rule and ``rows`` in columns: the ``left`` ones left-aligned,
+    the others (numbers) right-aligned."""
     widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
-    left = {0, 1, 3}
 
     def line(cells: list[str]) -> str:
         return "  ".join(
@@ -132,18 +170,86 @@ def format_table(results: list[dict[str, Any]]) -> str:
             for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         ).rstrip()
 
-    lines = [line(header), line(["-" * w for w in widths]), *map(line, rows)]
+    return [line(header), line(["-" * w for w in widths]), *map(line, rows)]
+
+
+def reasons(results: list[dict[str, Any]]) -> list[str]:
+    """The lines saying why a row was skipped or failed (none if all ran)."""
     notes = [
         f"  {r['contender']} {r['layout']} {r['size_gb']:g} GB {r['status']}: {r['reason']}"
         for r in results
         if r["reason"]
     ]
-    return "\n".join(lines + (["", "not run or failed:", *notes] if notes else []))
+    return ["", "not run or failed:", *notes] if notes else []
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    """The results as plain text in aligned columns, then the skip/failure reasons.
+    ``call_s`` is the median time the producer's call blocked."""
+    header = [
+        "contender", "layout", "size_gb", "status", "median_s", "min_s", "max_s",
+        "call_s", "s/GB", "x_cp", "x_cpd", "prod_MiB", "cons_MiB", "agent_MiB", "store_MiB",
+        "verified",
+    ]  # fmt: skip
+    rows = [
+        [
+            r["contender"], r["layout"], f"{r['size_gb']:g}", r["status"],
+            num(r["median_s"]), num(r["min_s"]), num(r["max_s"]), num(r["call_median_s"], 4),
+            num(r["s_per_gb"]), num(r["ratio_to_cp"], 2), num(r["ratio_to_cp_direct"], 2),
+            num(r["producer_peak_private_mib"], 0), num(r["consumer_peak_private_mib"], 0),
+            num(r["agent_peak_private_mib"], 0), num(r["object_store_peak_mib"], 0),
+            "yes" if r["verified"] else "no",
+        ]
+        for r in results
+    ]  # fmt: skip
+    return "\n".join(aligned(header, rows, {0, 1, 3}) + reasons(results))
+
+
+def format_train_table(results: list[dict[str, Any]]) -> str:
+    """``--train``: each path's median against both floors and against its own."""
+    header = [
+        "path", "layout", "size_gb", "status", "median_s", "min_s", "max_s", "s/GB",
+        "x_cp_direct", "x_raw", "floor", "x_floor", "verified",
+    ]  # fmt: skip
+    rows = [
+        [
+            r["contender"], r["layout"], f"{r['size_gb']:g}", r["status"],
+            num(r["median_s"]), num(r["min_s"]), num(r["max_s"]), num(r["s_per_gb"]),
+            num(r["ratio_to_cp_direct"], 2), num(r["ratio_to_raw"], 2), r["floor"] or "-",
+            num(r["ratio_to_floor"], 2), "yes" if r["verified"] else "no",
+        ]
+        for r in results
+    ]  # fmt: skip
+    return "\n".join(aligned(header, rows, {0, 1, 3, 10}) + reasons(results))
+
+
+def format_readers_table(results: list[dict[str, Any]]) -> str:
+    """``--readers N``: the N at once against one alone, and what the storage
+    node's disk read (``read_x``: per repeat, as multiples of the checkpoint)."""
+    header = [
+        "run", "readers", "layout", "size_gb", "status", "median_s", "min_s", "max_s",
+        "x_one", "reader_median_s", "read_x", "served_x", "verified",
+    ]  # fmt: skip
+
+    def ratios(values: list[float]) -> str:
+        return "/".join(f"{v:.2f}" for v in values) or "-"
+
+    rows = [
+        [
+            r["contender"], str(r["readers"]), r["layout"], f"{r['size_gb']:g}", r["status"],
+            num(r["median_s"]), num(r["min_s"]), num(r["max_s"]), num(r["ratio_to_one"], 2),
+            num(r["reader_median_s"]), ratios(r["read_ratio"]), ratios(r["served_ratio"]),
+            "yes" if r["verified"] else "no",
+        ]
+        for r in results
+    ]  # fmt: skip
+    return "\n".join(aligned(header, rows, {0, 2, 4}) + reasons(results))
 
 
 def format_linearity(lin: dict[str, dict[str, Any]]) -> str:
     """One line per layout and contender, or a note why it is missing."""
     lines = ["linearity (s/GB at the largest size / s/GB at the reference size; 1.00 = linear):"]
+    width = max((len(name) for by_name in lin.values() for name in by_name), default=10)
     for layout, by_name in lin.items():
         for name, value in by_name.items():
             if value is None:
@@ -153,7 +259,7 @@ def format_linearity(lin: dict[str, dict[str, Any]]) -> str:
                     f"{value['ratio']:.2f}  ({value['largest_size_gb']:g} GB vs "
                     f"{value['reference_size_gb']:g} GB)"
                 )
-            lines.append(f"  {name:<10} {layout:<6} {text}")
+            lines.append(f"  {name:<{width}} {layout:<6} {text}")
     return "\n".join(lines)
 
 

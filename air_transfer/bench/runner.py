@@ -8,17 +8,18 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
 from air_transfer.bench.contenders import contender_function
-from air_transfer.bench.data import GB
+from air_transfer.bench.data import GB, checkpoint_sizes, make_checkpoint, tree_digest
 from air_transfer.bench.endpoint import Ends
 from air_transfer.bench.measure import Measurement, error_reason, measure_once, skip_reason
 from air_transfer.bench.report import skipped, summarize
-from air_transfer.bench.session import store_capacity
-from air_transfer.config import TransferConfig
+from air_transfer.bench.session import auto_store_bytes, prefault_memory, store_capacity
+from air_transfer.config import MiB, TransferConfig
 
 
 def warmup_size(config: TransferConfig, smallest_bytes: int) -> int:
@@ -32,6 +33,58 @@ def warmup_size(config: TransferConfig, smallest_bytes: int) -> int:
 def progress(message: str) -> None:
     """One line on stderr, flushed, so a long run is never silent."""
     print(message, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Setup:
+    """What every mode of the bench prepares before starting Ray: the transfer
+    config from the flags, the sizes per layout, the checkpoints and the object
+    store's size per node."""
+
+    config: TransferConfig
+    plan: dict[str, list[tuple[float, int]]]
+    sources: dict[Any, Any]
+    store_bytes: int
+
+
+def prepare(opts: argparse.Namespace, nodes: int) -> Setup:
+    """The ``Setup`` of a run on ``nodes`` nodes; makes ``opts.data_dir`` absolute
+    (the actors do not share the driver's working directory), touches free memory
+    once unless ``--no-prefault``, and writes the checkpoints not cached yet."""
+    config = TransferConfig(
+        chunk_bytes=opts.chunk_mib * MiB, window=opts.window, direct_io=opts.direct_io
+    )
+    opts.data_dir = os.path.abspath(os.path.expanduser(opts.data_dir))
+    os.makedirs(opts.data_dir, exist_ok=True)
+    plan = {layout: checkpoint_sizes(opts, layout) for layout in opts.layout}
+    largest = max(n for sizes in plan.values() for _, n in sizes)
+    store = opts.object_store_mb * MiB if opts.object_store_mb else None
+    store = store or auto_store_bytes(largest, nodes > 1, nodes)
+    if opts.prefault:
+        progress("prefaulting memory (first touch of a VM's memory is several times slower)")
+        prefault_memory(int(opts.memory_margin_gb * GB))
+    return Setup(config, plan, prepare_sources(opts, plan, config), store)
+
+
+def prepare_sources(
+    opts: argparse.Namespace, plan: dict[str, list[tuple[float, int]]], config: TransferConfig
+) -> dict[Any, Any]:
+    """Every checkpoint of ``plan`` (layout -> sizes), written once into
+    ``opts.data_dir`` and digested: ``(layout, bytes) -> (path, digest)``; and, with
+    the warm-up on, ``"warmup" -> (path, bytes)`` (see ``warmup_size``)."""
+    sources: dict[Any, Any] = {}
+    for layout, sizes in plan.items():
+        for size_gb, nbytes in sizes:
+            progress(f"checkpoint {layout} {size_gb:g} GB ({nbytes} bytes) in {opts.data_dir}")
+            path = make_checkpoint(
+                opts.data_dir, layout, round(size_gb * GB), opts.small_file_kib * 1024
+            )
+            sources[layout, nbytes] = (path, tree_digest(path))
+    if opts.warmup:
+        smallest = min(n for sizes in plan.values() for _, n in sizes)
+        warmup_bytes = warmup_size(config, smallest)
+        sources["warmup"] = (make_checkpoint(opts.data_dir, "big", warmup_bytes, 0), warmup_bytes)
+    return sources
 
 
 def run_layout(
@@ -74,7 +127,7 @@ def run_layout(
                         continue
                     out = os.path.join(opts.data_dir, "out", f"{name}-{layout}-{nbytes}")
                     if name not in pairs:
-                        pairs[name] = _start_pair(name, config, sources.get("warmup"), opts)
+                        pairs[name] = start_pair(name, config, sources.get("warmup"), opts)
                     ends = pairs[name]
                     m = measure_once(name, ends, src, out, nbytes, source, opts)
                     done.append(m)
@@ -94,7 +147,7 @@ def run_layout(
     return sorted(rows, key=lambda r: (r["bytes"], order[r["contender"]]))
 
 
-def _start_pair(
+def start_pair(
     name: str,
     config: TransferConfig,
     warmup: tuple[str, int] | None,

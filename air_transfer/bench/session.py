@@ -12,7 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psutil
@@ -24,14 +24,20 @@ from air_transfer.config import GiB, MiB
 #: Raylets fault their whole object store in at start (a production setting), so the
 #: first contender to fill it does not pay the store's first-touch cost for the rest.
 PLASMA_CONFIG = {"preallocate_plasma_memory": True}
+#: The nodes of ``--cross-node`` by their custom resource: the head (the driver's
+#: node: the producer's, and the storage node of ``--train``) and one other.
+CROSS_NODES = ("node_a", "node_b")
 
 
 @contextlib.contextmanager
-def ray_session(cross_node: bool, num_cpus: int, store_bytes: int) -> Iterator[str]:
-    """An embedded Ray for the run: one local node, or with ``cross_node`` a two-node
-    ``ray.cluster_utils.Cluster`` on this machine (resources ``node_a``, ``node_b``),
-    each node with its own object store of ``store_bytes``. An already initialized
-    Ray (single node only) is reused and left running."""
+def ray_session(
+    cross_node: bool, num_cpus: int, store_bytes: int, nodes: Sequence[str] = CROSS_NODES
+) -> Iterator[str]:
+    """An embedded Ray for the run: one local node, or with ``cross_node`` a
+    ``ray.cluster_utils.Cluster`` on this machine with one node per name in
+    ``nodes`` (each holding that custom resource; the first is the head, where the
+    driver runs), each node with its own object store of ``store_bytes``. An
+    already initialized Ray (single node only) is reused and left running."""
     if ray.is_initialized():
         if cross_node:
             raise RuntimeError("--cross-node starts its own 2-node cluster: call ray.shutdown()")
@@ -48,12 +54,13 @@ def ray_session(cross_node: bool, num_cpus: int, store_bytes: int) -> Iterator[s
             initialize_head=True,
             head_node_args={
                 **node,
-                "resources": {"node_a": 1},
+                "resources": {nodes[0]: 1},
                 "include_dashboard": False,
                 "_system_config": PLASMA_CONFIG,
             },
         )
-        cluster.add_node(**node, resources={"node_b": 1})
+        for name in nodes[1:]:
+            cluster.add_node(**node, resources={name: 1})
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, **quiet)
     else:
@@ -67,18 +74,19 @@ def ray_session(cross_node: bool, num_cpus: int, store_bytes: int) -> Iterator[s
             **quiet,
         )
     try:
-        yield "2-node cluster" if cross_node else "local Ray"
+        yield f"{len(nodes)}-node cluster" if cross_node else "local Ray"
     finally:
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
 
 
-def auto_store_bytes(largest_bytes: int, cross_node: bool) -> int:
+def auto_store_bytes(largest_bytes: int, cross_node: bool, nodes: int = 2) -> int:
     """Object store per node: room for the largest checkpoint 1.5 times over, at most
-    30% of memory (20% per node across nodes) and never under 256 MiB."""
+    30% of memory (40% over the ``nodes`` nodes across nodes: 20% each for two) and
+    never under 256 MiB."""
     total = psutil.virtual_memory().total
-    cap = int(total * (0.2 if cross_node else 0.3))
+    cap = int(total * (0.4 / nodes if cross_node else 0.3))
     return max(256 * MiB, min(int(1.5 * largest_bytes) + 256 * MiB, cap))
 
 
