@@ -48,6 +48,17 @@ class TransferConfig:
             around the page cache, where the filesystem supports it: steady disk
             speed instead of dirty-page throttling; node storage so writes uploaded
             chunks of 16 MiB or more. False: everything through the page cache.
+        progress: show a progress bar (bytes, rate, ETA) for each transfer that runs
+            longer than a second: packing (``to_object_ref``, ``to_object_ref_async``)
+            and reading (``to_directory``). ``True`` or ``False`` decides; ``None``
+            (default) leaves it to the environment variable ``AIR_TRANSFER_PROGRESS``
+            (``1``/``0``, for Train workers), and without it to whether this process's
+            stderr is a terminal (so on in an interactive driver, off in Ray workers
+            and batch jobs). Inside a Ray worker bars go through Ray's ``tqdm_ray`` and
+            are drawn by the driver. Readers use the config the checkpoint was packed
+            with. It changes nothing about the transfer, so it takes no part in
+            comparing configs (``to_object_ref`` of a transferred checkpoint with a
+            config that differs only here re-shares it without repacking).
     """
 
     chunk_bytes: int = 32 * MiB
@@ -58,6 +69,7 @@ class TransferConfig:
     follow_symlinks: bool = False
     owner: Literal["caller", "node"] = "caller"
     direct_io: bool = True
+    progress: bool | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         _require_int("chunk_bytes", self.chunk_bytes, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
@@ -85,6 +97,11 @@ class TransferConfig:
                 raise TypeError(
                     f"TransferConfig.{flag} must be a bool, got {getattr(self, flag)!r}"
                 )
+        if self.progress is not None and not isinstance(self.progress, bool):
+            raise TypeError(
+                f"TransferConfig.progress must be True, False or None (automatic), "
+                f"got {self.progress!r}"
+            )
 
     @property
     def inline_limit(self) -> int:

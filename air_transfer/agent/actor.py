@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import ray
 
+from air_transfer import metrics
 from air_transfer.checkpoint import submit_transfer
 from air_transfer.config import TransferConfig
 from air_transfer.errors import SourceChangedError
@@ -159,15 +160,18 @@ class NodeAgent:
             chunks, checksums = self._packer.pack(source, plans)
         except Exception as e:
             return _failed(e, len(plans), len(plans))
+        _packed(plans, "chunked")
         return _returns([*chunks, *checksums])
 
     @ray.method(concurrency_group=PACK_GROUP)
     def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
         """Only the checksums of ``plans``' chunks (``streamed``), one object each."""
         try:
-            return _returns(self._packer.checksums(source, plans))
+            checksums = self._packer.checksums(source, plans)
         except Exception as e:
             return _failed(e, 0, len(plans))
+        _packed(plans, "streamed")
+        return _returns(checksums)
 
     @ray.method(concurrency_group=PACK_GROUP)
     def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
@@ -185,6 +189,7 @@ class NodeAgent:
                 offset += plan.length
         except Exception as e:
             return _failed(e, 1, len(plans))
+        _packed(plans, "inline")
         return _returns([stream, *checksums])
 
     def packed(self, *checksums: str | BaseException) -> tuple[str | BaseException, ...]:
@@ -198,13 +203,20 @@ class NodeAgent:
 
     def submit_transfer(
         self, source: Source, config: TransferConfig
-    ) -> list[ray.ObjectRef[Any] | None]:
+    ) -> list[ray.ObjectRef[Any] | str | None]:
         """Start packing ``source`` here (``owner="node"``): this agent submits the
         chunk tasks to itself, so it owns the chunks and the checkpoint object, and
         they outlive the caller even while packing is still running. Returns
-        ``[checkpoint ref, completion ref or None]``, nested so the caller borrows."""
-        ref, done = submit_transfer(source, config)
-        return [ref, done]
+        ``[checkpoint ref, completion ref or None, strategy name]``, the refs nested
+        so the caller borrows."""
+        ref, done, strategy = submit_transfer(source, config)
+        return [ref, done, strategy]
+
+
+def _packed(plans: Sequence[ChunkPlan], strategy: str) -> None:
+    """Count the bytes of ``plans`` as packed (``air_transfer.metrics``) by the
+    strategy whose packing task this is."""
+    metrics.add_bytes("packed", sum(plan.length for plan in plans), strategy)
 
 
 def _returns(values: list[Any]) -> Any:

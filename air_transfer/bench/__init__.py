@@ -108,7 +108,12 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
     """Run every contender at every layout and size; returns the JSON report."""
     contenders = opts.contenders or default_contenders(opts.cross_node)
     config = TransferConfig(
-        chunk_bytes=opts.chunk_mib * MiB, window=opts.window, direct_io=opts.direct_io
+        chunk_bytes=opts.chunk_mib * MiB,
+        window=opts.window,
+        direct_io=opts.direct_io,
+        # Explicit: AIR_TRANSFER_PROGRESS in the environment never turns bars on in
+        # the timed runs.
+        progress=opts.progress,
     )
     # Absolute: the actors do not share the driver's working directory.
     data_dir = opts.data_dir = os.path.abspath(os.path.expanduser(opts.data_dir))
@@ -138,7 +143,7 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     total = sum(len(s) for s in plan.values()) * len(contenders) * opts.repeats
     steps = (f"[{i}/{total}]" for i in range(1, total + 1))
-    with ray_session(opts.cross_node, opts.num_cpus, store) as how:
+    with ray_session(opts.cross_node, opts.num_cpus, store, opts.progress) as how:
         store = ray.cluster_resources().get("object_store_memory", store)
         progress(f"{how}: object store {store / GB:.2f} GB in all; {total} measurements")
         if opts.drop_caches and not drop_caches():
@@ -159,6 +164,7 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
                 "inline_limit": config.inline_limit,
                 "verify": config.verify,
                 "direct_io": config.direct_io,
+                "progress": config.progress,
             },
             "object_store_bytes_per_node": int(per_node_store),
             "metrics": {

@@ -27,18 +27,21 @@ PLASMA_CONFIG = {"preallocate_plasma_memory": True}
 
 
 @contextlib.contextmanager
-def ray_session(cross_node: bool, num_cpus: int, store_bytes: int) -> Iterator[str]:
+def ray_session(
+    cross_node: bool, num_cpus: int, store_bytes: int, log_to_driver: bool = False
+) -> Iterator[str]:
     """An embedded Ray for the run: one local node, or with ``cross_node`` a two-node
     ``ray.cluster_utils.Cluster`` on this machine (resources ``node_a``, ``node_b``),
     each node with its own object store of ``store_bytes``. An already initialized
-    Ray (single node only) is reused and left running."""
+    Ray (single node only) is reused and left running. The workers' output reaches
+    the driver only with ``log_to_driver`` (``--progress``: their bars travel in it)."""
     if ray.is_initialized():
         if cross_node:
             raise RuntimeError("--cross-node starts its own 2-node cluster: call ray.shutdown()")
         yield "reused the running Ray"
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
+    quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": log_to_driver}
     cluster = None
     if cross_node:
         from ray.cluster_utils import Cluster
