@@ -92,6 +92,8 @@ def test_every_contender_round_trips_verified(single_node: tuple[dict, str, Path
     for local_copy in ("cp", "cp-direct"):  # no producer process
         assert by_name[local_copy, "big"]["producer_peak_private_mib"] is None
     assert by_name["chunked", "big"]["producer_peak_private_mib"] > 0
+    # Explicitly off: AIR_TRANSFER_PROGRESS in the environment never reaches the timed runs.
+    assert report["config"]["transfer_config"]["progress"] is False
 
 
 def test_output_has_table_progress_and_linearity(single_node: tuple[dict, str, Path]) -> None:
@@ -101,11 +103,16 @@ def test_output_has_table_progress_and_linearity(single_node: tuple[dict, str, P
 
 
 def test_cross_node_with_raw(tmp_path: Path) -> None:
-    """Also the one run with the (default) warm-up round trip per actor pair."""
+    """Also the one run with the (default) warm-up round trip per actor pair, and
+    with ``--progress`` (bars from the actors, through tqdm_ray, on stderr)."""
     contenders = ["cp", "chunked", "raw"]
-    report, _ = run_bench_cli(tmp_path, "--cross-node", "--contenders", *contenders)
+    report, proc = run_bench_cli(
+        tmp_path, "--cross-node", "--progress", "--contenders", *contenders
+    )
     check_report(report, contenders, ["big"], tmp_path)
     assert report["config"]["cross_node"] is True
+    assert report["config"]["transfer_config"]["progress"] is True
+    assert "__ray_tqdm_magic_token__" not in proc.stdout + proc.stderr
 
 
 def test_cp_direct_copies_large_files_exactly_around_the_page_cache(tmp_path: Path) -> None:

@@ -173,9 +173,10 @@ def test_the_api_for_other_transfers(endpoint: str) -> None:
     )
     upload.finish()
     upload.finish()  # only the first call counts
-    with pytest.raises(OSError), telemetry.Transfer(
-        "download", strategy="test-api", total=None, desc="read x"
-    ) as download:
+    with (
+        pytest.raises(OSError),
+        telemetry.Transfer("download", strategy="test-api", total=None, desc="read x") as download,
+    ):
         download.advance(3)
         raise OSError("disk gone")
     wait_for_counts(

@@ -259,7 +259,10 @@ def test_worker_bars_go_through_tqdm_ray_to_the_driver(
 
     def final() -> bool:
         return any(
-            s["closed"] and s["x"] == total and s["total"] == total and "to_directory out" in s["desc"]
+            s["closed"]
+            and s["x"] == total
+            and s["total"] == total
+            and "to_directory out" in s["desc"]
             for s in states
         )
 
