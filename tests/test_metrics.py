@@ -17,17 +17,20 @@ from typing import Any
 import pytest
 import ray
 from prometheus_client.parser import text_string_to_metric_families
+from rewriters import RewriteOnce, install_in_agent
 
 from air_transfer import (
     CheckpointLostError,
     ChecksumError,
     ChunkedCheckpoint,
     Manifest,
+    SourceChangedError,
     TransferConfig,
     metrics,
     telemetry,
 )
 from air_transfer.config import KiB
+from air_transfer.nodes import node_agent
 
 P = "ray_air_transfer_"
 
@@ -219,6 +222,34 @@ def test_checksum_failures_counted(endpoint: str, tmp_path: Path) -> None:
             key("chunks_verified_total", strategy="chunked"): 4,  # 0 and 1, twice
             key("failed_transfers_total", phase="read", error="ChecksumError"): 1,
             key("duration_seconds_count", phase="read", strategy="chunked"): 0,
+        },
+    )
+
+
+def test_failed_packing_counted_with_its_error(endpoint: str, tmp_path: Path) -> None:
+    """A source rewritten while the agent packs it: the packing's failure is counted
+    by the error packing raised (not Ray's wrapper), and no duration is observed."""
+    src, _ = _source(tmp_path / "src", [256 * KiB])
+    config = TransferConfig(chunk_bytes=64 * KiB, strategy="chunked")
+    agent = node_agent()
+    install_in_agent(agent, RewriteOnce("part-0.bin", offset=64 * KiB))
+    before = baseline(endpoint)
+    try:
+        with pytest.raises(SourceChangedError):
+            ChunkedCheckpoint.from_directory(src).to_object_ref(config)
+    finally:
+        install_in_agent(agent, None)
+    wait_for_counts(
+        endpoint,
+        before,
+        {
+            key(
+                "failed_transfers_total",
+                phase="pack",
+                strategy="chunked",
+                error="SourceChangedError",
+            ): 1,
+            key("duration_seconds_count", phase="pack", strategy="chunked"): 0,
         },
     )
 

@@ -5,11 +5,13 @@ progress off nothing is made at all."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +19,10 @@ import pytest
 import ray
 from ray.experimental import tqdm_ray
 
-from air_transfer import ChunkedCheckpoint, TransferConfig, progress, telemetry
+from air_transfer import ChunkedCheckpoint, TransferConfig, checkpoint, progress, telemetry
 from air_transfer.config import KiB
 from air_transfer.knobs import Knobs
+from air_transfer.nodes import node_agent
 
 # -- when: config > AIR_TRANSFER_PROGRESS > terminal ------------------------------------
 
@@ -130,33 +133,114 @@ def _source(root: Path, sizes: list[int]) -> tuple[Path, int]:
     return root, sum(sizes)
 
 
+# Packing held at a known point, so that "still packing when the bar looks" is a state,
+# not a race (a small checkpoint may otherwise be packed before the caller looks).
+
+
+@ray.remote(num_cpus=0)
+class _Gate:
+    def __init__(self) -> None:
+        self.arrived, self.opened = asyncio.Event(), asyncio.Event()
+
+    async def arrive_and_wait(self) -> None:
+        self.arrived.set()
+        await self.opened.wait()
+
+    async def wait_arrived(self) -> None:
+        await self.arrived.wait()
+
+    def open(self) -> None:
+        self.opened.set()
+
+
+@dataclass
+class _HoldAt:
+    """Packing hook for the node agent: the first span read at file offset ``offset``
+    or later waits at ``gate``."""
+
+    offset: int
+    gate: Any
+    fired: bool = False
+
+    def __call__(self, where: str, span: Any) -> None:
+        if not self.fired and span.file_offset >= self.offset:
+            self.fired = True
+            ray.get(self.gate.arrive_and_wait.remote())
+
+
+def _set_hook(agent: Any, hook: Any) -> None:
+    from air_transfer import packing
+
+    packing._after_span_read = hook
+
+
+@pytest.fixture
+def held_packing(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``hold(offset)``: the agent's next packing stops at ``offset`` until the
+    caller's progress watch has looked at it (asked for the chunks to follow)."""
+    agent = node_agent()
+    looked = threading.Event()
+    real = checkpoint._packing_chunks
+
+    def packing_chunks(ref: Any) -> Any:
+        looked.set()
+        return real(ref)
+
+    monkeypatch.setattr(checkpoint, "_packing_chunks", packing_chunks)
+    openers: list[threading.Thread] = []
+
+    def hold(offset: int) -> None:
+        gate = _Gate.remote()
+        ray.get(agent.__ray_call__.remote(_set_hook, _HoldAt(offset, gate)))
+
+        def open_when_looked() -> None:
+            try:
+                ray.get(gate.wait_arrived.remote(), timeout=60)
+                looked.wait(60)
+            finally:
+                ray.get(gate.open.remote())
+
+        openers.append(threading.Thread(target=open_when_looked, daemon=True))
+        openers[-1].start()
+
+    yield hold
+    for thread in openers:
+        thread.join(60)
+    ray.get(agent.__ray_call__.remote(_set_hook, None))
+
+
 @pytest.mark.usefixtures("ray_local", "no_delay")
 @pytest.mark.parametrize("strategy", ["inline", "chunked", "streamed"])
 def test_bars_count_the_bytes_of_the_transfer(
-    tmp_path: Path, made: _Made, capsys: pytest.CaptureFixture[str], strategy: str
+    tmp_path: Path,
+    made: _Made,
+    held_packing: Any,
+    capsys: pytest.CaptureFixture[str],
+    strategy: str,
 ) -> None:
     """``to_object_ref`` draws a packing bar and ``to_directory`` a reading bar, each
     ending at the checkpoint's byte count, on stderr (stdout stays clean)."""
     src, total = _source(tmp_path / "src", [300 * KiB, 200 * KiB + 17, 0, 33])
     config = TransferConfig(chunk_bytes=64 * KiB, window=16, strategy=strategy, progress=True)
+    held_packing(2 * config.chunk_bytes)
     ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config)
+    (pack,) = made.named("to_object_ref src")
+    assert (pack.n, pack.total) == (total, total)
     restored = ChunkedCheckpoint.from_object_ref(ref)
     restored.to_directory(tmp_path / "out")
     (read,) = made.named("to_directory out")
     assert (read.n, read.total) == (total, total)
     assert read.unit == "B"
-    if strategy != "inline":  # inline packs in one task: no chunk to follow
-        (pack,) = made.named("to_object_ref src")
-        assert (pack.n, pack.total) == (total, total)
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "to_directory out" in captured.err and "100%" in captured.err
 
 
 @pytest.mark.usefixtures("ray_local", "no_delay")
-def test_async_packing_bar_runs_on_a_thread(tmp_path: Path, made: _Made) -> None:
-    src, total = _source(tmp_path / "src", [2 * 1024 * KiB])
+def test_async_packing_bar_runs_on_a_thread(tmp_path: Path, made: _Made, held_packing: Any) -> None:
+    src, total = _source(tmp_path / "src", [1024 * KiB])
     config = TransferConfig(chunk_bytes=64 * KiB, strategy="chunked", progress=True)
+    held_packing(4 * config.chunk_bytes)
     future = ChunkedCheckpoint.from_directory(src).to_object_ref_async(config)
     future.result(timeout=60)
     _wait_for(lambda: not _progress_threads(), "the packing bar's thread to end")
