@@ -76,7 +76,6 @@ class _Registry:
 _registry: _Registry | None = None
 _broken = False
 _lock = threading.Lock()
-_node_id: str | None = None
 _in_flight: dict[tuple[str, str], int] = {}
 
 
@@ -141,14 +140,13 @@ def _get() -> _Registry | None:
 
 
 def node_id() -> str:
-    """The Ray node id of this process (``unknown`` outside Ray)."""
-    global _node_id
-    if _node_id is None:
-        try:
-            _node_id = str(ray.get_runtime_context().get_node_id())
-        except Exception:
-            return "unknown"
-    return _node_id
+    """The Ray node id of this process (``unknown`` outside Ray). Asked each time
+    (~2 us), not cached: after ``ray.shutdown()`` and ``ray.init()`` a process is on
+    another node."""
+    try:
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:
+        return "unknown"
 
 
 def _record(what: str, metric: object, value: float, tags: dict[str, str], how: str) -> None:

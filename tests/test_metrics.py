@@ -45,6 +45,12 @@ def _free_port() -> int:
 def endpoint() -> Iterator[str]:
     """A local Ray for this module whose metrics agent exports every 100 ms to a
     Prometheus endpoint; its URL."""
+    yield start_ray()
+    ray.shutdown()
+
+
+def start_ray() -> str:
+    """(Re)start the local Ray with a Prometheus endpoint; its URL."""
     if ray.is_initialized():
         ray.shutdown()
     port = _free_port()
@@ -58,8 +64,7 @@ def endpoint() -> Iterator[str]:
         _system_config={"metrics_report_interval_ms": 100},
         runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(__file__)}},
     )
-    yield f"http://127.0.0.1:{port}/metrics"
-    ray.shutdown()
+    return f"http://127.0.0.1:{port}/metrics"
 
 
 def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -303,3 +308,30 @@ def test_metrics_off_makes_nothing(
         ChunkedCheckpoint.from_directory(src).to_object_ref(config)
     ).to_directory(tmp_path / "out")
     assert (metrics._registry, recorded) == (None, [])
+
+
+def test_metrics_follow_a_new_ray_session(endpoint: str, tmp_path: Path) -> None:
+    """Regression: the node id was cached per process, so after ``ray.shutdown()``
+    and ``ray.init()`` (a notebook, a test suite) the driver tagged its metrics with
+    the node of the first session, and the new node's series never moved."""
+    telemetry.Transfer("upload", strategy="old-session", total=1, desc="x").start().finish()
+    url = start_ray()  # the rest of the module uses the new session too (same fixture)
+    try:
+        src, nbytes = _source(tmp_path / "src", [200 * KiB])
+        config = TransferConfig(chunk_bytes=64 * KiB, strategy="chunked")
+        before = baseline(url)
+        ChunkedCheckpoint.from_object_ref(
+            ChunkedCheckpoint.from_directory(src).to_object_ref(config)
+        ).to_directory(tmp_path / "out")
+        tags = {"strategy": "chunked", "node_id": ray.get_runtime_context().get_node_id()}
+        wait_for_counts(
+            url,
+            before,
+            {
+                key("fetched_bytes_total", **tags): nbytes,
+                key("written_bytes_total", **tags): nbytes,
+                key("duration_seconds_count", phase="read", **tags): 1,
+            },
+        )
+    finally:
+        ray.shutdown()
