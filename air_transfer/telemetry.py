@@ -97,9 +97,12 @@ class Transfer:
 
     def finish(self, error: BaseException | None = None) -> None:
         """The transfer ended, successfully or with ``error``; only the first call
-        counts."""
+        counts. GeneratorExit is no failure: a generator of chunks closed by a reader
+        that stopped early (a partial read of a file) ended normally."""
         if self._finished or self._started is None:
             return
+        if isinstance(error, GeneratorExit):
+            error = None
         self._finished = True
         if self.bar is not None:
             self.bar.close()
