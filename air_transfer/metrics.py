@@ -23,7 +23,8 @@ that recorded it); Ray adds its own ``NodeAddress``, ``WorkerId`` and ``SessionN
   tags ``phase`` and ``error`` (the exception's class).
 - ``ray_air_transfer_duration_seconds`` (histogram, tag ``phase``): how long a transfer
   that finished took: ``pack``, from the ``to_object_ref[_async]`` call to every chunk
-  packed; ``read``, from the ``to_directory`` call to the directory published.
+  packed; ``read``, from the ``to_directory`` call to the directory published;
+  ``upload`` and ``download`` for node storage's files (``telemetry.Transfer``).
 - ``ray_air_transfer_transfers_in_flight`` (gauge, tag ``phase``): transfers running in
   the recording process now (sum over ``WorkerId`` for a node or the cluster).
 
