@@ -54,7 +54,7 @@ from air_transfer.packing import (
     read_chunks_ahead,
 )
 from air_transfer.storage.disk import DiskStorage
-from air_transfer.storage.disk_chunks import FileChunks
+from air_transfer.storage.disk_chunks import DirectoryTransfers, FileChunks
 from air_transfer.storage.disk_reads import read_chunks
 from air_transfer.storage.disk_uploads import DiskUploads
 from air_transfer.storage.sink import store_checkpoint
@@ -68,6 +68,10 @@ class NodeAgent:
     def __init__(self) -> None:
         self._packer = ChunkPacker()
         self._files = FileChunks(submit_plans)
+        self._stored = 0  # checkpoints written by store_checkpoint
+        self._directories = DirectoryTransfers(
+            lambda source, config: submit_transfer(source, config.replace(owner="node"))
+        )
         services = (DiskStorage(), DiskUploads())
         self._disk_ops: dict[str, Callable[..., Any]] = {
             name: getattr(service, name) for service in services for name in type(service).OPS
@@ -86,7 +90,9 @@ class NodeAgent:
         this node (``checkpoint_upload_fn``), chunk by chunk as they are packed."""
         if isinstance(checkpoint, ChunkedCheckpoint):
             checkpoint = checkpoint.handle()
-        return store_checkpoint(checkpoint, filesystem, path)
+        stored = store_checkpoint(checkpoint, filesystem, path)
+        self._stored += 1
+        return stored
 
     def disk(self, op: str, root: str, *args: Any) -> Any:
         """Run node-storage operation ``op`` (an ``fs_*`` method of ``DiskStorage`` or
@@ -121,13 +127,28 @@ class NodeAgent:
         in a list so that the caller borrows them rather than waiting for them."""
         return [self._files.refs(root, path, size, chunk_bytes, first, count, budget)]
 
+    def directory_transfer(
+        self, root: str, path: str, config: TransferConfig
+    ) -> list[ray.ObjectRef[Any]]:
+        """A transfer of node-storage checkpoint directory ``path`` as it is now, owned
+        by this agent and shared by readers (``disk_chunks.DirectoryTransfers``):
+        Ray Train's restores on other nodes; nested so the caller borrows it."""
+        return [self._directories.ref(root, path, config)]
+
     def read_counters(self) -> dict[str, int]:
-        """What node-storage reads cost this node: bytes read from disk, served."""
-        return self._files.counters()
+        """What node storage cost this node: bytes read from disk and served for file
+        reads, whole-directory transfers packed, checkpoints stored."""
+        return {
+            **self._files.counters(),
+            "transfers_packed": self._directories.started,
+            "checkpoints_stored": self._stored,
+        }
 
     def clear_read_cache(self) -> None:
-        """Let go of every cached node-storage chunk (readers keep what they hold)."""
+        """Let go of every cached node-storage chunk and directory transfer (readers
+        keep what they hold)."""
         self._files.clear()
+        self._directories.clear()
 
     def stream(
         self,

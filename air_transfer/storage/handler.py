@@ -64,7 +64,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         # Shipped by Ray, it names its node (the sender's if not yet known): a copy
         # unpickled elsewhere must not take its own node for the storage's.
         node = self.node_id if ray.is_initialized() else self._node_id
-        return (NodeStorageHandler, (node, self.root, self.config))
+        return (type(self), (node, self.root, self.config))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, NodeStorageHandler):

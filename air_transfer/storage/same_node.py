@@ -21,12 +21,16 @@ import weakref
 from typing import Any, BinaryIO
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from air_transfer.config import TransferConfig
 from air_transfer.direct_io import DirectFileWriter
-from air_transfer.manifest import chunk_checksum
+from air_transfer.layout import Source, scan
+from air_transfer.manifest import Manifest, chunk_checksum
+from air_transfer.packing import read_chunks_ahead
 from air_transfer.storage.confine import at, open_file, oserror
 from air_transfer.storage.disk_uploads import DiskUploads, Expect
+from air_transfer.writer import write_tree
 
 
 def open_native(root: str, local: str) -> Any:
@@ -142,3 +146,24 @@ def _discard(root: str, staging: str, file: DirectFileWriter | BinaryIO) -> None
             file.close()
     with contextlib.suppress(OSError):
         DiskUploads().fs_abort(root, staging)
+
+
+def copy_tree(source: str, target: str, config: TransferConfig) -> str:
+    """Copy the checkpoint directory ``source`` to ``target`` on this node, as a
+    transfer would write it: every byte read between checks of its file against the
+    scan (a file changed meanwhile is a SourceChangedError), large files written
+    around the page cache, the target published whole (merged into an existing
+    directory in one step). For Ray Train's uploads and downloads on the storage node:
+    the bytes never leave this process, so there is no object store to cross and no
+    checksum to take."""
+    src = Source(pafs.LocalFileSystem(), source)
+    scanned = scan(src, follow_symlinks=config.follow_symlinks)
+    manifest = Manifest(scanned.entries, config.chunk_bytes, None)
+    chunks = read_chunks_ahead(
+        src, scanned.files, scanned.stamps, config.chunk_bytes, checksums=False
+    )
+    views = (view for _, view, _ in chunks)
+    try:
+        return write_tree(manifest, views, target, verify=False, direct_io=config.direct_io)
+    finally:
+        chunks.close()  # type: ignore[attr-defined]
