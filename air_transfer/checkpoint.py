@@ -128,11 +128,14 @@ class ChunkedCheckpoint(Checkpoint):
     def from_object_ref(cls, ref: Any) -> ChunkedCheckpoint:
         """The checkpoint behind ``ref`` (from ``to_object_ref``), readable here.
 
-        ``ref`` may also be what Ray hands a task for such a ref passed as a
-        top-level argument (the checkpoint itself) or what ``ray.get(ref)`` returned.
+        ``ref`` may also be what Ray hands a task or actor for such a ref passed as a
+        top-level argument (the checkpoint itself), what ``ray.get(ref)`` returned,
+        its ``TransferHandle``, or the ``TransferFuture`` of ``to_object_ref_async``:
+        whichever a function is handed, the same line works.
         """
-        value = ref
-        if isinstance(ref, ray.ObjectRef):
+        value = ref.ref if isinstance(ref, TransferFuture) else ref
+        if isinstance(value, ray.ObjectRef):
+            ref = value
             try:
                 value = ray.get(ref)
             except (ObjectLostError, RayTaskError) as e:
@@ -143,14 +146,18 @@ class ChunkedCheckpoint(Checkpoint):
             return value
         if isinstance(value, TransferHandle):
             return cls._from_handle(value)
-        if isinstance(ref, ray.ObjectRef):
+        got = f"ObjectRef {ref.hex()} holds" if isinstance(ref, ray.ObjectRef) else "got"
+        if isinstance(value, Checkpoint):
             raise TypeError(
-                f"ObjectRef {ref.hex()} holds a {type(value).__name__}, not a checkpoint "
-                "made by ChunkedCheckpoint.to_object_ref()"
+                f"from_object_ref: {got} a {type(value).__name__} of the directory "
+                f"{value.path!r} that was never transferred; transfer it with "
+                "ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref() and pass "
+                "that ref"
             )
         raise TypeError(
             "from_object_ref expects a ray.ObjectRef from ChunkedCheckpoint.to_object_ref() "
-            f"or the transferred checkpoint it holds, got a {type(value).__name__}"
+            f"or the transferred checkpoint it holds; {got} a {type(value).__name__}, "
+            "not a checkpoint"
         )
 
     def handle(self) -> TransferHandle:

@@ -48,6 +48,11 @@ class TransferConfig:
             around the page cache, where the filesystem supports it: steady disk
             speed instead of dirty-page throttling; node storage so writes uploaded
             chunks of 16 MiB or more. False: everything through the page cache.
+        cache_bytes: node storage (``storage_filesystem``): the storage node keeps the
+            chunks of files read from it in its object store, up to this many bytes
+            (least recently used first out, and after 30 s unused), so N readers of
+            one checkpoint read it from disk once and Ray may serve them from any
+            node holding a copy. 0: none kept beyond the read that asked.
         progress: show a progress bar (bytes, rate, ETA) for each transfer that runs
             longer than a second: packing (``to_object_ref``, ``to_object_ref_async``)
             and reading (``to_directory``). ``True`` or ``False`` decides; ``None``
@@ -69,11 +74,13 @@ class TransferConfig:
     follow_symlinks: bool = False
     owner: Literal["caller", "node"] = "caller"
     direct_io: bool = True
+    cache_bytes: int = 1 * GiB
     progress: bool | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         _require_int("chunk_bytes", self.chunk_bytes, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
         _require_int("window", self.window, 1, 1024)
+        _require_int("cache_bytes", self.cache_bytes, 0, 1 << 62)
         if self.inline_max_bytes is not None:
             _require_int(
                 "inline_max_bytes",

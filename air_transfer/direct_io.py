@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import queue
 import threading
@@ -42,6 +43,8 @@ BOUNCE_BYTES = 8 * 1024 * 1024
 #: Files smaller than this always go through the page cache: the whole file is a
 #: write or two, and the cache serves the reader that follows.
 MIN_DIRECT_FILE_BYTES = 16 * 1024 * 1024
+
+logger = logging.getLogger(__name__)
 
 _O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 
@@ -177,6 +180,7 @@ class DirectFileWriter:
             except OSError as e:
                 if e.errno != errno.EINVAL or not self.direct:
                     raise
+                _refused(self.path, "a write")
                 self.direct = _disable_direct(self.fd)  # refused: page cache from here on
 
     def _raise_if_failed(self) -> None:
@@ -219,6 +223,7 @@ def pwrite_direct(path: str, data: memoryview, offset: int) -> bool:
         fd = os.open(path, os.O_WRONLY | _O_DIRECT | os.O_CLOEXEC)
     except OSError as e:
         if e.errno == errno.EINVAL:
+            _refused(path, "the open")
             return False
         raise  # names the path
     try:
@@ -231,11 +236,13 @@ def pwrite_direct(path: str, data: memoryview, offset: int) -> bool:
             while written < n:
                 step = os.pwrite(fd, bounce[written:n], offset + done + written)
                 if step <= 0 or step % ALIGN:  # not resumable with O_DIRECT
+                    logger.debug("air-transfer: a short O_DIRECT write of %s: %d bytes", path, step)
                     return False
                 written += step
             done += n
     except OSError as e:
         if e.errno == errno.EINVAL:
+            _refused(path, "a write")
             return False
         raise error_at(e, path, f"writing at offset {offset}") from e
     finally:
@@ -257,9 +264,28 @@ def _enable_direct(fd: int) -> bool:
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | _O_DIRECT)
     except OSError as e:
         if e.errno == errno.EINVAL:
+            _refused(f"descriptor {fd}", "fcntl(O_DIRECT)")
             return False
         raise
     return True
+
+
+_refusals_logged: set[str] = set()
+
+
+def _refused(where: str, what: str) -> None:
+    """Log that the filesystem refused ``O_DIRECT`` (once per directory at warning:
+    writes there are slower and fill the page cache; the rest at debug)."""
+    directory = os.path.dirname(where) or where
+    level = logging.DEBUG if directory in _refusals_logged else logging.WARNING
+    _refusals_logged.add(directory)
+    logger.log(
+        level,
+        "air-transfer: the filesystem of %s refused O_DIRECT (%s); writing through the "
+        "page cache instead",
+        where,
+        what,
+    )
 
 
 def _disable_direct(fd: int) -> bool:

@@ -27,22 +27,31 @@ class Knobs:
     #: Threads of a node agent: enough that every worker of a node can call it at once
     #: (metadata calls, upload chunks, streams), each call short or backpressured.
     agent_max_concurrency: int = 32
-    #: Threads of a node agent that pack chunks: each holds ``chunks_per_task`` chunk
+    #: Threads of a node agent that pack chunks: each holds ``pack_task_bytes`` of chunk
     #: buffers, so they bound the agent's private memory. One packs ~2 GB/s here
     #: (read, checksum, copy into the store), faster than the disks it feeds, and
     #: leaves the other core of a 2-core node to the reader.
     pack_threads: int = 1
-    #: Chunks packed by one task each before tasks take ``chunks_per_task``: readers
+    #: Chunks packed by one task each before tasks take ``pack_task_bytes`` of them: readers
     #: get the first chunks as early as possible.
     single_chunk_tasks: int = 8
-    #: Chunks per packing task after those: submitting a task costs the caller
-    #: 0.2-0.6 ms (Ray's own overhead, more while the agent is busy on a 2-core
-    #: node), so four per task keep an 8 GB checkpoint's call at ~40 ms (two: 85
-    #: ms); the packing thread then holds four chunk buffers (128 MiB at 32 MiB).
-    chunks_per_task: int = 4
+    #: Bytes of chunks per packing task after those (at least one chunk): submitting
+    #: a task costs the caller 0.2-0.6 ms (Ray's own overhead, more while the agent
+    #: is busy on a 2-core node), so four 32 MiB chunks per task keep an 8 GB
+    #: checkpoint's call at ~40 ms (two: 85 ms); the packing thread holds them all.
+    pack_task_bytes: int = 128 * MiB
+    #: Chunk size of node-storage reads (kept within ``chunk_bytes`` and twice that):
+    #: Ray Train copies checkpoints with pyarrow in 64 MiB reads
+    #: (``_pyarrow_fs_copy_files``), and a read that one chunk holds is served as a
+    #: view of it, without a copy.
+    storage_read_chunk_bytes: int = 64 * MiB
     #: Reusable read buffers of the packing reader: one being filled, one waiting in
     #: the hand-off, one held by the caller (memory: 3 x chunk_bytes).
     pack_ring_buffers: int = 3
+    #: A node-storage chunk nobody asked for in this long leaves the storage agent's
+    #: cache (``storage.disk_chunks``): readers of one checkpoint that start within
+    #: it share its chunks; afterwards the store is not held for nobody.
+    read_cache_idle_s: float = 30.0
     #: ``streamed`` rather than ``chunked`` above this share of the packing node's
     #: free object store: chunked would start spilling (Ray spills at 0.8 full).
     stream_above_store_fraction: float = 0.8
@@ -57,7 +66,8 @@ class Knobs:
             "agent_max_concurrency",
             "pack_threads",
             "single_chunk_tasks",
-            "chunks_per_task",
+            "pack_task_bytes",
+            "storage_read_chunk_bytes",
             "pack_ring_buffers",
         ):
             value = getattr(self, name)
@@ -68,6 +78,8 @@ class Knobs:
                 "knob pack_ring_buffers must be >= 3: the reader fills one buffer while "
                 "one waits in the hand-off and the caller holds one"
             )
+        if not self.read_cache_idle_s > 0:
+            raise ValueError(f"knob read_cache_idle_s must be > 0, got {self.read_cache_idle_s!r}")
         if not 0 < self.stream_above_store_fraction <= 1:
             raise ValueError(
                 "knob stream_above_store_fraction must be in (0, 1], got "

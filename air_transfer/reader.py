@@ -59,6 +59,40 @@ class ChunkFileReader(io.RawIOBase):
         self._pos = base + offset
         return self._pos
 
+    def read(self, size: int | None = -1) -> Any:
+        """``size`` bytes from the current position (fewer only at the end): a view of
+        the chunk that holds them when one does (no copy; pyarrow's ``PythonFile``
+        takes any buffer), else a copy across chunks. ``read()`` reads to the end."""
+        if size is None or size < 0:
+            return self.readall()
+        first = self._read_view(size)
+        if len(first) == size or len(first) == 0 or self._pos >= self._size:
+            return first
+        parts = [bytes(first)]
+        left = size - len(first)
+        while left and (part := self._read_view(left)):
+            parts.append(bytes(part))
+            left -= len(part)
+        return b"".join(parts)
+
+    def readall(self) -> bytes:
+        parts = []
+        while part := self._read_view(self._size - self._pos):
+            parts.append(bytes(part))
+        return b"".join(parts)
+
+    def _read_view(self, size: int) -> Any:
+        if self.closed:
+            raise ValueError(f"read from closed file {self.name!r}")
+        if size == 0 or self._pos >= self._size:
+            return b""
+        absolute = self._start + self._pos
+        view = self._chunk_at(absolute // self._chunk_bytes)
+        inner = absolute - self._index * self._chunk_bytes
+        n = min(size, len(view) - inner, self._size - self._pos)
+        self._pos += n
+        return view[inner : inner + n]
+
     def readinto(self, buffer: Any) -> int:
         if self.closed:
             raise ValueError(f"read from closed file {self.name!r}")

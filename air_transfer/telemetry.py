@@ -20,8 +20,11 @@ transfer is not one block (a file object written in many calls, closed later).
 
 from __future__ import annotations
 
+import errno
+import functools
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -38,6 +41,10 @@ from air_transfer.metrics import ByteCounter, Phase
 from air_transfer.progress import Bar, progress_enabled
 
 logger = logging.getLogger(__name__)
+
+#: The ``strategy`` tag of node storage's own transfers (files read and written
+#: through ``storage_filesystem()``, Ray Train's copies on the storage node).
+NODE_STORAGE = "node-storage"
 
 #: Which byte counter ``advance`` adds to, by phase: packed bytes are counted where
 #: packing runs (the node agent), not by the process waiting for it.
@@ -153,6 +160,37 @@ class Transfer:
         tb: TracebackType | None,
     ) -> None:
         self.finish(exc)
+
+
+def dropped_error(path: str) -> OSError:
+    """What a write stream dropped unclosed counts as: a failed transfer (its bytes
+    were never stored)."""
+    return OSError(errno.EIO, "dropped before close: not stored", path)
+
+
+def finish_soon(transfer: Transfer | None, error: BaseException | None) -> None:
+    """Finish ``transfer`` with ``error`` on a daemon thread: for finalizers, which
+    may run inside a garbage collection that interrupted any code (a bar's or
+    Ray's own, holding their locks). None only starts that thread (do it outside
+    any finalizer)."""
+    _finisher().put((transfer, error))
+
+
+@functools.cache
+def _finisher() -> queue.SimpleQueue[tuple[Transfer | None, BaseException | None]]:
+    work: queue.SimpleQueue[tuple[Transfer | None, BaseException | None]] = queue.SimpleQueue()
+
+    def run() -> None:
+        while True:
+            transfer, error = work.get()
+            if transfer is not None:
+                try:
+                    transfer.finish(error)
+                except Exception as e:
+                    logger.debug("air-transfer: could not finish %r: %r", transfer.desc, e)
+
+    threading.Thread(target=run, name="air-transfer-telemetry", daemon=True).start()
+    return work
 
 
 def error_name(error: BaseException) -> str:

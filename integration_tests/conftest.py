@@ -8,6 +8,7 @@ with a few hundred MB.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -19,6 +20,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from air_transfer._ray import object_store_free_bytes
+from air_transfer.nodes import NAMESPACE, agent_name
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -80,6 +82,18 @@ def eventually(check: Callable[[], bool], what: str, limit_s: float = 30) -> Non
         time.sleep(0.1)
 
 
+def release_read_caches() -> None:
+    """Node agents keep the chunks of node-storage files read recently (by design:
+    ``TransferConfig.cache_bytes``); a test's reads should not count against the next."""
+    for node_id in node_ids().values():
+        try:
+            agent = ray.get_actor(agent_name(node_id), namespace=NAMESPACE)
+        except ValueError:
+            continue
+        with contextlib.suppress(ray.exceptions.RayActorError):
+            ray.get(agent.clear_read_cache.remote())
+
+
 @pytest.fixture(autouse=True)
 def no_chunks_left_pinned(request: pytest.FixtureRequest) -> Iterator[None]:
     """After each test, every node's object store returns to its baseline: nothing a
@@ -90,6 +104,7 @@ def no_chunks_left_pinned(request: pytest.FixtureRequest) -> Iterator[None]:
     before = {name: object_store_free_bytes(nid) for name, nid in node_ids().items()}
     yield
     gc.collect()
+    release_read_caches()
 
     def back_to_baseline() -> bool:
         live = node_ids()

@@ -45,17 +45,20 @@ CONFIG = TransferConfig(chunk_bytes=MiB, window=3)
 BODY = os.urandom(3 * MiB + 12345)  # four chunks, the last one partial
 
 
-@pytest.fixture(params=["local", "node-storage"])
+@pytest.fixture(params=["local", "node-storage", "node-storage-here"])
 def fs(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[pafs.FileSystem, str]:
     """A filesystem and a fresh base directory on it holding ``dir/sub``, ``dir/a``
-    (3 bytes) and ``big`` (``BODY``)."""
+    (3 bytes) and ``big`` (``BODY``). ``node-storage`` is on node_a, used from the
+    driver (every call crosses nodes); ``node-storage-here`` is on the driver's own
+    node, where files are read natively and written straight into staging."""
     base = tmp_path / "base"
     (base / "dir" / "sub").mkdir(parents=True)
     (base / "dir" / "a").write_bytes(b"abc")
     (base / "big").write_bytes(BODY)
     if request.param == "local":
         return pafs.LocalFileSystem(), str(base)
-    return storage_filesystem(node_ids()["node_a"], CONFIG, root=str(tmp_path)), str(base)
+    node = "node_a" if request.param == "node-storage" else "head"
+    return storage_filesystem(node_ids()[node], CONFIG, root=str(tmp_path)), str(base)
 
 
 def raises(kind: type[BaseException], op: Callable[[], Any]) -> BaseException:
@@ -618,3 +621,74 @@ def test_the_agent_refuses_every_path_outside_the_root(
 
 def snapshot(top: Path) -> list[tuple[str, bytes]]:
     return sorted((str(p.relative_to(top)), p.read_bytes()) for p in top.rglob("*"))
+
+
+def test_on_the_storage_node_a_failed_copy_leaves_nothing(tmp_path: Path) -> None:
+    """The same guarantee for the same-node path (writes straight into staging, no
+    agent): pyarrow drops the writer unclosed when its source fails mid-file, and
+    the upload is removed at once, never committed truncated."""
+    root = tmp_path / "root"
+    (root / "dest").mkdir(parents=True)
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a", "b"):
+        (src / name).write_bytes(BODY * 2)
+    here = storage_filesystem(node_ids()["head"], CONFIG, root=str(root))
+    gc.disable()
+    try:
+        with pytest.raises(OSError):
+            pafs.copy_files(
+                str(src),
+                f"{root}/dest",
+                source_filesystem=pafs.PyFileSystem(FailingReads(after=2 * MiB)),
+                destination_filesystem=here,
+                use_threads=False,
+            )
+        assert hidden_left(root) == []
+        for landed in (root / "dest").iterdir():
+            assert landed.read_bytes() == BODY * 2, f"{landed.name} was published truncated"
+    finally:
+        gc.enable()
+
+
+@ray.remote(num_cpus=0)
+def read_digest(f: pafs.FileSystem, path: str) -> str:
+    import hashlib
+
+    with f.open_input_stream(path) as s:
+        return hashlib.sha256(s.read()).hexdigest()
+
+
+def read_counters(node: str) -> dict[str, int]:
+    counters: dict[str, int] = ray.get(node_agent(node_ids()[node]).read_counters.remote())
+    return counters
+
+
+def test_n_readers_on_other_nodes_read_the_file_from_disk_once(tmp_path: Path) -> None:
+    """Three readers of one file, on two other nodes, at once: the storage node packs
+    each chunk once and serves the same objects to all (the agent's counters)."""
+    import hashlib
+
+    body = os.urandom(9 * MiB + 5)
+    (tmp_path / "ckpt.bin").write_bytes(body)
+    f = storage_filesystem(node_ids()["node_a"], CONFIG, root=str(tmp_path))
+    before = read_counters("node_a")
+    readers = [
+        read_digest.options(**on(node)).remote(f, str(tmp_path / "ckpt.bin"))
+        for node in ("head", "node_b", "node_b")
+    ]
+    assert ray.get(readers) == [hashlib.sha256(body).hexdigest()] * 3
+    after = read_counters("node_a")
+    assert after["bytes_read"] - before["bytes_read"] == len(body)
+    assert after["bytes_served"] - before["bytes_served"] == 3 * len(body)
+
+
+def test_without_a_cache_budget_every_reader_reads_the_disk(tmp_path: Path) -> None:
+    body = os.urandom(5 * MiB)
+    (tmp_path / "ckpt.bin").write_bytes(body)
+    f = storage_filesystem(node_ids()["node_a"], CONFIG.replace(cache_bytes=0), root=str(tmp_path))
+    before = read_counters("node_a")
+    for _ in range(2):
+        assert read(f, str(tmp_path / "ckpt.bin")) == body
+    assert read_counters("node_a")["bytes_read"] - before["bytes_read"] == 2 * len(body)
+    assert read_counters("node_a")["bytes_held"] == 0

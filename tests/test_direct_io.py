@@ -72,7 +72,7 @@ def test_writes_on_tmpfs_too(tmp_path: Path) -> None:
 
 @linux_only
 def test_a_filesystem_that_refuses_direct_writes_gets_page_cache_writes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     real_pwrite, calls = os.pwrite, []
 
@@ -88,6 +88,11 @@ def test_a_filesystem_that_refuses_direct_writes_gets_page_cache_writes(
     assert (tmp_path / "f").read_bytes() == data
     assert not writer.direct
     assert calls[:2] == [0, 0]  # the refused write was retried, not skipped
+    # The fallback is not silent (issue 11): a warning names the file.
+    assert any(
+        "refused O_DIRECT" in r.getMessage() and str(tmp_path / "f") in r.getMessage()
+        for r in caplog.records
+    )
 
 
 @linux_only

@@ -27,10 +27,16 @@ from air_transfer import (
     SourceChangedError,
     TransferConfig,
     metrics,
+    storage_filesystem,
     telemetry,
 )
 from air_transfer.config import KiB
 from air_transfer.nodes import node_agent
+from air_transfer.storage.chunk_writer import ChunkWriter
+from air_transfer.storage.disk_uploads import DiskUploads
+from air_transfer.storage.handler import node_storage_handler
+from air_transfer.storage.same_node import SameNodeWriter, copy_tree
+from air_transfer.storage.streams import open_reader
 
 P = "ray_air_transfer_"
 
@@ -320,12 +326,65 @@ def test_metrics_off_makes_nothing(
     assert (metrics._registry, recorded) == (None, [])
 
 
+def test_node_storage_counts_what_it_moves(endpoint: str, tmp_path: Path) -> None:
+    """Node storage's own transfers (strategy ``node-storage``): a file written on
+    the storage node (``upload``), a file written and read over the wire to the
+    agent (``upload``, ``download``), a Train copy on the storage node, and a write
+    that failed; each byte counted once, in flight back to zero."""
+    config = TransferConfig(chunk_bytes=64 * KiB, window=4)
+    fs = storage_filesystem(config=config, root=str(tmp_path))
+    handler = node_storage_handler(fs)
+    assert handler is not None
+    node = ray.get_runtime_context().get_node_id()
+    tags = {"strategy": "node-storage", "node_id": node}
+    here = os.urandom(300 * KiB + 3)
+    wire = os.urandom(200 * KiB + 9)
+    src, tree = _source(tmp_path / "src", [130 * KiB, 5])
+    before = baseline(endpoint)
+
+    with fs.open_output_stream(str(tmp_path / "here.bin")) as f:  # on the storage node
+        for i in range(0, len(here), 1000):
+            f.write(here[i : i + 1000])
+    local = str(tmp_path / "wire.bin")  # the wire classes, to this node's own agent
+    staging, start, expect = handler.link.call("fs_open_write", local, False)
+    writer = ChunkWriter(handler.link, local, staging, start, expect, handler._upload(local))
+    writer.write(wire)
+    writer.close()
+    with open_reader(handler.link, local, local, len(wire)) as reader:
+        assert reader.read() == wire
+    copy_tree(str(src), str(tmp_path / "copied"), config, "upload")
+    bad = str(tmp_path / "bad.bin")  # dropped unclosed (copy_files whose source failed)
+    staging, start, expect = DiskUploads().fs_open_write(str(tmp_path), bad, False)
+    dropped = SameNodeWriter(
+        str(tmp_path), bad, staging, start, expect, config, handler._upload(bad)
+    )
+    dropped.write(b"x" * 100)
+    del dropped
+
+    assert (tmp_path / "here.bin").read_bytes() == here
+    assert not (tmp_path / "bad.bin").exists()
+    wait_for_counts(
+        endpoint,
+        before,
+        {
+            key("written_bytes_total", **tags): len(here) + len(wire) + tree,
+            key("fetched_bytes_total", **tags): len(wire),
+            key("chunks_verified_total", **tags): -(-len(wire) // (128 * KiB)),
+            key("duration_seconds_count", phase="upload", **tags): 3,
+            key("duration_seconds_count", phase="download", **tags): 1,
+            key("transfers_in_flight", phase="upload", **tags): 0,
+            key("transfers_in_flight", phase="download", **tags): 0,
+            key("failed_transfers_total", phase="upload", error="OSError", **tags): 1,
+        },
+    )
+
+
 def test_metrics_follow_a_new_ray_session(endpoint: str, tmp_path: Path) -> None:
     """Regression: the node id was cached per process, so after ``ray.shutdown()``
     and ``ray.init()`` (a notebook, a test suite) the driver tagged its metrics with
     the node of the first session, and the new node's series never moved."""
     telemetry.Transfer("upload", strategy="old-session", total=1, desc="x").start().finish()
-    url = start_ray()  # the rest of the module uses the new session too (same fixture)
+    url = start_ray()  # keep this test last: the fixture's URL is the first session's
     try:
         src, nbytes = _source(tmp_path / "src", [200 * KiB])
         config = TransferConfig(chunk_bytes=64 * KiB, strategy="chunked")

@@ -40,7 +40,7 @@ import pyarrow.fs as pafs
 import ray
 
 from air_transfer import metrics
-from air_transfer.checkpoint import submit_transfer
+from air_transfer.checkpoint import ChunkedCheckpoint, submit_transfer
 from air_transfer.config import TransferConfig
 from air_transfer.errors import SourceChangedError
 from air_transfer.handle import TransferHandle, fresh
@@ -55,9 +55,11 @@ from air_transfer.packing import (
     read_chunks_ahead,
 )
 from air_transfer.storage.disk import DiskStorage
+from air_transfer.storage.disk_chunks import DirectoryTransfers, FileChunks
 from air_transfer.storage.disk_reads import read_chunks
 from air_transfer.storage.disk_uploads import DiskUploads
 from air_transfer.storage.sink import store_checkpoint
+from air_transfer.strategies.agent_tasks import submit_plans
 
 
 class NodeAgent:
@@ -66,6 +68,11 @@ class NodeAgent:
 
     def __init__(self) -> None:
         self._packer = ChunkPacker()
+        self._files = FileChunks(submit_plans)
+        self._stored = 0  # checkpoints written by store_checkpoint
+        self._directories = DirectoryTransfers(
+            lambda source, config: submit_transfer(source, config.replace(owner="node"))[:2]
+        )
         services = (DiskStorage(), DiskUploads())
         self._disk_ops: dict[str, Callable[..., Any]] = {
             name: getattr(service, name) for service in services for name in type(service).OPS
@@ -78,11 +85,15 @@ class NodeAgent:
         return os.getpid()
 
     def store_checkpoint(
-        self, handle: TransferHandle, filesystem: pafs.FileSystem, path: str
+        self, checkpoint: ChunkedCheckpoint | TransferHandle, filesystem: pafs.FileSystem, path: str
     ) -> str:
         """Write a transferred checkpoint to ``path`` on ``filesystem``, reached from
-        this node (``checkpoint_upload_fn``)."""
-        return store_checkpoint(handle, filesystem, path)
+        this node (``checkpoint_upload_fn``), chunk by chunk as they are packed."""
+        if isinstance(checkpoint, ChunkedCheckpoint):
+            checkpoint = checkpoint.handle()
+        stored = store_checkpoint(checkpoint, filesystem, path)
+        self._stored += 1
+        return stored
 
     def disk(self, op: str, root: str, *args: Any) -> Any:
         """Run node-storage operation ``op`` (an ``fs_*`` method of ``DiskStorage`` or
@@ -101,6 +112,44 @@ class NodeAgent:
         """Stream chunks ``first``.. of node-storage file ``path`` (``size`` bytes),
         confined to ``root``: the reads of ``storage_filesystem``."""
         yield from read_chunks(root, path, size, chunk_bytes, first)
+
+    def file_chunks(
+        self,
+        root: str,
+        path: str,
+        size: int,
+        chunk_bytes: int,
+        first: int,
+        count: int,
+        budget: int,
+    ) -> list[list[tuple[Any, Any]]]:
+        """Refs of ``count`` chunks of node-storage file ``path`` from ``first``, as
+        ``(chunk, checksum)`` pairs, packed once and shared (``disk_chunks``); nested
+        in a list so that the caller borrows them rather than waiting for them."""
+        return [self._files.refs(root, path, size, chunk_bytes, first, count, budget)]
+
+    def directory_transfer(
+        self, root: str, path: str, config: TransferConfig
+    ) -> list[ray.ObjectRef[Any]]:
+        """A transfer of node-storage checkpoint directory ``path`` as it is now, owned
+        by this agent and shared by readers (``disk_chunks.DirectoryTransfers``):
+        Ray Train's restores on other nodes; nested so the caller borrows it."""
+        return [self._directories.ref(root, path, config)]
+
+    def read_counters(self) -> dict[str, int]:
+        """What node storage cost this node: bytes read from disk and served for file
+        reads, whole-directory transfers packed, checkpoints stored."""
+        return {
+            **self._files.counters(),
+            "transfers_packed": self._directories.started,
+            "checkpoints_stored": self._stored,
+        }
+
+    def clear_read_cache(self) -> None:
+        """Let go of every cached node-storage chunk and directory transfer (readers
+        keep what they hold)."""
+        self._files.clear()
+        self._directories.clear()
 
     def stream(
         self,

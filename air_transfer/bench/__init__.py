@@ -10,8 +10,8 @@ The output is verified byte for byte against the source, then deleted. The conte
   (``cp``'s output is still in the page cache when its clock stops).
 - ``blob``: the legacy AIR path that ray-project/ray#25217 measured: the directory
   tarred into one ``bytes``, one ``ray.put``, one ``ray.get``, untar.
-- ``tune``: Ray Tune's own ``ray.tune.utils.file_transfer`` (``_PackActor`` and
-  ``_unpack_from_actor``), as ``sync_dir_between_nodes`` uses them.
+- ``tune``: Ray Tune's own cross-node transfer (its pack actor and unpack task, from
+  Tune's ``file_transfer`` module), as ``sync_dir_between_nodes`` uses them.
 - every registered air-transfer strategy (``inline``, ``chunked``, ...).
 - ``raw`` (default with ``--cross-node``): the same number of bytes as numpy chunks,
   ``ray.put`` by the producer and ``ray.get`` by the consumer, no files: Ray's own

@@ -73,20 +73,13 @@ def run_blob(ends: Ends, src: str, out: str, nbytes: int) -> Trip:
 
 def run_tune(ends: Ends, src: str, out: str, nbytes: int) -> Trip:
     """Ray Tune's cross-node sync, as ``_sync_dir_between_different_nodes`` does it
-    with ``force_all=True``: a ``_PackActor`` on the source node tars the directory
-    in its constructor, the target side pulls 500 MiB chunks and untars.
-
-    ``max_size_bytes=None`` lifts Tune's 1 GiB default refusal so larger sizes can be
-    measured at all.
+    with ``force_all=True``: Tune's pack actor on the source node tars the directory
+    in its constructor, the target side pulls 500 MiB chunks and untars (Tune's own
+    code, through ``air_transfer._ray``; its size limit lifted so that larger sizes
+    can be measured at all).
     """
-    ft = _ray.tune_file_transfer()
     start = time.perf_counter()
-    pack_actor = ft._PackActor.options(num_cpus=0, **ft._force_on_node(ends.producer_node)).remote(
-        source_dir=src,
-        files_stats=None,
-        chunk_size_bytes=ft._DEFAULT_CHUNK_SIZE_BYTES,
-        max_size_bytes=None,
-    )
+    pack_actor = _ray.tune_pack_actor(src, ends.producer_node)
     ends.transient.append(pack_actor)
     done = ends.consumer.tune_unpack.remote(pack_actor, out)
     try:

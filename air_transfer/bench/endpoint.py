@@ -126,10 +126,10 @@ class Endpoint:
         return pack_s, time.perf_counter() - start
 
     def tune_unpack(self, pack_actor: Any, out: str) -> float:
-        """The body of Tune's ``_unpack_from_actor`` task, run here so that its
+        """The body of Tune's unpack task, run here so that its
         memory is sampled in a known process; the code is Ray's, unchanged."""
         start = time.perf_counter()
-        _ray.tune_file_transfer()._unpack_from_actor._function(pack_actor, out)
+        _ray.tune_unpack(pack_actor, out)
         return time.perf_counter() - start
 
     def raw_prepare(self, chunk_bytes: int) -> None:

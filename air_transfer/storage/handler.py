@@ -22,7 +22,10 @@ from air_transfer.config import TransferConfig
 from air_transfer.nodes import this_node_id
 from air_transfer.storage.chunk_writer import ChunkWriter
 from air_transfer.storage.confine import storage_path
+from air_transfer.storage.disk_uploads import DiskUploads
+from air_transfer.storage.same_node import SameNodeWriter, open_native
 from air_transfer.storage.streams import AgentLink, open_reader
+from air_transfer.telemetry import NODE_STORAGE, Transfer, describe
 
 
 class NodeStorageHandler(pafs.FileSystemHandler):
@@ -43,6 +46,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         self.config = config or TransferConfig()
         self._node_id = node_id
         self._link: AgentLink | None = None
+        self._local: bool | None = None
 
     @property
     def node_id(self) -> str:
@@ -61,7 +65,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         # Shipped by Ray, it names its node (the sender's if not yet known): a copy
         # unpickled elsewhere must not take its own node for the storage's.
         node = self.node_id if ray.is_initialized() else self._node_id
-        return (NodeStorageHandler, (node, self.root, self.config))
+        return (type(self), (node, self.root, self.config))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, NodeStorageHandler):
@@ -141,8 +145,16 @@ class NodeStorageHandler(pafs.FileSystemHandler):
     def open_append_stream(self, path: str, metadata: Any = None) -> Any:
         return self._open_output(path, append=True)
 
+    def _on_storage_node(self) -> bool:
+        """Whether this process runs on the storage node (its files are local)."""
+        if self._local is None:
+            self._local = ray.is_initialized() and this_node_id() == self.node_id
+        return self._local
+
     def _open_input(self, path: str) -> Any:
         local = self._path(path)
+        if self._on_storage_node():
+            return open_native(self.root, local)
         [(ftype, size, _)] = self.call_agent("fs_info", [local])
         if ftype == pafs.FileType.NotFound:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
@@ -152,8 +164,26 @@ class NodeStorageHandler(pafs.FileSystemHandler):
 
     def _open_output(self, path: str, append: bool) -> Any:
         local = self._path(path)
-        staging, start, expect = self.call_agent("fs_open_write", local, append)
-        return pa.PythonFile(ChunkWriter(self.link, local, staging, start, expect), mode="w")
+        if self._on_storage_node():
+            staging, start, expect = DiskUploads().fs_open_write(self.root, local, append)
+            writer: SameNodeWriter | ChunkWriter = SameNodeWriter(
+                self.root, local, staging, start, expect, self.config, self._upload(local)
+            )
+        else:
+            staging, start, expect = self.call_agent("fs_open_write", local, append)
+            writer = ChunkWriter(self.link, local, staging, start, expect, self._upload(local))
+        return pa.PythonFile(writer, mode="w")
+
+    def _upload(self, local: str) -> Transfer:
+        """The metrics and progress of one file written (phase ``upload``)."""
+        transfer = Transfer(
+            "upload",
+            strategy=NODE_STORAGE,
+            total=None,
+            desc=describe(local, "write"),
+            progress=self.config.progress,
+        )
+        return transfer.start()
 
 
 def node_storage_handler(fs: pafs.FileSystem) -> NodeStorageHandler | None:

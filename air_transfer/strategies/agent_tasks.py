@@ -41,16 +41,21 @@ def agent_can_read(source: Source) -> bool:
 
 def task_groups(plans: Iterable[ChunkPlan]) -> Iterator[list[ChunkPlan]]:
     """The chunks each packing task takes: the first ``KNOBS.single_chunk_tasks``
-    alone (a reader starts on chunk 0 as soon as it is read), then
-    ``KNOBS.chunks_per_task`` per task. Submitting a task costs the caller ~0.2 ms,
-    the one cost of the call that grows with the checkpoint; a task of k chunks
-    holds k chunk buffers in the agent until it returns."""
+    alone (a reader starts on chunk 0 as soon as it is read), then as many as fit in
+    ``KNOBS.pack_task_bytes``. Submitting a task costs the caller ~0.2-0.6 ms, the
+    one cost of the call that grows with the checkpoint; a task holds all its chunk
+    buffers in the agent until it returns."""
     group: list[ChunkPlan] = []
+    size = 0
     for plan in plans:
-        group.append(plan)
-        if plan.index < KNOBS.single_chunk_tasks or len(group) == KNOBS.chunks_per_task:
+        if group and size + plan.length > KNOBS.pack_task_bytes:
             yield group
-            group = []
+            group, size = [], 0
+        group.append(plan)
+        size += plan.length
+        if plan.index < KNOBS.single_chunk_tasks:
+            yield group
+            group, size = [], 0
     if group:
         yield group
 
@@ -65,10 +70,18 @@ def submit_pack_chunks(
 ) -> tuple[list[ray.ObjectRef[Any]], list[ray.ObjectRef[str]]]:
     """Submit ``pack_chunks`` for every chunk to this node's agent; the chunks' refs
     and their checksums' refs, in order, at once."""
+    return submit_plans(source, plan_chunks(files, stamps, chunk_bytes))
+
+
+def submit_plans(
+    source: Source, plans: Iterable[ChunkPlan]
+) -> tuple[list[ray.ObjectRef[Any]], list[ray.ObjectRef[str]]]:
+    """Submit ``pack_chunks`` for the chunks of ``plans`` (in ``task_groups``) to this
+    node's agent; their refs and their checksums' refs, in order."""
     agent = node_agent(this_node_id())
     data: list[ray.ObjectRef[Any]] = []
     checksums: list[ray.ObjectRef[str]] = []
-    for group in task_groups(plan_chunks(files, stamps, chunk_bytes)):
+    for group in task_groups(plans):
         k = len(group)
         refs = _refs(agent.pack_chunks.options(num_returns=2 * k).remote(source, group), 2 * k)
         data += refs[:k]
