@@ -11,8 +11,11 @@ silently.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -29,6 +32,9 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("ray.tune.utils.file_transfer", "_force_on_node"),
     ("ray.tune.utils.file_transfer", "_unpack_from_actor"),
     ("ray.tune.utils.file_transfer", "_DEFAULT_CHUNK_SIZE_BYTES"),
+    ("ray.train.v2._internal.execution.storage", "StorageContext.persist_current_checkpoint"),
+    ("ray.train.v2._internal.execution.storage", "StorageContext.build_checkpoint_path_from_name"),
+    ("ray.train._checkpoint", "_download_from_fs_path"),
 )
 #: Keyword of ``.options()`` that bounds how far a streaming generator runs ahead of
 #: its consumer (Ray's own streaming ``DataIterator`` uses it); not in the public docs.
@@ -112,3 +118,74 @@ def tune_unpack(pack_actor: Any, target_dir: str) -> None:
 
     ft: Any = file_transfer
     ft._unpack_from_actor._function(pack_actor, target_dir)
+
+
+#: Set to 0 to keep Ray Train's own pyarrow copies for node storage (see below).
+TRAIN_HOOKS_ENV = "AIR_TRANSFER_TRAIN_HOOKS"
+_train_hooks_installed = False
+
+#: ``upload(filesystem, checkpoint_path, checkpoint)``: the persisted checkpoint, or
+#: None to let Ray Train copy it itself.
+Upload = Callable[[Any, str, Any], Any]
+#: ``download(filesystem, path, local_path)``: True if it copied the directory.
+Download = Callable[[Any, str, str], bool]
+
+
+def install_train_hooks(upload: Upload, download: Download) -> bool:
+    """Route Ray Train's checkpoint copies through ``upload`` and ``download`` (once
+    per process; True if installed now or before).
+
+    Ray Train reports a checkpoint by copying its directory with
+    ``pyarrow.fs.copy_files`` into the run's storage filesystem
+    (``StorageContext.persist_current_checkpoint``, Train v2) and restores one the
+    same way (``Checkpoint.to_directory`` -> ``_download_from_fs_path``). Through a
+    pyarrow ``PyFileSystem`` every byte then crosses Python as a fresh 64 MiB
+    ``bytes``, which on node storage costs 2-4x the disk. No public hook exists
+    (``checkpoint_upload_fn`` must be passed to every ``report``), so for a storage
+    filesystem that recognises the directory (``node_storage``) these two functions
+    are wrapped: each asks ``upload``/``download`` first and falls back to Ray's own
+    code for every other filesystem, every file, and whenever they decline. Setting
+    ``AIR_TRANSFER_TRAIN_HOOKS=0`` leaves Ray untouched. A Ray without these names
+    (pinned by a test) keeps its own copies, and that is logged once.
+    """
+    global _train_hooks_installed
+    if _train_hooks_installed:
+        return True
+    if os.environ.get(TRAIN_HOOKS_ENV, "1") == "0":
+        return False
+    try:
+        from ray.train import _checkpoint as checkpoint_module
+        from ray.train.v2._internal.execution import storage as storage_module
+
+        storage: Any = storage_module  # private names, untyped on purpose
+        _checkpoint: Any = checkpoint_module
+        original_persist = storage.StorageContext.persist_current_checkpoint
+        original_download = _checkpoint._download_from_fs_path
+    except (ImportError, AttributeError) as e:
+        logger.warning(
+            "air-transfer: Ray Train's checkpoint copies cannot be routed through "
+            "node storage's chunked transfers (%s); Ray's own copies are used",
+            e,
+        )
+        return False
+
+    @functools.wraps(original_persist)
+    def persist_current_checkpoint(self: Any, checkpoint: Any, checkpoint_dir_name: str) -> Any:
+        path = self.build_checkpoint_path_from_name(checkpoint_dir_name)
+        persisted = upload(self.storage_filesystem, path, checkpoint)
+        if persisted is None:
+            return original_persist(self, checkpoint, checkpoint_dir_name)
+        return persisted
+
+    @functools.wraps(original_download)
+    def download_from_fs_path(
+        fs: Any, fs_path: str, local_path: str, filelock: bool = True
+    ) -> None:
+        if not download(fs, fs_path, local_path):
+            original_download(fs, fs_path, local_path, filelock)
+
+    storage.StorageContext.persist_current_checkpoint = persist_current_checkpoint
+    _checkpoint._download_from_fs_path = download_from_fs_path
+    _train_hooks_installed = True
+    logger.debug("air-transfer: Ray Train's checkpoint copies go through node storage")
+    return True

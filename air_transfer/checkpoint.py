@@ -14,6 +14,8 @@ from __future__ import annotations
 import io
 import os
 import posixpath
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import ray
@@ -28,6 +30,8 @@ from air_transfer.handle import TransferHandle, lost_error, raise_transfer_error
 from air_transfer.layout import Source
 from air_transfer.manifest import Manifest
 from air_transfer.nodes import node_agent, running_in_agent
+from air_transfer.progress import progress_enabled
+from air_transfer.telemetry import PackWatch, describe, packing
 
 
 class ChunkedCheckpoint(Checkpoint):
@@ -71,12 +75,13 @@ class ChunkedCheckpoint(Checkpoint):
         completes when the source directory is no longer needed, or raises what
         packing raised (and so does any reader of ``ref``; nothing is published).
         Packing runs in the node's agent, outside this process's Python. The chunks
-        are owned as with ``to_object_ref``.
+        are owned as with ``to_object_ref``. A packing still running after a second
+        shows a progress bar (``TransferConfig.progress``), drawn by a daemon thread.
         """
-        if self._reusable(config):
-            return TransferFuture(ray.put(self), None)
-        ref, done = submit_transfer(Source(self.filesystem, self.path), config)
-        return TransferFuture(ref, done)
+        future, watch = self._submit(config)
+        if watch is not None:
+            watch.start()
+        return future
 
     def to_object_ref(self, config: TransferConfig | None = None) -> ray.ObjectRef[Any]:
         """Pack this checkpoint into chunks and return an ObjectRef to it, once every
@@ -87,7 +92,25 @@ class ChunkedCheckpoint(Checkpoint):
         node's long-lived agent. A transferred checkpoint is re-shared
         without repacking unless a ``config`` asks for a different cut.
         """
-        return self.to_object_ref_async(config).result()
+        future, watch = self._submit(config)
+        if watch is not None:
+            watch.run()  # in this thread, which would only wait: the bar ends first
+        return future.result()
+
+    def _submit(self, config: TransferConfig | None) -> tuple[TransferFuture, PackWatch | None]:
+        """Start packing: the future, and the watch that draws its progress bar (None
+        when progress is off or nothing is left to pack)."""
+        if self._reusable(config):
+            return TransferFuture(ray.put(self), None), None
+        config = config or TransferConfig()
+        started = time.monotonic()
+        ref, done, strategy = submit_transfer(Source(self.filesystem, self.path), config)
+        packing(strategy, done, started)
+        watch = None
+        if done is not None and progress_enabled(config.progress):
+            desc = describe(self.path, "to_object_ref")
+            watch = PackWatch(desc, done, lambda: _packing_chunks(ref))
+        return TransferFuture(ref, done), watch
 
     def pack(self, config: TransferConfig | None = None) -> TransferHandle:
         """Pack into chunks and return the complete handle (manifest with every
@@ -105,11 +128,14 @@ class ChunkedCheckpoint(Checkpoint):
     def from_object_ref(cls, ref: Any) -> ChunkedCheckpoint:
         """The checkpoint behind ``ref`` (from ``to_object_ref``), readable here.
 
-        ``ref`` may also be what Ray hands a task for such a ref passed as a
-        top-level argument (the checkpoint itself) or what ``ray.get(ref)`` returned.
+        ``ref`` may also be what Ray hands a task or actor for such a ref passed as a
+        top-level argument (the checkpoint itself), what ``ray.get(ref)`` returned,
+        its ``TransferHandle``, or the ``TransferFuture`` of ``to_object_ref_async``:
+        whichever a function is handed, the same line works.
         """
-        value = ref
-        if isinstance(ref, ray.ObjectRef):
+        value = ref.ref if isinstance(ref, TransferFuture) else ref
+        if isinstance(value, ray.ObjectRef):
+            ref = value
             try:
                 value = ray.get(ref)
             except (ObjectLostError, RayTaskError) as e:
@@ -120,14 +146,18 @@ class ChunkedCheckpoint(Checkpoint):
             return value
         if isinstance(value, TransferHandle):
             return cls._from_handle(value)
-        if isinstance(ref, ray.ObjectRef):
+        got = f"ObjectRef {ref.hex()} holds" if isinstance(ref, ray.ObjectRef) else "got"
+        if isinstance(value, Checkpoint):
             raise TypeError(
-                f"ObjectRef {ref.hex()} holds a {type(value).__name__}, not a checkpoint "
-                "made by ChunkedCheckpoint.to_object_ref()"
+                f"from_object_ref: {got} a {type(value).__name__} of the directory "
+                f"{value.path!r} that was never transferred; transfer it with "
+                "ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref() and pass "
+                "that ref"
             )
         raise TypeError(
             "from_object_ref expects a ray.ObjectRef from ChunkedCheckpoint.to_object_ref() "
-            f"or the transferred checkpoint it holds, got a {type(value).__name__}"
+            f"or the transferred checkpoint it holds; {got} a {type(value).__name__}, "
+            "not a checkpoint"
         )
 
     def handle(self) -> TransferHandle:
@@ -197,13 +227,22 @@ class ChunkedCheckpoint(Checkpoint):
 
 def submit_transfer(
     source: Source, config: TransferConfig | None = None
-) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None]:
+) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None, str]:
     """Start transferring ``source``: the ref of the transferred checkpoint (put by
-    this process or, for ``owner="node"``, by this node's agent) and the ref of its
-    completion (None if packing is done)."""
+    this process or, for ``owner="node"``, by this node's agent), the ref of its
+    completion (None if packing is done) and the name of the strategy packing it."""
     config = config or TransferConfig()
     if config.owner == "node" and not running_in_agent():
-        ref, done = ray.get(node_agent().submit_transfer.remote(source, config))
-        return ref, done
+        ref, done, strategy = ray.get(node_agent().submit_transfer.remote(source, config))
+        return ref, done, strategy
     handle, done = submit(source, config)
-    return ray.put(ChunkedCheckpoint._from_handle(handle)), done
+    return ray.put(ChunkedCheckpoint._from_handle(handle)), done, handle.strategy.name
+
+
+def _packing_chunks(ref: ray.ObjectRef[Any]) -> tuple[Sequence[int], Sequence[Any]]:
+    """The length and the checksum ref of every chunk of the transfer at ``ref``
+    (what a ``PackWatch`` follows)."""
+    handle = ChunkedCheckpoint.from_object_ref(ref).handle()
+    m = handle.manifest
+    lengths = [m.chunk_length(i) for i in range(m.num_chunks)]
+    return lengths, handle.pending if handle.pending is not None else m.chunks or ()

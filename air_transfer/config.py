@@ -53,6 +53,17 @@ class TransferConfig:
             (least recently used first out, and after 30 s unused), so N readers of
             one checkpoint read it from disk once and Ray may serve them from any
             node holding a copy. 0: none kept beyond the read that asked.
+        progress: show a progress bar (bytes, rate, ETA) for each transfer that runs
+            longer than a second: packing (``to_object_ref``, ``to_object_ref_async``)
+            and reading (``to_directory``). ``True`` or ``False`` decides; ``None``
+            (default) leaves it to the environment variable ``AIR_TRANSFER_PROGRESS``
+            (``1``/``0``, for Train workers), and without it to whether this process's
+            stderr is a terminal (so on in an interactive driver, off in Ray workers
+            and batch jobs). Inside a Ray worker bars go through Ray's ``tqdm_ray`` and
+            are drawn by the driver. Readers use the config the checkpoint was packed
+            with. It changes nothing about the transfer, so it takes no part in
+            comparing configs (``to_object_ref`` of a transferred checkpoint with a
+            config that differs only here re-shares it without repacking).
     """
 
     chunk_bytes: int = 32 * MiB
@@ -64,6 +75,7 @@ class TransferConfig:
     owner: Literal["caller", "node"] = "caller"
     direct_io: bool = True
     cache_bytes: int = 1 * GiB
+    progress: bool | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         _require_int("chunk_bytes", self.chunk_bytes, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
@@ -92,6 +104,11 @@ class TransferConfig:
                 raise TypeError(
                     f"TransferConfig.{flag} must be a bool, got {getattr(self, flag)!r}"
                 )
+        if self.progress is not None and not isinstance(self.progress, bool):
+            raise TypeError(
+                f"TransferConfig.progress must be True, False or None (automatic), "
+                f"got {self.progress!r}"
+            )
 
     @property
     def inline_limit(self) -> int:

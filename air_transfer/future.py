@@ -69,6 +69,15 @@ class TransferFuture:
         thread of Ray's; an error ``fn`` raises is logged by ``concurrent.futures``."""
         self._future.add_done_callback(lambda _: fn(self))
 
+    def __reduce__(self) -> Any:
+        # Its completion lives in this process (a concurrent.futures.Future); what
+        # travels to tasks and actors is the ref (issue 13).
+        raise TypeError(
+            f"{self!r} cannot be pickled or passed to a task or actor: pass its .ref "
+            "(the checkpoint's ObjectRef, usable before packing is done) instead"
+        )
+
     def __repr__(self) -> str:
         state = "packing" if not self.done() else "done"
-        return f"TransferFuture({state}, ref={self._ref.hex()[:16]})"
+        # The whole id: the first 16 hex digits are the same for every ray.put.
+        return f"TransferFuture({state}, ref={self._ref.hex()})"

@@ -23,15 +23,16 @@ from typing import Any, NoReturn
 import ray
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
-from air_transfer import _ray
+from air_transfer import _ray, metrics
 from air_transfer.config import TransferConfig
-from air_transfer.errors import CheckpointLostError
+from air_transfer.errors import CheckpointLostError, ChecksumError
 from air_transfer.fetch import fetch_in_order
 from air_transfer.layout import Source, scan
 from air_transfer.manifest import Manifest
 from air_transfer.nodes import node_agent, this_node_id
 from air_transfer.reader import ChunkFileReader, buffered
 from air_transfer.strategies import TransferStrategy, get_strategy, select_strategy
+from air_transfer.telemetry import Transfer, describe
 from air_transfer.writer import check_chunk, write_tree
 
 
@@ -83,10 +84,12 @@ class TransferHandle:
         packing raised."""
         stop = self.manifest.num_chunks if stop is None else stop
         index = start
+        name = self.strategy.name
         try:
             for chunk in self.strategy.iter_chunks(
                 self.payload, self.manifest, start, stop, self.config
             ):
+                metrics.add_bytes("fetched", _nbytes(chunk), name)
                 yield chunk
                 index += 1
         except (RayTaskError, ObjectLostError, RayActorError) as e:
@@ -97,30 +100,47 @@ class TransferHandle:
         pairs = zip(self.iter_chunks(start, stop), self.checksums(start, stop), strict=True)
         for index, (chunk, expected) in enumerate(pairs, start):
             view = memoryview(chunk).cast("B")
-            check_chunk(self.manifest, index, view, self.config.verify, expected=expected)
+            try:
+                check_chunk(self.manifest, index, view, self.config.verify, expected=expected)
+            except ChecksumError:
+                metrics.checksum_failure(self.strategy.name)
+                raise
+            if self.config.verify:
+                metrics.chunks_verified(1, self.strategy.name)
             yield index, view
 
     def write_to(self, target: str | os.PathLike[str]) -> str:
         """Rebuild the checkpoint at ``target``, writing each chunk as it arrives
         (while later ones are still being packed or fetched); the target shows the
         result only once complete and verified, and an existing directory is merged
-        into (the merged tree replaces it in one step)."""
-        chunks = self.iter_chunks()
-        expected = None if self.manifest.chunks is not None else self.checksums()
-        try:
-            return write_tree(
-                self.manifest,
-                chunks,
-                target,
-                self.config.verify,
-                self.config.direct_io,
-                expected=expected,
-            )
-        finally:
-            # At once, not when garbage collected: fetches in flight hold chunks.
-            chunks.close()
-            if expected is not None:
-                expected.close()
+        into (the merged tree replaces it in one step). Shows progress and records
+        metrics as a transfer of phase ``read`` (``air_transfer.telemetry``)."""
+        transfer = Transfer(
+            "read",
+            strategy=self.strategy.name,
+            total=self.manifest.total_bytes,
+            desc=describe(target, "to_directory"),
+            progress=self.config.progress,
+        )
+        with transfer:
+            chunks = self.iter_chunks()
+            written = transfer.chunks(chunks, self.manifest.chunk_length, self.config.verify)
+            expected = None if self.manifest.chunks is not None else self.checksums()
+            try:
+                return write_tree(
+                    self.manifest,
+                    written,
+                    target,
+                    self.config.verify,
+                    self.config.direct_io,
+                    expected=expected,
+                )
+            finally:
+                # At once, not when garbage collected: fetches in flight hold chunks.
+                written.close()
+                chunks.close()
+                if expected is not None:
+                    expected.close()
 
     def open_file(self, relpath: str) -> io.BufferedReader:
         """A seekable binary stream over one file, fetching only its chunks."""
@@ -163,6 +183,8 @@ def submit(
     # manifest's sizes and mtimes are those of the bytes packed.
     packed = strategy.submit(source, scanned.files, scanned.stamps, config)
     pending = packed.pending
+    if not pending:  # packed here (else the agent's packing tasks count the bytes)
+        metrics.add_bytes("packed", total, strategy.name)
     manifest = Manifest(
         entries=scanned.entries,
         chunk_bytes=config.chunk_bytes,
@@ -184,6 +206,14 @@ def submit(
 def pack(source: Source, config: TransferConfig | None = None) -> TransferHandle:
     """``submit``, then wait until every chunk is packed: a complete handle."""
     return submit(source, config)[0].complete()
+
+
+def _nbytes(chunk: Any) -> int:
+    """The size of a chunk as delivered (any buffer)."""
+    try:
+        return memoryview(chunk).nbytes
+    except TypeError:
+        return 0
 
 
 def describe_current_process() -> str:
@@ -230,6 +260,7 @@ def lost_error(
 ) -> CheckpointLostError:
     """The CheckpointLostError for ``what`` (a chunk, the handle) being unfetchable."""
     owner = handle.owner if handle is not None else "the process that called to_object_ref()"
+    metrics.lost(handle.strategy.name if handle is not None else "unknown")
     return CheckpointLostError(
         f"{what} of a transferred checkpoint can no longer be fetched: its owner, "
         f"{owner}, exited or the object was freed ({type(cause).__name__}). A Ray "

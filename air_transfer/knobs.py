@@ -55,6 +55,9 @@ class Knobs:
     #: ``streamed`` rather than ``chunked`` above this share of the packing node's
     #: free object store: chunked would start spilling (Ray spills at 0.8 full).
     stream_above_store_fraction: float = 0.8
+    #: A transfer's progress bar is drawn only once it has run this long: a
+    #: checkpoint that moves in under a second (most small ones) prints nothing.
+    progress_delay_s: float = 1.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -81,6 +84,10 @@ class Knobs:
             raise ValueError(
                 "knob stream_above_store_fraction must be in (0, 1], got "
                 f"{self.stream_above_store_fraction!r}"
+            )
+        if not 0 <= self.progress_delay_s < 3600:
+            raise ValueError(
+                f"knob progress_delay_s must be in [0, 3600), got {self.progress_delay_s!r}"
             )
 
 

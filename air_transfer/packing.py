@@ -371,9 +371,11 @@ def read_chunks_ahead(
     chunk_bytes: int,
     start_chunk: int = 0,
     stop_chunk: int | None = None,
+    checksums: bool = True,
 ) -> Iterator[tuple[int, memoryview, str]]:
     """Yield ``(index, view, checksum)`` for every chunk, reading and hashing the next
-    chunk in a background thread while the caller stores the current one.
+    chunk in a background thread while the caller stores the current one (without
+    ``checksums`` the checksum is "": a copy that never leaves the process).
 
     A ring of three reusable buffers bounds memory at ``3 x chunk_bytes``: the thread
     fills one while one waits in the hand-off queue and the caller holds the third.
@@ -405,7 +407,8 @@ def read_chunks_ahead(
                 stop_chunk,
             )
             for index, view in chunks:
-                if not offer((index, view, chunk_checksum(view))):
+                checksum = chunk_checksum(view) if checksums else ""
+                if not offer((index, view, checksum)):
                     chunks.close()
                     return
             offer(_DONE)

@@ -12,14 +12,20 @@ its own storage: ``ray.train.report(..., checkpoint_upload_fn=checkpoint_upload_
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import pyarrow.fs as pafs
 import ray
 from ray.train import Checkpoint
 
+from air_transfer import _ray
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.config import TransferConfig
 from air_transfer.nodes import head_node_id, live_node_ids, node_agent, this_node_id
+from air_transfer.storage.confine import checked_path, storage_path
 from air_transfer.storage.handler import NodeStorageHandler, node_storage_handler
+from air_transfer.storage.same_node import copy_tree
 
 
 def storage_filesystem(
@@ -41,7 +47,7 @@ def storage_filesystem(
             f"node {node!r} is not a live node of this Ray cluster; pass a node id "
             "from ray.nodes() (or None for the driver's node)"
         )
-    return pafs.PyFileSystem(NodeStorageHandler(node, root, config))
+    return pafs.PyFileSystem(TrainStorageHandler(node, root, config))
 
 
 def checkpoint_upload_fn(
@@ -70,3 +76,70 @@ def checkpoint_upload_fn(
     ray.get(node_agent(target).store_checkpoint.remote(future.ref, fs, dest))
     future.result()  # stored means packed, but any packing error is raised as such
     return Checkpoint(dest, filesystem=fs)
+
+
+class TrainStorageHandler(NodeStorageHandler):
+    """``storage_filesystem()``'s handler: node storage, plus whole-directory copies
+    for Ray Train. In every process that makes or receives one (the driver, each
+    Train worker), Ray Train's checkpoint uploads and restores into and out of it go
+    through ``upload_directory``/``download_directory`` (``_ray.install_train_hooks``)
+    rather than pyarrow's file-by-file copy: one chunked transfer, pipelined, written
+    by the verified ``O_DIRECT`` writer and published whole."""
+
+    def __init__(
+        self, node_id: str | None, root: str = "/", config: TransferConfig | None = None
+    ) -> None:
+        super().__init__(node_id, root, config)
+        _ray.install_train_hooks(upload_directory, download_directory)
+
+
+def upload_directory(filesystem: pafs.FileSystem, path: str, checkpoint: Checkpoint) -> Any:
+    """Store ``checkpoint`` (a local directory) at ``path`` of a node storage
+    ``filesystem`` as Ray Train's report does; None for anything else (Ray copies).
+
+    On the storage node: a local copy (``same_node.copy_tree``). Elsewhere: packed
+    by this node's agent while the storage node's agent writes what is packed so far.
+    """
+    handler = node_storage_handler(filesystem)
+    if handler is None or not isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        return None
+    source = os.path.abspath(checkpoint.path)
+    if not os.path.isdir(source):
+        return None
+    if ray.is_initialized() and handler.node_id == this_node_id():
+        copy_tree(source, checked_path(handler.root, path), handler.config, "upload")
+    else:
+        future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(handler.config)
+        with handler.link.errors():
+            ray.get(handler.link.agent().store_checkpoint.remote(future.ref, filesystem, path))
+        future.result()
+    return Checkpoint(path, filesystem=filesystem)
+
+
+def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) -> bool:
+    """Copy the checkpoint directory ``path`` of a node storage ``filesystem`` into
+    ``local_path`` as Ray Train's restore does; False for anything else (Ray copies).
+
+    On the storage node: a local copy. Elsewhere: the storage node's agent packs the
+    directory once for all readers (``disk_chunks.DirectoryTransfers``) and it is
+    written here as any transfer is: verified, ``O_DIRECT``, published whole.
+    """
+    handler = node_storage_handler(filesystem)
+    if handler is None:
+        return False
+    local = storage_path(handler.root, path)
+    try:
+        if ray.is_initialized() and handler.node_id == this_node_id():
+            source = checked_path(handler.root, local)
+            if not os.path.isdir(source):
+                return False
+            copy_tree(source, local_path, handler.config)
+            return True
+        with handler.link.errors():
+            [ref] = ray.get(
+                handler.link.agent().directory_transfer.remote(handler.root, local, handler.config)
+            )
+    except NotADirectoryError:
+        return False  # one file: Ray's own copy
+    ChunkedCheckpoint.from_object_ref(ref).to_directory(local_path)
+    return True

@@ -10,6 +10,7 @@ by the worker that wrote the checkpoint.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +167,49 @@ def test_tune_function_trainable_reports_and_restores(tmp_path: Path, fs: pafs.F
         assert metrics["node"] == node_ids()["node_a"]
         assert digest_tree(checkpoint.path) == metrics["digests"]
     assert digest_tree(result.checkpoint.to_directory()) == history[2]["digests"]
+
+
+def storage_counters() -> dict[str, int]:
+    counters: dict[str, int] = ray.get(
+        air_transfer.nodes.node_agent(node_ids()["head"]).read_counters.remote()
+    )
+    return counters
+
+
+def test_reports_go_through_one_chunked_transfer_each(tmp_path: Path, fs: pafs.FileSystem) -> None:
+    """Issue 14: a worker's ``report`` into node storage is not pyarrow's file-by-file
+    copy (every byte through a Python ``bytes``) but one transfer per checkpoint,
+    written by the storage node's agent (``TrainStorageHandler``'s hooks)."""
+    before = storage_counters()["checkpoints_stored"]
+    result = fit(tmp_path, "hooked", fs, steps=2, mode="SYNC")
+    assert_landed(result, tmp_path, "hooked")
+    assert storage_counters()["checkpoints_stored"] - before == 2
+
+
+@ray.remote(num_cpus=0)
+def restore_digests(checkpoint: ray.train.Checkpoint) -> dict[str, str]:
+    return digest_tree(checkpoint.to_directory())
+
+
+def test_restores_on_other_nodes_share_one_transfer(
+    sync_run: tuple[ray.train.Result, Path],
+) -> None:
+    """Two workers restoring one checkpoint on other nodes at once: the storage node
+    packs it once (one directory transfer), both get its exact bytes."""
+    result, _ = sync_run
+    before = storage_counters()
+    checkpoint = result.checkpoint
+    assert checkpoint is not None
+    restores = [
+        restore_digests.options(resources={node: 0.01}).remote(checkpoint)
+        for node in ("node_a", "node_b")
+    ]
+    expected = result.best_checkpoints[-1][1]["digests"]
+    assert ray.get(restores) == [expected, expected]
+    after = storage_counters()
+    size = sum(  # the storage node is this machine's head node
+        os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(checkpoint.path) for f in fs
+    )
+    assert after["transfers_packed"] - before["transfers_packed"] == 1
+    assert after["bytes_read"] - before["bytes_read"] == size  # read from disk once
+    assert after["bytes_served"] - before["bytes_served"] == 2 * size  # to each reader

@@ -12,6 +12,7 @@ import ray.cloudpickle
 import strategies_for_tests
 
 from air_transfer import register_strategy
+from air_transfer.strategies import registry
 
 # Workers unpickle the strategy stored in a transfer handle: ship its code by value
 # rather than relying on the tests directory being importable there.
@@ -36,3 +37,16 @@ def ray_local() -> Iterator[None]:
         )
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def registry_restored() -> Iterator[None]:
+    """The strategy registry and its size rules as they were before the test (there
+    is no unregistering in the public API, as in fsspec's): a test may register
+    strategies and size rules without leaking them into later tests."""
+    classes, rules = dict(registry._registry), dict(registry._size_rules)
+    yield
+    registry._registry.clear()
+    registry._registry.update(classes)
+    registry._size_rules.clear()
+    registry._size_rules.update(rules)

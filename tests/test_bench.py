@@ -109,6 +109,8 @@ def test_every_contender_round_trips_verified(single_node: tuple[dict, str, Path
         async_row = by_name["chunked-async", layout]
         # The async call returns before packing is done; the sync one only after.
         assert async_row["call_median_s"] <= async_row["pack_s"], async_row
+    # Explicitly off: AIR_TRANSFER_PROGRESS in the environment never reaches the timed runs.
+    assert report["config"]["transfer_config"]["progress"] is False
 
 
 def test_output_has_table_progress_and_linearity(single_node: tuple[dict, str, Path]) -> None:
@@ -119,12 +121,17 @@ def test_output_has_table_progress_and_linearity(single_node: tuple[dict, str, P
 
 
 def test_cross_node_with_raw(tmp_path: Path) -> None:
-    """Also the one run with the (default) warm-up round trip per actor pair, and
-    the store warm-up of both nodes' agents."""
+    """Also the one run with the (default) warm-up round trip per actor pair, the
+    store warm-up of both nodes' agents, and ``--progress`` (bars from the actors,
+    through tqdm_ray, on stderr)."""
     contenders = ["cp", "chunked", "chunked-async", "raw"]
-    report, _ = run_bench_cli(tmp_path, "--cross-node", "--contenders", *contenders)
+    report, proc = run_bench_cli(
+        tmp_path, "--cross-node", "--progress", "--contenders", *contenders
+    )
     check_report(report, contenders, ["big"], tmp_path)
     assert report["config"]["cross_node"] is True
+    assert report["config"]["transfer_config"]["progress"] is True
+    assert "__ray_tqdm_magic_token__" not in proc.stdout + proc.stderr
 
 
 def test_train_mode_reports_and_restores_verified_against_both_floors(tmp_path: Path) -> None:

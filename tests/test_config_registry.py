@@ -15,7 +15,7 @@ from air_transfer import (
     strategies,
 )
 from air_transfer.config import DEFAULT_INLINE_MAX_BYTES, MiB
-from air_transfer.strategies import ChunkedStrategy, InlineStrategy
+from air_transfer.strategies import ChunkedStrategy, InlineStrategy, StreamedStrategy, size_rules
 
 
 def test_defaults_are_valid_and_frozen() -> None:
@@ -121,3 +121,104 @@ def test_register_refuses_non_strategies() -> None:
 def test_unknown_strategy_lists_known_ones() -> None:
     with pytest.raises(ValueError, match=r"registered: .*chunked.*inline"):
         get_strategy("zstd")
+
+
+# -- size rules: user strategies selected by size (no Ray) ------------------------------
+class Big(ChunkedStrategy):
+    name = "test-big"
+
+
+class Huge(ChunkedStrategy):
+    name = "test-huge"
+
+
+SMALL_INLINE = TransferConfig(chunk_bytes=MiB, window=4, inline_max_bytes=2 * MiB)
+
+
+@pytest.mark.usefixtures("registry_restored")
+def test_a_size_rule_selects_a_user_strategy_above_its_threshold() -> None:
+    """The design card's "selected by size threshold, open to users": a strategy
+    registered with ``select_above_bytes`` is picked for checkpoints above it, before
+    the built-in rules (even when the store would call for ``streamed``); an explicit
+    ``config.strategy`` still wins; below the threshold nothing changes."""
+    assert register_strategy(Big, select_above_bytes=100 * MiB) is Big
+    assert size_rules == {"test-big": 100 * MiB}
+    assert select_strategy(MiB, SMALL_INLINE) == "inline"
+    assert select_strategy(100 * MiB, SMALL_INLINE) == "chunked"
+    assert select_strategy(100 * MiB + 1, SMALL_INLINE) == "test-big"
+    assert select_strategy(10**12, SMALL_INLINE, store_free_bytes=MiB) == "test-big"
+    assert select_strategy(10**12, SMALL_INLINE.replace(strategy="chunked")) == "chunked"
+    assert select_strategy(90 * MiB, SMALL_INLINE, store_free_bytes=100 * MiB) == "streamed"
+
+
+@pytest.mark.usefixtures("registry_restored")
+def test_the_largest_threshold_below_the_size_wins() -> None:
+    register_strategy(Huge, select_above_bytes=10 * 1024 * MiB)
+    register_strategy(Big, select_above_bytes=100 * MiB)
+    assert select_strategy(101 * MiB, SMALL_INLINE) == "test-big"
+    assert select_strategy(10 * 1024 * MiB, SMALL_INLINE) == "test-big"
+    assert select_strategy(10 * 1024 * MiB + 1, SMALL_INLINE) == "test-huge"
+
+
+@pytest.mark.usefixtures("registry_restored")
+def test_threshold_zero_takes_every_checkpoint_that_is_not_empty() -> None:
+    register_strategy(Big, select_above_bytes=0)
+    assert select_strategy(0, SMALL_INLINE) == "inline"
+    assert select_strategy(1, SMALL_INLINE) == "test-big"
+
+
+@pytest.mark.usefixtures("registry_restored")
+def test_a_built_in_can_be_given_a_size_rule() -> None:
+    """E.g. always stream above 1 GiB, whatever the free store."""
+    register_strategy(StreamedStrategy, clobber=True, select_above_bytes=1024 * MiB)
+    assert select_strategy(1024 * MiB + 1, SMALL_INLINE, store_free_bytes=10**15) == "streamed"
+    assert select_strategy(1024 * MiB, SMALL_INLINE, store_free_bytes=10**15) == "chunked"
+
+
+@pytest.mark.usefixtures("registry_restored")
+def test_a_size_rule_is_never_replaced_silently() -> None:
+    """The registration is the class and its rule: the same again is a no-op, a
+    changed or dropped rule needs ``clobber=True``, as a changed class does."""
+    register_strategy(Big, select_above_bytes=100 * MiB)
+    register_strategy(Big, select_above_bytes=100 * MiB)  # no-op
+    changed = r"'test-big' is already registered with select_above_bytes=104857600, not "
+    with pytest.raises(ValueError, match=changed + r"select_above_bytes=1;.*clobber=True"):
+        register_strategy(Big, select_above_bytes=1)
+    with pytest.raises(ValueError, match=r"select_above_bytes=104857600, not no size rule"):
+        register_strategy(Big)
+    assert size_rules == {"test-big": 100 * MiB}
+    register_strategy(Big, clobber=True, select_above_bytes=1)
+    assert size_rules == {"test-big": 1}
+    register_strategy(Big, clobber=True)
+    assert "test-big" not in size_rules and strategies["test-big"] is Big
+    assert select_strategy(10**12, SMALL_INLINE) == "chunked"
+
+
+@pytest.mark.usefixtures("registry_restored")
+def test_two_rules_may_not_share_a_threshold() -> None:
+    register_strategy(Big, select_above_bytes=100 * MiB)
+    with pytest.raises(ValueError, match=r"'test-big' is already selected above 104857600"):
+        register_strategy(Huge, select_above_bytes=100 * MiB)
+    assert "test-huge" not in strategies  # a refused registration changes nothing
+
+
+@pytest.mark.usefixtures("registry_restored")
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        (-1, ValueError, r"select_above_bytes of 'test-big' must be >= 0, got -1"),
+        ("1", TypeError, r"select_above_bytes of 'test-big' must be an int, got '1'"),
+        (True, TypeError, r"must be an int, got True"),
+        (1.5, TypeError, r"must be an int, got 1.5"),
+    ],
+)
+def test_bad_thresholds_are_refused(value: object, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        register_strategy(Big, select_above_bytes=value)  # type: ignore[arg-type]
+    assert "test-big" not in strategies and "test-big" not in size_rules
+
+
+def test_size_rules_is_a_read_only_view() -> None:
+    assert isinstance(size_rules, MappingProxyType)
+    with pytest.raises(TypeError):
+        size_rules["x"] = 1  # type: ignore[index]

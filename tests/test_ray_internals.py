@@ -44,3 +44,50 @@ def test_no_other_module_uses_rays_private_api() -> None:
         if PRIVATE_USE.search(line) and not line.lstrip().startswith("#")
     ]
     assert offenders == []
+
+
+def _run(code: str, **env: str) -> str:
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+TRAIN_HOOKS = """
+from ray.train import _checkpoint
+from ray.train.v2._internal.execution import storage
+from air_transfer import _ray
+before = (storage.StorageContext.persist_current_checkpoint, _checkpoint._download_from_fs_path)
+installed = _ray.install_train_hooks(lambda fs, path, ckpt: None, lambda fs, path, local: False)
+after = (storage.StorageContext.persist_current_checkpoint, _checkpoint._download_from_fs_path)
+print(installed, before == after)
+"""
+
+
+def test_train_hooks_can_be_turned_off() -> None:
+    """``AIR_TRANSFER_TRAIN_HOOKS=0`` leaves Ray Train's own copies untouched."""
+    assert _run(TRAIN_HOOKS, AIR_TRANSFER_TRAIN_HOOKS="0") == "False True"
+    assert _run(TRAIN_HOOKS) == "True False"
+
+
+def test_train_hooks_leave_every_other_filesystem_to_ray(tmp_path: Path) -> None:
+    """Installed, the download wrapper asks the hook, which declines for a local
+    filesystem, and Ray's own copy runs: the directory arrives."""
+    (tmp_path / "src" / "sub").mkdir(parents=True)
+    (tmp_path / "src" / "sub" / "f").write_bytes(b"data")
+    code = TRAIN_HOOKS + (
+        "import pyarrow.fs as pafs\n"
+        f"_checkpoint._download_from_fs_path(pafs.LocalFileSystem(), {str(tmp_path / 'src')!r}, "
+        f"{str(tmp_path / 'out')!r})\n"
+    )
+    assert _run(code) == "True False"
+    assert (tmp_path / "out" / "sub" / "f").read_bytes() == b"data"

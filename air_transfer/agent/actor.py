@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import ray
 
+from air_transfer import metrics
 from air_transfer.checkpoint import ChunkedCheckpoint, submit_transfer
 from air_transfer.config import TransferConfig
 from air_transfer.errors import SourceChangedError
@@ -54,7 +55,7 @@ from air_transfer.packing import (
     read_chunks_ahead,
 )
 from air_transfer.storage.disk import DiskStorage
-from air_transfer.storage.disk_chunks import FileChunks
+from air_transfer.storage.disk_chunks import DirectoryTransfers, FileChunks
 from air_transfer.storage.disk_reads import read_chunks
 from air_transfer.storage.disk_uploads import DiskUploads
 from air_transfer.storage.sink import store_checkpoint
@@ -68,6 +69,10 @@ class NodeAgent:
     def __init__(self) -> None:
         self._packer = ChunkPacker()
         self._files = FileChunks(submit_plans)
+        self._stored = 0  # checkpoints written by store_checkpoint
+        self._directories = DirectoryTransfers(
+            lambda source, config: submit_transfer(source, config.replace(owner="node"))[:2]
+        )
         services = (DiskStorage(), DiskUploads())
         self._disk_ops: dict[str, Callable[..., Any]] = {
             name: getattr(service, name) for service in services for name in type(service).OPS
@@ -86,7 +91,9 @@ class NodeAgent:
         this node (``checkpoint_upload_fn``), chunk by chunk as they are packed."""
         if isinstance(checkpoint, ChunkedCheckpoint):
             checkpoint = checkpoint.handle()
-        return store_checkpoint(checkpoint, filesystem, path)
+        stored = store_checkpoint(checkpoint, filesystem, path)
+        self._stored += 1
+        return stored
 
     def disk(self, op: str, root: str, *args: Any) -> Any:
         """Run node-storage operation ``op`` (an ``fs_*`` method of ``DiskStorage`` or
@@ -121,13 +128,34 @@ class NodeAgent:
         in a list so that the caller borrows them rather than waiting for them."""
         return [self._files.refs(root, path, size, chunk_bytes, first, count, budget)]
 
+    def directory_transfer(
+        self, root: str, path: str, config: TransferConfig
+    ) -> list[ray.ObjectRef[Any]]:
+        """A transfer of node-storage checkpoint directory ``path`` as it is now, owned
+        by this agent and shared by readers (``disk_chunks.DirectoryTransfers``):
+        Ray Train's restores on other nodes; nested so the caller borrows it."""
+        return [self._directories.ref(root, path, config)]
+
     def read_counters(self) -> dict[str, int]:
-        """What node-storage reads cost this node: bytes read from disk, served."""
-        return self._files.counters()
+        """What node storage cost this node: bytes read from disk and served (file
+        reads and whole-directory transfers, a directory's bytes served once per
+        reader that asked for it), whole-directory transfers packed, checkpoints
+        stored."""
+        counters = self._files.counters()
+        directories = self._directories
+        counters["bytes_read"] += directories.bytes_read
+        counters["bytes_served"] += directories.bytes_served
+        return {
+            **counters,
+            "transfers_packed": directories.started,
+            "checkpoints_stored": self._stored,
+        }
 
     def clear_read_cache(self) -> None:
-        """Let go of every cached node-storage chunk (readers keep what they hold)."""
+        """Let go of every cached node-storage chunk and directory transfer (readers
+        keep what they hold)."""
         self._files.clear()
+        self._directories.clear()
 
     def stream(
         self,
@@ -187,15 +215,18 @@ class NodeAgent:
             chunks, checksums = self._packer.pack(source, plans)
         except Exception as e:
             return _failed(e, len(plans), len(plans))
+        _packed(plans, "chunked")
         return _returns([*chunks, *checksums])
 
     @ray.method(concurrency_group=PACK_GROUP)
     def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
         """Only the checksums of ``plans``' chunks (``streamed``), one object each."""
         try:
-            return _returns(self._packer.checksums(source, plans))
+            checksums = self._packer.checksums(source, plans)
         except Exception as e:
             return _failed(e, 0, len(plans))
+        _packed(plans, "streamed")
+        return _returns(checksums)
 
     @ray.method(concurrency_group=PACK_GROUP)
     def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
@@ -213,6 +244,7 @@ class NodeAgent:
                 offset += plan.length
         except Exception as e:
             return _failed(e, 1, len(plans))
+        _packed(plans, "inline")
         return _returns([stream, *checksums])
 
     def packed(self, *checksums: str | BaseException) -> tuple[str | BaseException, ...]:
@@ -226,13 +258,20 @@ class NodeAgent:
 
     def submit_transfer(
         self, source: Source, config: TransferConfig
-    ) -> list[ray.ObjectRef[Any] | None]:
+    ) -> list[ray.ObjectRef[Any] | str | None]:
         """Start packing ``source`` here (``owner="node"``): this agent submits the
         chunk tasks to itself, so it owns the chunks and the checkpoint object, and
         they outlive the caller even while packing is still running. Returns
-        ``[checkpoint ref, completion ref or None]``, nested so the caller borrows."""
-        ref, done = submit_transfer(source, config)
-        return [ref, done]
+        ``[checkpoint ref, completion ref or None, strategy name]``, the refs nested
+        so the caller borrows."""
+        ref, done, strategy = submit_transfer(source, config)
+        return [ref, done, strategy]
+
+
+def _packed(plans: Sequence[ChunkPlan], strategy: str) -> None:
+    """Count the bytes of ``plans`` as packed (``air_transfer.metrics``) by the
+    strategy whose packing task this is."""
+    metrics.add_bytes("packed", sum(plan.length for plan in plans), strategy)
 
 
 def _returns(values: list[Any]) -> Any:

@@ -128,7 +128,7 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     total = sum(len(s) for s in plan.values()) * len(contenders) * opts.repeats
     steps = (f"[{i}/{total}]" for i in range(1, total + 1))
-    with ray_session(opts.cross_node, opts.num_cpus, store) as how:
+    with ray_session(opts.cross_node, opts.num_cpus, store, log_to_driver=opts.progress) as how:
         store = ray.cluster_resources().get("object_store_memory", store)
         progress(f"{how}: object store {store / GB:.2f} GB in all; {total} measurements")
         if opts.drop_caches and not drop_caches():

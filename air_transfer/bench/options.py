@@ -86,6 +86,12 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "--clean", action="store_true",
         help="delete the cached checkpoints and outputs in --data-dir when done",
     )  # fmt: skip
+    parser.add_argument(
+        "--progress", action="store_true",
+        help="draw a progress bar on stderr for every air-transfer packing and reading "
+        "(from the bench's actors, through Ray's tqdm_ray; with Ray's worker logs "
+        "forwarded); off by default, so the timed runs print nothing",
+    )  # fmt: skip
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     parser.add_argument(
         "--plot", metavar="PATH.png",

@@ -47,6 +47,7 @@ def run_config(
             "verify": config.verify,
             "direct_io": config.direct_io,
             "cache_bytes": config.cache_bytes,
+            "progress": config.progress,
         },
         "object_store_bytes_per_node": int(store_per_node),
         "metrics": metrics,

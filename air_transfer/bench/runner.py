@@ -52,7 +52,12 @@ def prepare(opts: argparse.Namespace, nodes: int) -> Setup:
     (the actors do not share the driver's working directory), touches free memory
     once unless ``--no-prefault``, and writes the checkpoints not cached yet."""
     config = TransferConfig(
-        chunk_bytes=opts.chunk_mib * MiB, window=opts.window, direct_io=opts.direct_io
+        chunk_bytes=opts.chunk_mib * MiB,
+        window=opts.window,
+        direct_io=opts.direct_io,
+        # Explicit: AIR_TRANSFER_PROGRESS in the environment never turns bars on in
+        # the timed runs.
+        progress=opts.progress,
     )
     opts.data_dir = os.path.abspath(os.path.expanduser(opts.data_dir))
     os.makedirs(opts.data_dir, exist_ok=True)

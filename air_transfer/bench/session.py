@@ -31,20 +31,26 @@ CROSS_NODES = ("node_a", "node_b")
 
 @contextlib.contextmanager
 def ray_session(
-    cross_node: bool, num_cpus: int, store_bytes: int, nodes: Sequence[str] = CROSS_NODES
+    cross_node: bool,
+    num_cpus: int,
+    store_bytes: int,
+    nodes: Sequence[str] = CROSS_NODES,
+    log_to_driver: bool = False,
 ) -> Iterator[str]:
     """An embedded Ray for the run: one local node, or with ``cross_node`` a
     ``ray.cluster_utils.Cluster`` on this machine with one node per name in
     ``nodes`` (each holding that custom resource; the first is the head, where the
     driver runs), each node with its own object store of ``store_bytes``. An
-    already initialized Ray (single node only) is reused and left running."""
+    already initialized Ray (single node only) is reused and left running. The
+    workers' output reaches the driver only with ``log_to_driver`` (``--progress``:
+    their bars travel in it)."""
     if ray.is_initialized():
         if cross_node:
             raise RuntimeError("--cross-node starts its own 2-node cluster: call ray.shutdown()")
         yield "reused the running Ray"
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
+    quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": log_to_driver}
     cluster = None
     if cross_node:
         from ray.cluster_utils import Cluster

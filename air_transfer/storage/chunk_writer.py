@@ -28,6 +28,7 @@ import ray
 
 from air_transfer.manifest import chunk_checksum
 from air_transfer.storage.streams import AgentLink
+from air_transfer.telemetry import Transfer, dropped_error
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +39,16 @@ class ChunkWriter(io.RawIOBase):
     anything else (a failed write, being dropped unclosed) aborts it."""
 
     def __init__(
-        self, link: AgentLink, local: str, staging: str, start: int, expect: Any = None
+        self,
+        link: AgentLink,
+        local: str,
+        staging: str,
+        start: int,
+        expect: Any = None,
+        transfer: Transfer | None = None,
     ) -> None:
         super().__init__()
+        self.transfer = transfer  # the upload's metrics and bar: a chunk counts once sent
         self.link, self.local, self.staging = link, local, staging
         self.expect = expect  # what the commit expects at ``local`` (appends)
         self.chunk_bytes, self.window = link.config.chunk_bytes, link.config.window
@@ -65,8 +73,8 @@ class ChunkWriter(io.RawIOBase):
             raise OSError(errno.EIO, "an earlier write failed; the file is not stored", self.local)
         try:
             return self._write(memoryview(data).cast("B"))
-        except BaseException:
-            self._abort()  # now: the staging file may have a hole
+        except BaseException as e:
+            self._abort(e)  # now: the staging file may have a hole
             raise
 
     def _write(self, view: memoryview) -> int:
@@ -101,6 +109,8 @@ class ChunkWriter(io.RawIOBase):
         )
         self.pending.append(call)
         self.offset += len(chunk)
+        if self.transfer is not None:
+            self.transfer.advance(len(chunk))
 
     def close(self) -> None:
         """Commit the file: it appears whole, or (after a failed write) not at all."""
@@ -123,17 +133,22 @@ class ChunkWriter(io.RawIOBase):
                 self.link.config.direct_io,
                 self.expect,
             )
-        except BaseException:
-            self._abort()
+        except BaseException as e:
+            self._abort(e)
             raise
         finally:
             self.buffer = None
             super().close()
+        if self.transfer is not None:
+            self.transfer.advance(self.filled)
+            self.transfer.finish()
 
-    def _abort(self) -> None:
+    def _abort(self, error: BaseException) -> None:
         """Remove the staging file, once the chunk writes in flight are done (so that
         none fails unseen, and none lands after the removal)."""
         self.failed = True
+        if self.transfer is not None:
+            self.transfer.finish(error)
         pending, self.pending = list(self.pending), deque()
         _abort_upload(self.link, self.staging, pending)
 
@@ -141,12 +156,19 @@ class ChunkWriter(io.RawIOBase):
         if not self.closed:  # dropped unclosed: the upload did not finish
             self.failed = True
             pending, self.pending = list(self.pending), deque()
-            _reaper().abandon(self.link, self.staging, pending)
+            _reaper().abandon(self.link, self.staging, pending, self.transfer)
             io.RawIOBase.close(self)  # not self.close(): that would commit
         super().__del__()
 
 
-def _abort_upload(link: AgentLink, staging: str, pending: list[ray.ObjectRef[Any]]) -> None:
+def _abort_upload(
+    link: AgentLink,
+    staging: str,
+    pending: list[ray.ObjectRef[Any]],
+    transfer: Transfer | None = None,
+) -> None:
+    if transfer is not None:  # an upload dropped unclosed: a failed one
+        transfer.finish(dropped_error(staging))
     if not ray.is_initialized():  # Ray is gone (interpreter exit): so is the agent
         return
     for ref in pending:
@@ -166,7 +188,9 @@ class _Reaper:
     (``SimpleQueue.put`` is safe there)."""
 
     def __init__(self) -> None:
-        self.queue: queue.SimpleQueue[tuple[AgentLink, str, list[ray.ObjectRef[Any]]]]
+        self.queue: queue.SimpleQueue[
+            tuple[AgentLink, str, list[ray.ObjectRef[Any]], Transfer | None]
+        ]
         self.queue = queue.SimpleQueue()
         self.collecting = False
         gc.callbacks.append(self._phase)
@@ -175,11 +199,17 @@ class _Reaper:
     def _phase(self, phase: str, info: dict[str, Any]) -> None:
         self.collecting = phase == "start"
 
-    def abandon(self, link: AgentLink, staging: str, pending: list[ray.ObjectRef[Any]]) -> None:
+    def abandon(
+        self,
+        link: AgentLink,
+        staging: str,
+        pending: list[ray.ObjectRef[Any]],
+        transfer: Transfer | None = None,
+    ) -> None:
         if self.collecting:
-            self.queue.put((link, staging, pending))
+            self.queue.put((link, staging, pending, transfer))
         else:
-            _abort_upload(link, staging, pending)
+            _abort_upload(link, staging, pending, transfer)
 
     def _run(self) -> None:
         while True:

@@ -31,9 +31,10 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from air_transfer.config import TransferConfig
 from air_transfer.errors import SourceChangedError
 from air_transfer.knobs import KNOBS
-from air_transfer.layout import Source, Stamp
+from air_transfer.layout import Source, Stamp, scan
 from air_transfer.manifest import Entry
 from air_transfer.packing import ChunkPlan, plan_chunks
 from air_transfer.storage.confine import at, oserror
@@ -172,3 +173,80 @@ def _plans(
     plans = plan_chunks([entry], [stamp], chunk_bytes, indices[0], indices[-1] + 1)
     keep = set(indices)
     return [plan for plan in plans if plan.index in keep]
+
+
+#: Starts a transfer of a directory owned by the agent: (checkpoint ref, completion).
+StartTransfer = Callable[[Source, TransferConfig], tuple[Any, Any]]
+
+
+class DirectoryTransfers:
+    """Whole checkpoint directories of node storage, each version packed once as a
+    transfer the agent owns and shared by every reader that asks for it while it is
+    held: the same budget and idleness rules as ``FileChunks``. Ray Train's restores
+    on other nodes ask for these (``train``), so N workers restoring one checkpoint
+    read it from the storage node's disk once."""
+
+    def __init__(self, start: StartTransfer) -> None:
+        self._start = start
+        self._lock = threading.Lock()
+        self._held: OrderedDict[Any, tuple[Any, int, float]] = OrderedDict()
+        self._bytes = 0
+        self.started = 0  # transfers packed (tests, the bench)
+        self.bytes_read = 0  # file bytes of the transfers packed: each read once
+        self.bytes_served = 0  # file bytes of every transfer handed to a reader
+        self._reaper: threading.Thread | None = None
+
+    def ref(self, root: str, path: str, config: TransferConfig) -> Any:
+        """The ref of a transferred checkpoint of directory ``path`` (confined to
+        ``root``) as it is now."""
+        real = at(root, path, lambda w: _directory(w.fd, w.name, w.real, path))
+        scanned = scan(Source(pafs.LocalFileSystem(), real), config.follow_symlinks)
+        key = (real, config, scanned.entries, scanned.stamps)
+        now = time.monotonic()
+        with self._lock:
+            if self._reaper is None:  # expire idle transfers when nobody asks either
+                self._reaper = threading.Thread(
+                    target=self._reap, name="air-transfer-transfer-cache", daemon=True
+                )
+                self._reaper.start()
+            self._expire(now)
+            held = self._held.get(key)
+            if held is not None:
+                self._held.move_to_end(key)
+                self._held[key] = (held[0], held[1], now)
+                self.bytes_served += held[1]
+                return held[0]
+            ref, _ = self._start(Source(pafs.LocalFileSystem(), real), config)
+            size = sum(f.size for f in scanned.files)
+            self.started += 1
+            self.bytes_read += size
+            self.bytes_served += size
+            self._held[key] = (ref, size, now)
+            self._bytes += size
+            while self._bytes > config.cache_bytes and self._held:
+                _, (_, dropped, _) = self._held.popitem(last=False)
+                self._bytes -= dropped
+            return ref
+
+    def clear(self) -> None:
+        with self._lock:
+            self._held.clear()
+            self._bytes = 0
+
+    def _reap(self) -> None:
+        while True:
+            time.sleep(KNOBS.read_cache_idle_s / 2)
+            with self._lock:
+                self._expire(time.monotonic())
+
+    def _expire(self, now: float) -> None:
+        for key, (_, size, used) in list(self._held.items()):
+            if now - used >= KNOBS.read_cache_idle_s:
+                del self._held[key]
+                self._bytes -= size
+
+
+def _directory(fd: int, name: str, real: str, path: str) -> str:
+    if not stat.S_ISDIR(os.stat(name, dir_fd=fd).st_mode):
+        raise oserror(NotADirectoryError, errno.ENOTDIR, path, ": not a checkpoint directory")
+    return real

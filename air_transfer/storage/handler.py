@@ -25,6 +25,7 @@ from air_transfer.storage.confine import storage_path
 from air_transfer.storage.disk_uploads import DiskUploads
 from air_transfer.storage.same_node import SameNodeWriter, open_native
 from air_transfer.storage.streams import AgentLink, open_reader
+from air_transfer.telemetry import NODE_STORAGE, Transfer, describe
 
 
 class NodeStorageHandler(pafs.FileSystemHandler):
@@ -64,7 +65,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         # Shipped by Ray, it names its node (the sender's if not yet known): a copy
         # unpickled elsewhere must not take its own node for the storage's.
         node = self.node_id if ray.is_initialized() else self._node_id
-        return (NodeStorageHandler, (node, self.root, self.config))
+        return (type(self), (node, self.root, self.config))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, NodeStorageHandler):
@@ -165,10 +166,24 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         local = self._path(path)
         if self._on_storage_node():
             staging, start, expect = DiskUploads().fs_open_write(self.root, local, append)
-            writer = SameNodeWriter(self.root, local, staging, start, expect, self.config)
-            return pa.PythonFile(writer, mode="w")
-        staging, start, expect = self.call_agent("fs_open_write", local, append)
-        return pa.PythonFile(ChunkWriter(self.link, local, staging, start, expect), mode="w")
+            writer: SameNodeWriter | ChunkWriter = SameNodeWriter(
+                self.root, local, staging, start, expect, self.config, self._upload(local)
+            )
+        else:
+            staging, start, expect = self.call_agent("fs_open_write", local, append)
+            writer = ChunkWriter(self.link, local, staging, start, expect, self._upload(local))
+        return pa.PythonFile(writer, mode="w")
+
+    def _upload(self, local: str) -> Transfer:
+        """The metrics and progress of one file written (phase ``upload``)."""
+        transfer = Transfer(
+            "upload",
+            strategy=NODE_STORAGE,
+            total=None,
+            desc=describe(local, "write"),
+            progress=self.config.progress,
+        )
+        return transfer.start()
 
 
 def node_storage_handler(fs: pafs.FileSystem) -> NodeStorageHandler | None:

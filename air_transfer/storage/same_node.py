@@ -21,12 +21,22 @@ import weakref
 from typing import Any, BinaryIO
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from air_transfer.config import TransferConfig
 from air_transfer.direct_io import DirectFileWriter
-from air_transfer.manifest import chunk_checksum
+from air_transfer.layout import Source, scan
+from air_transfer.manifest import Manifest, chunk_checksum
+from air_transfer.metrics import Phase
+from air_transfer.packing import read_chunks_ahead
 from air_transfer.storage.confine import at, open_file, oserror
 from air_transfer.storage.disk_uploads import DiskUploads, Expect
+from air_transfer.telemetry import NODE_STORAGE, Transfer, describe, dropped_error, finish_soon
+from air_transfer.writer import write_tree
+
+#: A writer reports its bytes to its ``Transfer`` at least this many at a time: a
+#: caller may write a few bytes per call, metrics and bars want one update per chunk.
+REPORT_BYTES = 8 << 20
 
 
 def open_native(root: str, local: str) -> Any:
@@ -58,11 +68,16 @@ class SameNodeWriter(io.RawIOBase):
         start: int,
         expect: Expect,
         config: TransferConfig,
+        transfer: Transfer | None = None,
     ) -> None:
         super().__init__()
         self.root, self.local, self.staging = root, local, staging
         self.start, self.expect, self.config = start, expect, config
+        self.transfer = transfer  # the upload's metrics and bar
+        if transfer is not None:
+            finish_soon(None, None)  # the finishing thread starts here, not in __del__
         self.written = 0
+        self._unreported = 0
         self.failed = False
         self._file: DirectFileWriter | BinaryIO
         if config.direct_io and start == 0:
@@ -93,11 +108,17 @@ class SameNodeWriter(io.RawIOBase):
                 remaining = view
                 while remaining:
                     remaining = remaining[self._file.write(remaining) or 0 :]
-        except BaseException:
+        except BaseException as e:
             self.failed = True
             self._discard()
+            if self.transfer is not None:
+                self.transfer.finish(e)
             raise
         self.written += len(view)
+        self._unreported += len(view)
+        if self.transfer is not None and self._unreported >= REPORT_BYTES:
+            self.transfer.advance(self._unreported)
+            self._unreported = 0
         return len(view)
 
     def close(self) -> None:
@@ -121,15 +142,22 @@ class SameNodeWriter(io.RawIOBase):
                 self.expect,
             )
             self._discard.detach()
-        except BaseException:
+        except BaseException as e:
             self._discard()
+            if self.transfer is not None:
+                self.transfer.finish(e)
             raise
         finally:
             super().close()
+        if self.transfer is not None:
+            self.transfer.advance(self._unreported)
+            self.transfer.finish()
 
     def __del__(self) -> None:
         if not self.closed:  # dropped unclosed: not self.close(), that would commit
             self._discard()
+            if self.transfer is not None:
+                finish_soon(self.transfer, dropped_error(self.local))
             io.RawIOBase.close(self)
         super().__del__()
 
@@ -142,3 +170,36 @@ def _discard(root: str, staging: str, file: DirectFileWriter | BinaryIO) -> None
             file.close()
     with contextlib.suppress(OSError):
         DiskUploads().fs_abort(root, staging)
+
+
+def copy_tree(source: str, target: str, config: TransferConfig, phase: Phase = "download") -> str:
+    """Copy the checkpoint directory ``source`` to ``target`` on this node, as a
+    transfer would write it: every byte read between checks of its file against the
+    scan (a file changed meanwhile is a SourceChangedError), large files written
+    around the page cache, the target published whole (merged into an existing
+    directory in one step). For Ray Train's uploads and downloads on the storage node:
+    the bytes never leave this process, so there is no object store to cross and no
+    checksum to take. Counted as a transfer of ``phase`` (``upload`` for a report,
+    ``download`` for a restore) of node storage."""
+    src = Source(pafs.LocalFileSystem(), source)
+    scanned = scan(src, follow_symlinks=config.follow_symlinks)
+    manifest = Manifest(scanned.entries, config.chunk_bytes, None)
+    transfer = Transfer(
+        phase,
+        strategy=NODE_STORAGE,
+        total=manifest.total_bytes,
+        desc=describe(target if phase == "download" else source, "copy"),
+        progress=config.progress,
+    )
+    with transfer:
+        chunks = read_chunks_ahead(
+            src, scanned.files, scanned.stamps, config.chunk_bytes, checksums=False
+        )
+        views = transfer.chunks(
+            (view for _, view, _ in chunks), manifest.chunk_length, verified=False
+        )
+        try:
+            return write_tree(manifest, views, target, verify=False, direct_io=config.direct_io)
+        finally:
+            views.close()
+            chunks.close()  # type: ignore[attr-defined]

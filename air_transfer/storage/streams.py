@@ -22,6 +22,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from air_transfer import metrics
 from air_transfer.config import TransferConfig
 from air_transfer.errors import ChecksumError, SourceChangedError
 from air_transfer.fetch import fetch_in_order
@@ -29,6 +30,7 @@ from air_transfer.knobs import KNOBS
 from air_transfer.manifest import chunk_checksum
 from air_transfer.nodes import live_node_ids, node_agent
 from air_transfer.reader import ChunkFileReader
+from air_transfer.telemetry import NODE_STORAGE, Transfer, describe
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +124,14 @@ def _chunks(link: AgentLink, local: str, size: int, first: int) -> Iterator[tupl
     shares it between readers (``disk_chunks``)."""
     cb, window = read_chunk_bytes(link.config), link.config.window
     index = first
-    with link.errors():
+    transfer = Transfer(
+        "download",
+        strategy=NODE_STORAGE,
+        total=max(0, size - first * cb),
+        desc=describe(local, "read"),
+        progress=link.config.progress,
+    )
+    with transfer, link.errors():
         for chunk, checksum in fetch_in_order(_chunk_refs(link, local, size, first), window):
             if isinstance(checksum, BaseException):  # packing failed: the file changed
                 raise SourceChangedError(
@@ -139,6 +148,9 @@ def _chunks(link: AgentLink, local: str, size: int, first: int) -> Iterator[tupl
                     "the checksum it was packed with; read it again",
                     local,
                 )
+            transfer.advance(len(view))
+            if link.config.verify:
+                metrics.chunks_verified(1, NODE_STORAGE)
             yield index, view
             index += 1
             if index * cb >= size:

@@ -7,6 +7,7 @@ from air_transfer.strategies.registry import (
     get_strategy,
     register_strategy,
     select_strategy,
+    size_rules,
     strategies,
 )
 from air_transfer.strategies.streamed import StreamedStrategy
@@ -24,5 +25,6 @@ __all__ = [
     "get_strategy",
     "register_strategy",
     "select_strategy",
+    "size_rules",
     "strategies",
 ]
