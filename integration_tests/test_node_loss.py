@@ -20,7 +20,15 @@ from air_transfer import CheckpointLostError, TransferConfig
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[object]:
-    c = start_cluster("node_a", "node_b", "node_c", "node_d")
+    # A removed node is declared dead after 3 missed health checks 0.5 s apart, not
+    # Ray's default 5 x 3 s: the tests wait for that each time.
+    c = start_cluster(
+        "node_a",
+        "node_b",
+        "node_c",
+        "node_d",
+        system_config={"health_check_period_ms": 500, "health_check_failure_threshold": 3},
+    )
     yield c
     ray.shutdown()
     c.shutdown()

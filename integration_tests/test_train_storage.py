@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -188,7 +189,9 @@ def test_reports_go_through_one_chunked_transfer_each(tmp_path: Path, fs: pafs.F
 
 @ray.remote(num_cpus=0)
 def restore_digests(checkpoint: ray.train.Checkpoint) -> dict[str, str]:
-    return digest_tree(checkpoint.to_directory())
+    # A directory of its own: without one, Ray's to_directory() picks one path per
+    # checkpoint, and on a mock cluster (one disk) a second node may find it filled.
+    return digest_tree(checkpoint.to_directory(tempfile.mkdtemp(prefix="restore-")))
 
 
 def test_restores_on_other_nodes_share_one_transfer(
