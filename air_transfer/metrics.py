@@ -30,7 +30,8 @@ that recorded it); Ray adds its own ``NodeAddress``, ``WorkerId`` and ``SessionN
 
 The metric objects are made on first use in each process, never at import (Ray
 registers a metric with the process's core worker, which must exist). Recording is
-one call per chunk (tens of MiB), never per byte. ``AIR_TRANSFER_METRICS=0`` turns
+one call per chunk (tens of MiB), never per byte; a process without a Ray session
+records nothing (it would start one). ``AIR_TRANSFER_METRICS=0`` turns
 recording off in a process (nothing is created); any failure to make or record a
 metric is logged at debug level and ignored: a transfer never fails because of its
 metrics.
@@ -124,8 +125,12 @@ def _make_registry() -> _Registry:
 
 
 def _get() -> _Registry | None:
-    """The registry, made on first use; None when off or when it cannot be made."""
+    """The registry, made on first use; None when off, when it cannot be made, or
+    outside a Ray session: making or recording a metric would start one (a Ray-free
+    caller of a transfer, e.g. ``same_node.copy_tree``, must never start Ray)."""
     global _registry, _broken
+    if not ray.is_initialized():
+        return None
     if _registry is not None:
         return _registry if enabled() else None
     if _broken or not enabled():

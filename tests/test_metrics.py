@@ -8,6 +8,8 @@ import dataclasses
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -377,6 +379,28 @@ def test_node_storage_counts_what_it_moves(endpoint: str, tmp_path: Path) -> Non
             key("failed_transfers_total", phase="upload", error="OSError", **tags): 1,
         },
     )
+
+
+def test_recording_outside_ray_never_starts_ray(tmp_path: Path) -> None:
+    """Regression: a transfer recorded in a process without a Ray session (a Train
+    copy through ``same_node.copy_tree`` in a plain script) started a local Ray
+    instance to make its metrics. A subprocess: this module's Ray is running."""
+    src, _ = _source(tmp_path / "src", [100 * KiB])
+    code = f"""
+import ray
+from air_transfer import TransferConfig, telemetry
+from air_transfer.storage.same_node import copy_tree
+copy_tree({str(src)!r}, {str(tmp_path / "out")!r}, TransferConfig(), "upload")
+telemetry.Transfer("read", strategy="x", total=1, desc="x").start().finish()
+assert not ray.is_initialized(), "Ray was started"
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    assert (tmp_path / "out" / "part-0.bin").read_bytes() == (src / "part-0.bin").read_bytes()
 
 
 def test_metrics_follow_a_new_ray_session(endpoint: str, tmp_path: Path) -> None:
