@@ -9,6 +9,7 @@ import contextlib
 import os
 import re
 import shutil
+import time
 from typing import Any
 
 import xxhash
@@ -120,6 +121,19 @@ def default_data_dir() -> str:
 
 
 # -- verification ------------------------------------------------------------------------
+
+
+def timed_restore(checkpoint: Any, out: str) -> tuple[float, dict[str, Any]]:
+    """``checkpoint.to_directory(out)`` (any ``ray.train.Checkpoint``, e.g. one in
+    node storage): the seconds it took and the digest of what it wrote, which is
+    then deleted."""
+    start = time.perf_counter()
+    checkpoint.to_directory(out)
+    seconds = time.perf_counter() - start
+    try:
+        return seconds, tree_digest(out)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def tree_digest(root: str) -> dict[str, tuple[str, int, str]]:

@@ -20,7 +20,7 @@ import ray
 import xxhash
 
 from air_transfer import _ray
-from air_transfer.bench.data import tree_digest
+from air_transfer.bench.data import timed_restore
 from air_transfer.bench.sampler import Sampler, object_store_used, wait_for_store_at_most
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.config import TransferConfig
@@ -179,16 +179,8 @@ class Endpoint:
         return pack_s, time.perf_counter() - start
 
     def restore(self, checkpoint: Any, out: str) -> tuple[float, dict[str, Any]]:
-        """``checkpoint.to_directory(out)`` (any ``ray.train.Checkpoint``, e.g. one in
-        node storage): the seconds it took and the digest of what it wrote, which is
-        then deleted."""
-        start = time.perf_counter()
-        checkpoint.to_directory(out)
-        seconds = time.perf_counter() - start
-        try:
-            return seconds, tree_digest(out)
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
+        """``data.timed_restore`` in this process (its memory is sampled)."""
+        return timed_restore(checkpoint, out)
 
     def tune_unpack(self, pack_actor: Any, out: str) -> float:
         """The body of Tune's unpack task, run here so that its

@@ -37,7 +37,7 @@ import ray.train
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from air_transfer.bench.contenders import RAW, Trip
-from air_transfer.bench.data import GB, first_difference, tree_digest
+from air_transfer.bench.data import GB, first_difference, timed_restore, tree_digest
 from air_transfer.bench.endpoint import WARM_STORE_FRACTION, Ends, fill_store
 from air_transfer.bench.measure import Measurement, error_reason, measure_once, skip_reason
 from air_transfer.bench.report import add_ratios, run_config, skipped, summarize
@@ -244,7 +244,7 @@ class TrainBench:
             os.sync()
             try:
                 if here:
-                    seconds, digest = _restore_here(checkpoint, out)
+                    seconds, digest = timed_restore(checkpoint, out)
                 else:
                     seconds, digest = ray.get(self.ends.consumer.restore.remote(checkpoint, out))
                 m = self._verified(Trip(seconds), layout, nbytes, digest)
@@ -275,16 +275,6 @@ class TrainBench:
             floor = r.get("floor")
             r["ratio_to_floor"] = r.get(f"ratio_to_{floor.replace('-', '_')}") if floor else None
         return out
-
-
-def _restore_here(checkpoint: ray.train.Checkpoint, out: str) -> tuple[float, Any]:
-    start = time.perf_counter()
-    checkpoint.to_directory(out)
-    seconds = time.perf_counter() - start
-    try:
-        return seconds, tree_digest(out)
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
 
 
 def run_train(opts: argparse.Namespace) -> dict[str, Any]:
