@@ -168,26 +168,26 @@ def dropped_error(path: str) -> OSError:
     return OSError(errno.EIO, "dropped before close: not stored", path)
 
 
-def finish_soon(transfer: Transfer | None, error: BaseException | None) -> None:
+def finish_soon(transfer: Transfer, error: BaseException | None) -> None:
     """Finish ``transfer`` with ``error`` on a daemon thread: for finalizers, which
     may run inside a garbage collection that interrupted any code (a bar's or
-    Ray's own, holding their locks). None only starts that thread (do it outside
-    any finalizer)."""
-    _finisher().put((transfer, error))
+    Ray's own, holding their locks). Call ``start_finisher`` first, outside any
+    finalizer."""
+    start_finisher().put((transfer, error))
 
 
 @functools.cache
-def _finisher() -> queue.SimpleQueue[tuple[Transfer | None, BaseException | None]]:
-    work: queue.SimpleQueue[tuple[Transfer | None, BaseException | None]] = queue.SimpleQueue()
+def start_finisher() -> queue.SimpleQueue[tuple[Transfer, BaseException | None]]:
+    """Start the thread of ``finish_soon`` (once per process); its queue."""
+    work: queue.SimpleQueue[tuple[Transfer, BaseException | None]] = queue.SimpleQueue()
 
     def run() -> None:
         while True:
             transfer, error = work.get()
-            if transfer is not None:
-                try:
-                    transfer.finish(error)
-                except Exception as e:
-                    logger.debug("air-transfer: could not finish %r: %r", transfer.desc, e)
+            try:
+                transfer.finish(error)
+            except Exception as e:
+                logger.debug("air-transfer: could not finish %r: %r", transfer.desc, e)
 
     threading.Thread(target=run, name="air-transfer-telemetry", daemon=True).start()
     return work

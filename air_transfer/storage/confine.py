@@ -152,6 +152,24 @@ def open_file(where: Where, flags: int) -> int:
         raise
 
 
+def open_regular(root: str, path: str, verb: str = "read") -> tuple[int, os.stat_result]:
+    """The file ``path`` (confined to ``root``) opened read-only, and its ``fstat``:
+    IsADirectoryError (EISDIR) for a directory, OSError (EINVAL) for anything else
+    that is not a regular file, ``verb`` naming what was refused. The caller closes
+    the descriptor."""
+    fd = at(root, path, lambda w: open_file(w, os.O_RDONLY))
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise oserror(IsADirectoryError, errno.EISDIR, path, f": cannot {verb} a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise oserror(OSError, errno.EINVAL, path, ": not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
 def is_symlink(st: os.stat_result) -> bool:
     return stat.S_ISLNK(st.st_mode)
 

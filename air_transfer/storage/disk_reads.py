@@ -14,26 +14,20 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from collections.abc import Iterator
 
 import numpy as np
 
 from air_transfer.errors import SourceChangedError
-from air_transfer.storage.confine import at, open_file, oserror
+from air_transfer.storage.confine import open_regular
 
 
 def read_chunks(
     root: str, path: str, size: int, chunk_bytes: int, first: int
 ) -> Iterator[np.ndarray]:
     """Chunks ``first``.. of the ``size``-byte file ``path`` under ``root``."""
-    fd = at(root, path, lambda w: open_file(w, os.O_RDONLY))
+    fd, before = open_regular(root, path)
     try:
-        before = os.fstat(fd)
-        if stat.S_ISDIR(before.st_mode):
-            raise oserror(IsADirectoryError, errno.EISDIR, path, ": cannot read a directory")
-        if not stat.S_ISREG(before.st_mode):
-            raise oserror(OSError, errno.EINVAL, path, ": not a regular file")
         if before.st_size != size:
             raise _changed(path, f"{size} bytes when opened, {before.st_size} now")
         buffer = np.empty(min(chunk_bytes, size), dtype=np.uint8)

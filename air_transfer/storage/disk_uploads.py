@@ -38,6 +38,7 @@ from air_transfer.storage.confine import (
     checked_path,
     is_symlink,
     open_file,
+    open_regular,
     oserror,
 )
 from air_transfer.storage.disk_tree import STAGING_MARK, hidden_name
@@ -61,13 +62,8 @@ class DiskUploads:
         self._publishing = threading.Lock()
 
     def fs_copy_file(self, root: str, src: str, dest: str) -> None:
-        source = at(root, src, lambda w: open_file(w, os.O_RDONLY))
+        source, _ = open_regular(root, src, "copy")
         try:
-            mode = os.fstat(source).st_mode
-            if stat.S_ISDIR(mode):
-                raise oserror(IsADirectoryError, errno.EISDIR, src, ": cannot copy a directory")
-            if not stat.S_ISREG(mode):
-                raise oserror(OSError, errno.EINVAL, src, ": not a regular file")
             staging, _, _ = self.fs_open_write(root, dest, append=False)
             try:
                 at(root, staging, lambda w: _copy_into(w, source), follow=False)

@@ -16,7 +16,6 @@ import contextlib
 import errno
 import io
 import os
-import stat
 import weakref
 from typing import Any, BinaryIO
 
@@ -29,9 +28,16 @@ from air_transfer.layout import Source, scan
 from air_transfer.manifest import Manifest, chunk_checksum
 from air_transfer.metrics import Phase
 from air_transfer.packing import read_chunks_ahead
-from air_transfer.storage.confine import at, open_file, oserror
+from air_transfer.storage.confine import open_regular
 from air_transfer.storage.disk_uploads import DiskUploads, Expect
-from air_transfer.telemetry import NODE_STORAGE, Transfer, describe, dropped_error, finish_soon
+from air_transfer.telemetry import (
+    NODE_STORAGE,
+    Transfer,
+    describe,
+    dropped_error,
+    finish_soon,
+    start_finisher,
+)
 from air_transfer.writer import write_tree
 
 #: A writer reports its bytes to its ``Transfer`` at least this many at a time: a
@@ -43,13 +49,8 @@ def open_native(root: str, local: str) -> Any:
     """The file at node path ``local`` (confined to ``root``) as a native pyarrow
     file: opened once through the confined walk, then handed to pyarrow by its
     descriptor's ``/proc`` link (the same open file, no path lookup again)."""
-    fd = at(root, local, lambda w: open_file(w, os.O_RDONLY))
+    fd, _ = open_regular(root, local)
     try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise oserror(IsADirectoryError, errno.EISDIR, local, ": cannot read a directory")
-        if not stat.S_ISREG(st.st_mode):
-            raise oserror(OSError, errno.EINVAL, local, ": not a regular file")
         return pa.OSFile(f"/proc/self/fd/{fd}", mode="r")
     finally:
         os.close(fd)
@@ -75,7 +76,7 @@ class SameNodeWriter(io.RawIOBase):
         self.start, self.expect, self.config = start, expect, config
         self.transfer = transfer  # the upload's metrics and bar
         if transfer is not None:
-            finish_soon(None, None)  # the finishing thread starts here, not in __del__
+            start_finisher()  # here, never from __del__
         self.written = 0
         self._unreported = 0
         self.failed = False
