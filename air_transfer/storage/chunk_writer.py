@@ -33,7 +33,30 @@ from air_transfer.telemetry import Transfer, dropped_error
 logger = logging.getLogger(__name__)
 
 
-class ChunkWriter(io.RawIOBase):
+class UploadStream(io.RawIOBase):
+    """What every node-storage upload stream shares: writable, ``tell`` is the bytes
+    written, and no write after ``close`` or after a failed write (``failed``), which
+    has already aborted the upload. Subclasses set ``local``, ``written``, ``failed``."""
+
+    local: str
+    written: int
+    failed: bool
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.written
+
+    def check_writable(self) -> None:
+        """Refuse a write to a closed stream or one whose upload was aborted."""
+        if self.closed:
+            raise ValueError(f"write to closed file {self.local!r}")
+        if self.failed:
+            raise OSError(errno.EIO, "an earlier write failed; the file is not stored", self.local)
+
+
+class ChunkWriter(UploadStream):
     """Cuts what is written into ``chunk_bytes`` chunks and sends each to the agent,
     waiting once ``window`` are unacknowledged; ``close`` commits the file, and
     anything else (a failed write, being dropped unclosed) aborts it."""
@@ -60,17 +83,8 @@ class ChunkWriter(io.RawIOBase):
         self.failed = False
         _reaper()  # started here, never from a finalizer
 
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.written
-
     def write(self, data: Any) -> int:
-        if self.closed:
-            raise ValueError(f"write to closed file {self.local!r}")
-        if self.failed:
-            raise OSError(errno.EIO, "an earlier write failed; the file is not stored", self.local)
+        self.check_writable()
         try:
             return self._write(memoryview(data).cast("B"))
         except BaseException as e:

@@ -13,7 +13,6 @@ not at all.
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import os
 import weakref
@@ -28,6 +27,7 @@ from air_transfer.layout import Source, scan
 from air_transfer.manifest import Manifest, chunk_checksum
 from air_transfer.metrics import Phase
 from air_transfer.packing import read_chunks_ahead
+from air_transfer.storage.chunk_writer import UploadStream
 from air_transfer.storage.confine import open_regular
 from air_transfer.storage.disk_uploads import DiskUploads, Expect
 from air_transfer.telemetry import (
@@ -56,7 +56,7 @@ def open_native(root: str, local: str) -> Any:
         os.close(fd)
 
 
-class SameNodeWriter(io.RawIOBase):
+class SameNodeWriter(UploadStream):
     """Writes an upload's bytes straight into its staging file (around the page
     cache with ``config.direct_io``) and commits it on ``close``; a failed write or
     a writer dropped unclosed removes the staging file instead."""
@@ -90,17 +90,8 @@ class SameNodeWriter(io.RawIOBase):
         # upload did not finish: remove it, never commit it.
         self._discard = weakref.finalize(self, _discard, root, staging, self._file)
 
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.written
-
     def write(self, data: Any) -> int:
-        if self.closed:
-            raise ValueError(f"write to closed file {self.local!r}")
-        if self.failed:
-            raise OSError(errno.EIO, "an earlier write failed; the file is not stored", self.local)
+        self.check_writable()
         view = memoryview(data).cast("B")
         try:
             if isinstance(self._file, DirectFileWriter):
