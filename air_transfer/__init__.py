@@ -1,18 +1,21 @@
 """air-transfer: move large Ray Train checkpoints through a Ray cluster in chunks:
 linear in size, memory-bounded, verified."""
 
+from importlib.metadata import PackageNotFoundError, version
+
 from air_transfer.checkpoint import ChunkedCheckpoint
+from air_transfer.cluster.nodes import shutdown_agents
 from air_transfer.config import TransferConfig
+from air_transfer.core.manifest import Entry, Manifest
 from air_transfer.errors import (
     CheckpointLostError,
     ChecksumError,
     ManifestError,
     SourceChangedError,
 )
-from air_transfer.future import TransferFuture
-from air_transfer.manifest import Entry, Manifest
-from air_transfer.nodes import shutdown_agents
-from air_transfer.strategies import (
+from air_transfer.train import checkpoint_upload_fn, storage_filesystem
+from air_transfer.transfer.future import TransferFuture
+from air_transfer.transfer.strategies import (
     Packed,
     TransferStrategy,
     get_strategy,
@@ -20,9 +23,11 @@ from air_transfer.strategies import (
     select_strategy,
     strategies,
 )
-from air_transfer.train import checkpoint_upload_fn, storage_filesystem
 
-__version__ = "0.1.0"
+try:
+    __version__ = version("air-transfer")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "CheckpointLostError",

@@ -22,16 +22,16 @@ import ray
 from ray.exceptions import ObjectLostError, RayTaskError
 from ray.train import Checkpoint
 
-from air_transfer import _ray
+from air_transfer.cluster import _ray
 from air_transfer.config import TransferConfig
-from air_transfer.fs import payload_filesystem
-from air_transfer.future import TransferFuture
-from air_transfer.handle import TransferHandle, lost_error, raise_transfer_error, submit
-from air_transfer.layout import Source
-from air_transfer.manifest import Manifest
-from air_transfer.nodes import node_agent, running_in_agent
-from air_transfer.progress import progress_enabled
-from air_transfer.telemetry import PackWatch, describe, packing
+from air_transfer.core.layout import Source
+from air_transfer.core.manifest import Manifest
+from air_transfer.observe.progress import progress_enabled
+from air_transfer.observe.telemetry import PackWatch, describe, packing
+from air_transfer.transfer.fs_view import payload_filesystem
+from air_transfer.transfer.future import TransferFuture
+from air_transfer.transfer.handle import TransferHandle, lost_error, raise_transfer_error
+from air_transfer.transfer.submit import submit_transfer
 
 
 class ChunkedCheckpoint(Checkpoint):
@@ -223,20 +223,6 @@ class ChunkedCheckpoint(Checkpoint):
         if handle is not None:
             state = {**state, "path": "/", "filesystem": payload_filesystem(handle)}
         self.__dict__.update(state)
-
-
-def submit_transfer(
-    source: Source, config: TransferConfig | None = None
-) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None, str]:
-    """Start transferring ``source``: the ref of the transferred checkpoint (put by
-    this process or, for ``owner="node"``, by this node's agent), the ref of its
-    completion (None if packing is done) and the name of the strategy packing it."""
-    config = config or TransferConfig()
-    if config.owner == "node" and not running_in_agent():
-        ref, done, strategy = ray.get(node_agent().submit_transfer.remote(source, config))
-        return ref, done, strategy
-    handle, done = submit(source, config)
-    return ray.put(ChunkedCheckpoint._from_handle(handle)), done, handle.strategy.name
 
 
 def _packing_chunks(ref: ray.ObjectRef[Any]) -> tuple[Sequence[int], Sequence[Any]]:

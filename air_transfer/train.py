@@ -19,13 +19,13 @@ import pyarrow.fs as pafs
 import ray
 from ray.train import Checkpoint
 
-from air_transfer import _ray
 from air_transfer.checkpoint import ChunkedCheckpoint
+from air_transfer.cluster import _ray
+from air_transfer.cluster.nodes import head_node_id, live_node_ids, node_agent, this_node_id
 from air_transfer.config import TransferConfig
-from air_transfer.nodes import head_node_id, live_node_ids, node_agent, this_node_id
-from air_transfer.storage.confine import checked_path, storage_path
-from air_transfer.storage.handler import NodeStorageHandler, node_storage_handler
-from air_transfer.storage.same_node import copy_tree
+from air_transfer.core.confine import checked_path, storage_path
+from air_transfer.storage.client.handler import NodeStorageHandler, node_storage_handler
+from air_transfer.storage.client.same_node import copy_tree
 
 
 def storage_filesystem(

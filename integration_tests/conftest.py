@@ -19,8 +19,8 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from air_transfer._ray import object_store_free_bytes
-from air_transfer.nodes import NAMESPACE, agent_name
+from air_transfer.cluster._ray import object_store_free_bytes
+from air_transfer.cluster.nodes import NAMESPACE, agent_name
 
 sys.path.insert(0, os.path.dirname(__file__))
 

@@ -12,7 +12,7 @@ from typing import Any
 import ray
 
 from air_transfer import ChunkedCheckpoint, TransferConfig, TransferStrategy
-from air_transfer.manifest import Manifest
+from air_transfer.core.manifest import Manifest
 
 
 @ray.remote(num_cpus=0)
@@ -84,7 +84,7 @@ class HoldPackingAt:
 
 
 def _set_packing_hook(agent: Any, hook: Any) -> None:
-    from air_transfer import packing
+    from air_transfer.core import packing
 
     packing._after_span_read = hook
 

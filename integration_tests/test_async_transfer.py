@@ -28,8 +28,8 @@ from air_transfer import (
     SourceChangedError,
     TransferConfig,
 )
-from air_transfer.future import TransferFuture
-from air_transfer.nodes import node_agent
+from air_transfer.cluster.nodes import node_agent
+from air_transfer.transfer.future import TransferFuture
 
 pytestmark = pytest.mark.usefixtures("cluster")
 CHUNK = 1 * MiB

@@ -23,7 +23,7 @@ from checkpoints import (
 from conftest import STORE_BYTES, node_ids
 
 from air_transfer import CheckpointLostError, ChunkedCheckpoint, TransferConfig
-from air_transfer.nodes import NAMESPACE, agent_name, shutdown_agents
+from air_transfer.cluster.nodes import NAMESPACE, agent_name, shutdown_agents
 
 pytestmark = pytest.mark.usefixtures("cluster")
 STRATEGIES = ["inline", "chunked", "streamed"]

@@ -33,12 +33,12 @@ from air_transfer import (
     TransferConfig,
     storage_filesystem,
 )
-from air_transfer.direct_io import MIN_DIRECT_FILE_BYTES
-from air_transfer.manifest import chunk_checksum
-from air_transfer.nodes import node_agent
-from air_transfer.storage.chunk_writer import ChunkWriter
-from air_transfer.storage.disk import STAGING_MARK
-from air_transfer.storage.handler import NodeStorageHandler
+from air_transfer.cluster.nodes import node_agent
+from air_transfer.core.direct_io import MIN_DIRECT_FILE_BYTES
+from air_transfer.core.manifest import chunk_checksum
+from air_transfer.storage.client.handler import NodeStorageHandler
+from air_transfer.storage.client.uploads import ChunkWriter
+from air_transfer.storage.server.metadata import STAGING_MARK
 
 pytestmark = pytest.mark.usefixtures("cluster")
 CONFIG = TransferConfig(chunk_bytes=MiB, window=3)
@@ -292,7 +292,7 @@ def test_an_upload_with_an_altered_chunk_is_not_stored(
     """The agent refuses the second chunk; the chunks after it are written, so the
     staging file has the full size: only the writer's memory of the failure keeps
     a file with a hole from being committed."""
-    import air_transfer.storage.chunk_writer
+    import air_transfer.storage.client.uploads
 
     sent = []
 
@@ -300,7 +300,8 @@ def test_an_upload_with_an_altered_chunk_is_not_stored(
         sent.append(len(sent))
         return "0" * 32 if len(sent) == 2 else chunk_checksum(chunk)
 
-    monkeypatch.setattr(air_transfer.storage.chunk_writer, "chunk_checksum", checksum_altered_once)
+    uploads = air_transfer.storage.client.uploads
+    monkeypatch.setattr(uploads, "chunk_checksum", checksum_altered_once)
     f, root = node_fs
     (root / "d" / "f").write_bytes(b"old")
     altered = pytest.raises(ChecksumError, match="arrived altered")
@@ -500,7 +501,7 @@ def test_a_failed_copy_files_leaves_no_staging_file_and_no_partial_file(
     if breaks == "reading the source":
         source = pafs.PyFileSystem(FailingReads(after=2 * MiB))
     else:
-        import air_transfer.storage.chunk_writer
+        import air_transfer.storage.client.uploads
 
         sent: list[int] = []
 
@@ -508,7 +509,7 @@ def test_a_failed_copy_files_leaves_no_staging_file_and_no_partial_file(
             sent.append(len(sent))
             return "0" * 32 if len(sent) == 2 else chunk_checksum(chunk)
 
-        monkeypatch.setattr(air_transfer.storage.chunk_writer, "chunk_checksum", second_altered)
+        monkeypatch.setattr(air_transfer.storage.client.uploads, "chunk_checksum", second_altered)
     gc.disable()
     try:
         with pytest.raises(OSError) as failed:
@@ -534,7 +535,7 @@ def test_a_failed_write_frees_its_writer_without_the_garbage_collector(
     so the error's __context__ was e, which holds it as .cause: a reference cycle
     that kept e's traceback, and the ChunkWriter in its frames, alive until the
     cyclic collector ran, and the upload's staging file with it."""
-    import air_transfer.storage.chunk_writer
+    import air_transfer.storage.client.uploads
 
     f, root = node_fs
     handler = f.handler
@@ -548,7 +549,7 @@ def test_a_failed_write_frees_its_writer_without_the_garbage_collector(
         sent.append(len(sent))
         return "0" * 32 if len(sent) == 2 else chunk_checksum(chunk)
 
-    monkeypatch.setattr(air_transfer.storage.chunk_writer, "chunk_checksum", second_altered)
+    monkeypatch.setattr(air_transfer.storage.client.uploads, "chunk_checksum", second_altered)
     gc.disable()
     try:
         with pytest.raises(ChecksumError) as failed:

@@ -26,7 +26,7 @@ from train_fns import train_loop, tune_trainable
 
 import air_transfer
 from air_transfer import TransferConfig
-from air_transfer.storage.handler import node_storage_handler
+from air_transfer.storage.client.handler import node_storage_handler
 
 pytestmark = pytest.mark.usefixtures("cluster")
 CONFIG = TransferConfig(chunk_bytes=MiB, window=4)
@@ -172,7 +172,7 @@ def test_tune_function_trainable_reports_and_restores(tmp_path: Path, fs: pafs.F
 
 def storage_counters() -> dict[str, int]:
     counters: dict[str, int] = ray.get(
-        air_transfer.nodes.node_agent(node_ids()["head"]).read_counters.remote()
+        air_transfer.cluster.nodes.node_agent(node_ids()["head"]).read_counters.remote()
     )
     return counters
 

@@ -12,7 +12,7 @@ import ray.cloudpickle
 import strategies_for_tests
 
 from air_transfer import register_strategy
-from air_transfer.strategies import registry
+from air_transfer.transfer.strategies import registry
 
 # Ray Train's controller polls its workers every 2 s, and a run ends (and a report
 # made right after another returns) only at a poll: poll every 0.2 s in the tests'

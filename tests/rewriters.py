@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from air_transfer import packing
+from air_transfer.core import packing
 
 HOW = ("in-place", "utime-reset", "rename")
 

@@ -9,9 +9,9 @@ from typing import Any
 import ray
 
 from air_transfer import Packed, TransferConfig, TransferStrategy
-from air_transfer.layout import Source, Stamp
-from air_transfer.manifest import Entry, Manifest, chunk_checksum
-from air_transfer.packing import read_chunks
+from air_transfer.core.layout import Source, Stamp
+from air_transfer.core.manifest import Entry, Manifest, chunk_checksum
+from air_transfer.core.packing import read_chunks
 
 
 class BytesChunksStrategy(TransferStrategy):

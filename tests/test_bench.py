@@ -1,4 +1,4 @@
-"""``python -m air_transfer bench``: a smoke run of every contender on tiny checkpoints
+"""``python -m benchmarks bench``: a smoke run of every contender on tiny checkpoints
 (in a subprocess, with its own Ray), and unit tests of the parts that decide without
 running anything. No timing is asserted: only that the report is complete and every
 transfer that ran came back byte-identical."""
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from air_transfer import bench
-from air_transfer.__main__ import main
 from air_transfer.config import GiB, MiB, TransferConfig
-from air_transfer.strategies import strategies
+from air_transfer.transfer.strategies import strategies
+from benchmarks import bench
+from benchmarks.__main__ import main
 
 RESULT_KEYS = {
     "contender", "size_gb", "layout", "status", "reason", "seconds", "median_s", "min_s",
@@ -37,7 +37,7 @@ def run_bench_cli(
     """Run the bench as a subprocess (so its Ray never meets one this process has)."""
     report = tmp / "bench.json"
     cmd = [
-        sys.executable, "-m", "air_transfer", "bench", "--sizes", "0.004", "--repeats", "1",
+        sys.executable, "-m", "benchmarks", "bench", "--sizes", "0.004", "--repeats", "1",
         "--json", str(report), "--plot", str(tmp / "bench.png"),
         "--data-dir", str(tmp / "data"), "--num-cpus", "2", "--clean", "--no-prefault", *flags,
     ]  # fmt: skip
@@ -139,7 +139,7 @@ def test_cross_node_with_raw(tmp_path: Path) -> None:
 def test_train_mode_reports_and_restores_verified_against_both_floors(tmp_path: Path) -> None:
     """``--train``: every path and floor measured, every stored and restored
     checkpoint verified, each Train row held against its floor."""
-    from air_transfer.bench.train_path import ROWS
+    from benchmarks.bench.train_path import ROWS
 
     report, proc = run_bench_cli(tmp_path, "--train", "--no-warmup", env=FAST_TRAIN_POLL)
     assert report["mode"] == "train"
@@ -179,8 +179,8 @@ def test_cp_direct_copies_large_files_exactly_around_the_page_cache(tmp_path: Pa
     """``cp-direct``'s copy function: a file big enough for ``O_DIRECT`` (with a tail
     that is not a whole block) and a small one come out identical, mode and mtime
     included; the smoke runs' checkpoints are too small to take the direct path."""
-    from air_transfer.bench.endpoint import copy_direct
-    from air_transfer.direct_io import MIN_DIRECT_FILE_BYTES, should_write_direct
+    from air_transfer.core.direct_io import MIN_DIRECT_FILE_BYTES, should_write_direct
+    from benchmarks.bench.endpoint import copy_direct
 
     src = tmp_path / "src"
     src.mkdir()

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 import pytest
 import ray
 
-from air_transfer.bench import endpoint
-from air_transfer.bench.endpoint import Ends
-from air_transfer.bench.runner import warmup_size
-from air_transfer.bench.sampler import object_store_used
+from air_transfer.cluster.nodes import node_agent
 from air_transfer.config import MiB, TransferConfig
-from air_transfer.nodes import node_agent
+from benchmarks.bench import endpoint
+from benchmarks.bench.endpoint import Ends
+from benchmarks.bench.runner import warmup_size
+from benchmarks.bench.sampler import object_store_used
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

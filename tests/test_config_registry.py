@@ -15,7 +15,12 @@ from air_transfer import (
     strategies,
 )
 from air_transfer.config import DEFAULT_INLINE_MAX_BYTES, MiB
-from air_transfer.strategies import ChunkedStrategy, InlineStrategy, StreamedStrategy, size_rules
+from air_transfer.transfer.strategies import (
+    ChunkedStrategy,
+    InlineStrategy,
+    StreamedStrategy,
+    size_rules,
+)
 
 
 def test_defaults_are_valid_and_frozen() -> None:

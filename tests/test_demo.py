@@ -1,4 +1,4 @@
-"""``python -m air_transfer demo``: a small run in a subprocess (its own two-node mock
+"""``python -m benchmarks demo``: a small run in a subprocess (its own two-node mock
 cluster), checked by its output and by what it left in the storage directory."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from air_transfer.__main__ import build_parser
+from benchmarks.__main__ import build_parser
 
 
 def test_demo_reports_checkpoints_to_the_driver_node_and_restores_them(tmp_path: Path) -> None:
     storage = tmp_path / "storage"
     cmd = [
-        sys.executable, "-m", "air_transfer", "demo", "--size-mb", "6", "--reports", "3",
+        sys.executable, "-m", "benchmarks", "demo", "--size-mb", "6", "--reports", "3",
         "--workers", "1", "--chunk-mb", "1", "--storage", str(storage),
     ]  # fmt: skip
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}

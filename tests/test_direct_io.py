@@ -18,15 +18,16 @@ import pytest
 from test_writer import local_pack, no_staging_left
 from trees import assert_same_tree, build_manifest, leftovers, write_file
 
-from air_transfer import ChecksumError, TransferConfig, direct_io
-from air_transfer.direct_io import (
+from air_transfer import ChecksumError, TransferConfig
+from air_transfer.core import direct_io
+from air_transfer.core.direct_io import (
     ALIGN,
     MIN_DIRECT_FILE_BYTES,
     DirectFileWriter,
     pwrite_direct,
     should_write_direct,
 )
-from air_transfer.writer import write_tree
+from air_transfer.core.writer import write_tree
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="O_DIRECT is Linux")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from air_transfer.dirtree import DirCursor, rmtree, walk
+from air_transfer.core.dirtree import DirCursor, rmtree, walk
 
 
 def test_rmtree_removes_any_depth_and_read_only_directories(tmp_path: Path) -> None:

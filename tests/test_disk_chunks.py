@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from air_transfer.layout import Source
-from air_transfer.packing import ChunkPacker, ChunkPlan
+from air_transfer.core.layout import Source
+from air_transfer.core.packing import ChunkPacker, ChunkPlan
 from air_transfer.storage import disk_chunks
-from air_transfer.storage.disk_chunks import FileChunks
+from air_transfer.storage.server.chunk_cache import FileChunks
 
 CHUNK = 1024
 

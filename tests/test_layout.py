@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from air_transfer import ManifestError, SourceChangedError
-from air_transfer.layout import Scan, Source, chunk_count, iter_chunk_spans, scan
-from air_transfer.packing import read_chunks, read_chunks_ahead
+from air_transfer.core.layout import Scan, Source, chunk_count, iter_chunk_spans, scan
+from air_transfer.core.packing import read_chunks, read_chunks_ahead
 
 
 @settings(max_examples=300, deadline=None)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from air_transfer.links import MAXSYMLINKS, escaping_links
+from air_transfer.core.links import MAXSYMLINKS, escaping_links
 
 
 @pytest.mark.parametrize(

@@ -28,17 +28,16 @@ from air_transfer import (
     Manifest,
     SourceChangedError,
     TransferConfig,
-    metrics,
     storage_filesystem,
-    telemetry,
 )
+from air_transfer.cluster.nodes import node_agent
 from air_transfer.config import KiB
-from air_transfer.nodes import node_agent
-from air_transfer.storage.chunk_writer import ChunkWriter
-from air_transfer.storage.disk_uploads import DiskUploads
-from air_transfer.storage.handler import node_storage_handler
-from air_transfer.storage.same_node import SameNodeWriter, copy_tree
-from air_transfer.storage.streams import open_reader
+from air_transfer.observe import metrics, telemetry
+from air_transfer.storage.client.handler import node_storage_handler
+from air_transfer.storage.client.same_node import SameNodeWriter, copy_tree
+from air_transfer.storage.client.streams import open_reader
+from air_transfer.storage.client.uploads import ChunkWriter
+from air_transfer.storage.server.uploads import DiskUploads
 
 P = "ray_air_transfer_"
 
@@ -388,8 +387,9 @@ def test_recording_outside_ray_never_starts_ray(tmp_path: Path) -> None:
     src, _ = _source(tmp_path / "src", [100 * KiB])
     code = f"""
 import ray
-from air_transfer import TransferConfig, telemetry
-from air_transfer.storage.same_node import copy_tree
+from air_transfer import TransferConfig
+from air_transfer.observe import telemetry
+from air_transfer.storage.client.same_node import copy_tree
 copy_tree({str(src)!r}, {str(tmp_path / "out")!r}, TransferConfig(), "upload")
 telemetry.Transfer("read", strategy="x", total=1, desc="x").start().finish()
 assert not ray.is_initialized(), "Ray was started"

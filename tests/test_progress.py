@@ -19,10 +19,11 @@ import pytest
 import ray
 from ray.experimental import tqdm_ray
 
-from air_transfer import ChunkedCheckpoint, TransferConfig, checkpoint, progress, telemetry
+from air_transfer import ChunkedCheckpoint, TransferConfig, checkpoint
+from air_transfer.cluster.nodes import node_agent
 from air_transfer.config import KiB
-from air_transfer.knobs import Knobs
-from air_transfer.nodes import node_agent
+from air_transfer.core.knobs import Knobs
+from air_transfer.observe import progress, telemetry
 
 # -- when: config > AIR_TRANSFER_PROGRESS > terminal ------------------------------------
 
@@ -169,7 +170,7 @@ class _HoldAt:
 
 
 def _set_hook(agent: Any, hook: Any) -> None:
-    from air_transfer import packing
+    from air_transfer.core import packing
 
     packing._after_span_read = hook
 

@@ -1,4 +1,4 @@
-"""Ray's private API lives in one module, ``air_transfer._ray``: every private name it
+"""Ray's private API lives in one module, ``air_transfer.cluster._ray``: every private name it
 uses still exists in the installed Ray, and no other module reaches for one."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from air_transfer import _ray
+from air_transfer.cluster import _ray
 
 PACKAGE = Path(_ray.__file__).parent
 #: What a use of Ray's private API looks like in source.
@@ -65,7 +65,7 @@ def _run(code: str, **env: str) -> str:
 TRAIN_HOOKS = """
 from ray.train import _checkpoint
 from ray.train.v2._internal.execution import storage
-from air_transfer import _ray
+from air_transfer.cluster import _ray
 before = (storage.StorageContext.persist_current_checkpoint, _checkpoint._download_from_fs_path)
 installed = _ray.install_train_hooks(lambda fs, path, ckpt: None, lambda fs, path, local: False)
 after = (storage.StorageContext.persist_current_checkpoint, _checkpoint._download_from_fs_path)

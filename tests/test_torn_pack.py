@@ -24,11 +24,12 @@ import ray.cloudpickle
 import rewriters
 from rewriters import HOW, RewriteOnce, install_in_agent, rewrite
 
-from air_transfer import ChunkedCheckpoint, SourceChangedError, TransferConfig, packing, strategies
+from air_transfer import ChunkedCheckpoint, SourceChangedError, TransferConfig, strategies
+from air_transfer.cluster.nodes import node_agent
 from air_transfer.config import KiB
-from air_transfer.layout import Scan, Source, Stamp, scan
-from air_transfer.nodes import node_agent
-from air_transfer.packing import RACY_WINDOW_NS, fill_chunk, plan_chunks, read_chunks
+from air_transfer.core import packing
+from air_transfer.core.layout import Scan, Source, Stamp, scan
+from air_transfer.core.packing import RACY_WINDOW_NS, fill_chunk, plan_chunks, read_chunks
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 # The hooks run in the node agent too: ship their code by value.

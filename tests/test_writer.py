@@ -23,13 +23,14 @@ from trees import (
     tree_listing,
 )
 
-from air_transfer import ChecksumError, Manifest, ManifestError, merge, staging
+from air_transfer import ChecksumError, Manifest, ManifestError
 from air_transfer.config import MIN_CHUNK_BYTES
-from air_transfer.dirtree import rmtree
-from air_transfer.layout import Source, scan
-from air_transfer.manifest import chunk_checksum
-from air_transfer.packing import read_chunks
-from air_transfer.writer import write_tree
+from air_transfer.core import merge, staging
+from air_transfer.core.dirtree import rmtree
+from air_transfer.core.layout import Source, scan
+from air_transfer.core.manifest import chunk_checksum
+from air_transfer.core.packing import read_chunks
+from air_transfer.core.writer import write_tree
 
 
 def local_pack(root: Path, chunk_bytes: int = MIN_CHUNK_BYTES) -> tuple[Manifest, list[bytes]]:

@@ -15,7 +15,7 @@ import pytest
 from trees import build_manifest, file_contents, leftovers
 from writer_child import merged_files, new_files, old_files, race_files
 
-from air_transfer.writer import write_tree
+from air_transfer.core.writer import write_tree
 
 CHILD = Path(__file__).with_name("writer_child.py")
 TIMEOUT = 120.0

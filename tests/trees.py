@@ -7,7 +7,7 @@ import random
 import stat
 from pathlib import Path
 
-from air_transfer.manifest import Entry, Manifest, chunk_checksum
+from air_transfer.core.manifest import Entry, Manifest, chunk_checksum
 
 
 def write_file(path: Path, data: bytes, mode: int | None = None) -> None:

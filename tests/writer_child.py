@@ -34,8 +34,8 @@ if __name__ == "__main__":
 
 from trees import build_manifest
 
-from air_transfer import staging
-from air_transfer.writer import write_tree
+from air_transfer.core import staging
+from air_transfer.core.writer import write_tree
 
 PAUSES = ("before-swap", "after-swap", "between-renames")
 

@@ -1,9 +1,8 @@
 """Node storage: a pyarrow filesystem whose files live on one node's disk and that
 every node of the cluster reaches through that node's agent.
 
-Modules by where they run: ``handler`` in the caller (the ``FileSystemHandler``),
-``streams`` and ``chunk_writer`` on the wire (agent calls, chunked bodies), ``disk``,
-``disk_tree``, ``disk_uploads`` and ``disk_reads`` on the storage node (inside its
-agent), every path there confined to the root by ``confine``; ``sink`` in the agent
-that writes a transferred checkpoint into storage.
+Two rooms, by where the code runs: ``client`` in the caller's process (the pyarrow
+handler, the same-node path, the upload and download streams) and ``server`` on the
+storage node, inside its agent. They meet only through the agent. May import
+``transfer``, ``observe``, ``cluster``, ``core``, ``config`` and ``errors``.
 """

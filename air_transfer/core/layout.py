@@ -1,0 +1,258 @@
+"""Walk a checkpoint directory into manifest entries, and cut the files' concatenated
+byte stream into chunk spans.
+
+The walk works on any pyarrow filesystem (``ChunkedCheckpoint.from_checkpoint`` packs
+from S3, GCS or a mock as well as from local disk); on the local filesystem it uses
+``os.lstat`` so that modes and symlinks are seen, which pyarrow's FileInfo hides.
+The walk is iterative, so a tree of any depth scans without hitting Python's
+recursion limit.
+
+Besides the entries, the scan keeps a ``Stamp`` of every file: what it looked like
+(size, times, inode). Packing proves each read against it, so the bytes packed are the
+version the scan described (``packing``). Stamps stay on the packing side: ctime,
+inode and device mean nothing on another host, so they are never in the manifest.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import pyarrow.fs as pafs
+
+from air_transfer.core.manifest import Entry
+from air_transfer.errors import ManifestError
+
+
+@dataclass(frozen=True)
+class Span:
+    """``length`` bytes of file number ``file_index`` (in stream order), starting at
+    ``file_offset`` in that file, found at ``chunk_offset`` in their chunk."""
+
+    file_index: int
+    file_offset: int
+    length: int
+    chunk_offset: int
+
+
+@dataclass(frozen=True)
+class Source:
+    """A checkpoint directory to pack: a pyarrow filesystem and a path on it.
+
+    It pickles, so the reading can happen in another process (a node agent).
+    """
+
+    filesystem: pafs.FileSystem
+    root: str
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.filesystem, pafs.LocalFileSystem)
+
+    def local_path(self, relpath: str) -> str:
+        return os.path.join(self.root, *relpath.split("/"))
+
+    def open(self, relpath: str) -> Any:
+        """Open one file of the checkpoint for reading, unbuffered where local."""
+        if self.is_local:
+            return open(self.local_path(relpath), "rb", buffering=0)
+        return self.filesystem.open_input_stream(posixpath.join(self.root, relpath))
+
+
+class Stamp(NamedTuple):
+    """What can be cheaply observed of a file's version: if none of it changed, its
+    bytes did not either (``packing`` says when that inference holds).
+
+    Local files fill every field from ``stat``; other pyarrow filesystems only know
+    ``size`` and ``mtime_ns`` (None where unknown). ``nlink`` drops when the file is
+    replaced by a rename or removed while open, with no timestamp needed.
+    A NamedTuple: millions travel with a streamed payload, compactly.
+    """
+
+    size: int
+    mtime_ns: int | None
+    ctime_ns: int | None = None
+    ino: int | None = None
+    dev: int | None = None
+    nlink: int | None = None
+
+    @classmethod
+    def of_stat(cls, st: os.stat_result) -> Stamp:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, st.st_nlink)
+
+    @classmethod
+    def of_info(cls, info: pafs.FileInfo) -> Stamp:
+        return cls(info.size, info.mtime_ns)
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What ``scan`` found: every entry (manifest order), and the regular files in
+    stream order with the stamp each had when scanned (``stamps[i]`` is ``files[i]``).
+    """
+
+    entries: tuple[Entry, ...]
+    files: tuple[Entry, ...]
+    stamps: tuple[Stamp, ...]
+
+
+def chunk_count(total_bytes: int, chunk_bytes: int) -> int:
+    return -(-total_bytes // chunk_bytes)
+
+
+def iter_chunk_spans(
+    file_sizes: Sequence[int], chunk_bytes: int, start_chunk: int = 0
+) -> Iterator[list[Span]]:
+    """Yield, for each chunk from ``start_chunk`` on, the file spans it carries.
+
+    Empty files carry no span. Lazy, so a million chunks never materialise at once.
+    """
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    total = sum(file_sizes)
+    n_chunks = chunk_count(total, chunk_bytes)
+    file_index, file_start = 0, 0  # file_start: stream offset of file_index
+    for chunk in range(start_chunk, n_chunks):
+        lo = chunk * chunk_bytes
+        hi = min(lo + chunk_bytes, total)
+        while file_start + file_sizes[file_index] <= lo:
+            file_start += file_sizes[file_index]
+            file_index += 1
+        spans: list[Span] = []
+        pos, i, fstart = lo, file_index, file_start
+        while pos < hi:
+            size = file_sizes[i]
+            take = min(fstart + size, hi) - pos
+            if take > 0:
+                spans.append(Span(i, pos - fstart, take, pos - lo))
+                pos += take
+            fstart += size
+            i += 1
+        yield spans
+
+
+def scan(source: Source, follow_symlinks: bool = False) -> Scan:
+    """List every entry under ``source`` in a stable order (parents first, siblings
+    sorted by name), with a stamp of every file.
+
+    Raises FileNotFoundError if the source is missing, NotADirectoryError if it is a
+    file, and ManifestError for a symlink leaving the checkpoint unless
+    ``follow_symlinks`` asks to pack what it points to.
+    """
+    if source.is_local:
+        entries, stamps = _scan_local(source.root, follow_symlinks)
+    else:
+        entries, stamps = _scan_pyarrow(source)
+    files = tuple(e for e in entries if e.kind == "file")
+    return Scan(tuple(entries), files, tuple(stamps[f.path] for f in files))
+
+
+def _scan_local(root: str, follow_symlinks: bool) -> tuple[list[Entry], dict[str, Stamp]]:
+    st = os.stat(root)  # FileNotFoundError names the path
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"checkpoint source {root!r} is not a directory")
+    real_root = os.path.realpath(root)
+    entries: list[Entry] = []
+    stamps: dict[str, Stamp] = {}
+    # Depth-first with an explicit stack (no recursion: trees may be thousands of
+    # levels deep). A frame is a directory's sorted listing still to visit, its
+    # relative path and its (dev, ino): `visiting` holds the frames' keys, i.e. the
+    # directories on the current path, so a followed link back up one is a loop.
+    stack: list[tuple[Iterator[os.DirEntry[str]], str, tuple[int, int]]] = []
+    visiting: set[tuple[int, int]] = set()
+
+    def enter(dir_path: str, rel_dir: str, key: tuple[int, int]) -> None:
+        with os.scandir(dir_path) as it:
+            names = sorted(it, key=lambda d: d.name)
+        stack.append((iter(names), rel_dir, key))
+        visiting.add(key)
+
+    enter(root, "", (st.st_dev, st.st_ino))
+    while stack:
+        listing, rel_dir, dir_key = stack[-1]
+        d = next(listing, None)
+        if d is None:
+            stack.pop()
+            visiting.discard(dir_key)
+            continue
+        rel = f"{rel_dir}/{d.name}" if rel_dir else d.name
+        lst = os.lstat(d.path)
+        if stat.S_ISLNK(lst.st_mode):
+            target = os.readlink(d.path)
+            resolved = os.path.realpath(d.path)
+            inside = resolved == real_root or resolved.startswith(real_root + os.sep)
+            if inside:
+                if os.path.isabs(target) or not _stays_inside(rel, target):
+                    # Absolute (or roundabout) links into the tree are stored
+                    # relative, so they still point inside on the consumer.
+                    parent = os.path.join(real_root, *rel.split("/")[:-1])
+                    target = os.path.relpath(resolved, parent).replace(os.sep, "/")
+                entries.append(Entry(rel, "symlink", 0, 0o777, lst.st_mtime_ns, target))
+                continue
+            if not follow_symlinks:
+                raise ManifestError(
+                    f"symlink {os.path.join(root, rel)!r} -> {target!r} points "
+                    f"outside the checkpoint {root!r}; remove it, make it relative "
+                    "inside the checkpoint, or pass "
+                    "TransferConfig(follow_symlinks=True) to pack its target"
+                )
+            try:
+                lst = os.stat(d.path)
+            except FileNotFoundError as e:
+                raise ManifestError(
+                    f"symlink {os.path.join(root, rel)!r} -> {target!r} is dangling "
+                    "and points outside the checkpoint"
+                ) from e
+        if stat.S_ISDIR(lst.st_mode):
+            key = (lst.st_dev, lst.st_ino)
+            if key in visiting:
+                raise ManifestError(
+                    f"directory {os.path.join(root, rel)!r} is reached again through "
+                    "a symlink (a loop)"
+                )
+            entries.append(Entry(rel, "dir", 0, stat.S_IMODE(lst.st_mode), lst.st_mtime_ns))
+            enter(d.path, rel, key)
+        elif stat.S_ISREG(lst.st_mode):
+            entries.append(
+                Entry(rel, "file", lst.st_size, stat.S_IMODE(lst.st_mode), lst.st_mtime_ns)
+            )
+            stamps[rel] = Stamp.of_stat(lst)
+        else:
+            raise ManifestError(
+                f"{os.path.join(root, rel)!r} is neither a file, a directory nor a "
+                "symlink (a socket, FIFO or device) and cannot be checkpointed"
+            )
+    return entries, stamps
+
+
+def _stays_inside(rel: str, target: str) -> bool:
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+    return resolved != ".." and not resolved.startswith("../")
+
+
+def _scan_pyarrow(source: Source) -> tuple[list[Entry], dict[str, Stamp]]:
+    fs, root = source.filesystem, source.root
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"checkpoint source {root!r} does not exist on {fs.type_name}")
+    if info.type != pafs.FileType.Directory:
+        raise NotADirectoryError(f"checkpoint source {root!r} on {fs.type_name} is not a directory")
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    base = root.rstrip("/")
+    entries = []
+    stamps: dict[str, Stamp] = {}
+    for i in infos:
+        rel = i.path[len(base) :].lstrip("/") if base else i.path.lstrip("/")
+        mtime = i.mtime_ns or 0
+        if i.type == pafs.FileType.Directory:
+            entries.append(Entry(rel, "dir", 0, 0o755, mtime))
+        elif i.type == pafs.FileType.File:
+            entries.append(Entry(rel, "file", i.size, 0o644, mtime))
+            stamps[rel] = Stamp.of_info(i)
+        else:
+            raise ManifestError(f"{i.path!r} on {fs.type_name} has unsupported type {i.type}")
+    return sorted(entries, key=lambda e: e.path.split("/")), stamps

@@ -1,0 +1,309 @@
+"""Chunks -> files under a staging directory, verified, then published atomically.
+
+Everything is written into a hidden sibling of the target (``air_transfer.core.staging``),
+and only a complete, verified tree is published: a fresh target with one ``rename``;
+an existing one (merged into, as ``ray.train.Checkpoint.to_directory`` does) by
+building the merged tree in the staging (``air_transfer.core.merge``) and swapping it in
+with ``renameat2(RENAME_EXCHANGE)``. The target is absent or complete, whatever
+happens to the writer; a writer that dies mid-swap on a filesystem without the
+exchange is finished or rolled back by the next one.
+
+Paths come only from a validated Manifest, never from the chunk bytes: no tar, nothing
+that follows ``..`` or a symlink out of the target (Ray Tune's tar unpacking does:
+ray-project/ray#65670), checked against the target as it is on disk too.
+
+Plain Python: unit-tested without Ray.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterable, Sequence
+from typing import Any, BinaryIO
+
+from air_transfer.core.direct_io import DirectFileWriter, should_write_direct
+from air_transfer.core.layout import Span, iter_chunk_spans
+from air_transfer.core.manifest import Entry, Manifest, chunk_checksum
+from air_transfer.core.merge import build_merged, check_merge
+from air_transfer.core.staging import Site, Staging
+from air_transfer.errors import ChecksumError, error_at
+
+
+def write_tree(
+    manifest: Manifest,
+    chunks: Iterable[Any],
+    target: str | os.PathLike[str],
+    verify: bool = True,
+    direct_io: bool = True,
+    expected: Iterable[str] | None = None,
+) -> str:
+    """Rebuild the checkpoint described by ``manifest`` at ``target`` from its chunks
+    (buffers, in order) and return the target path. With ``direct_io``, large files
+    bypass the page cache (see ``air_transfer.core.direct_io``). ``expected`` gives the
+    chunks' checksums in order where the manifest does not carry them yet (a
+    transfer still being packed); each is asked for only when its chunk arrives.
+
+    Raises ChecksumError (target untouched) if a chunk does not match its checksum or
+    the chunks do not add up to the manifest; NotADirectoryError if ``target`` is a
+    file; FileExistsError if merging would turn a file into a directory or back;
+    ManifestError if merging would leave a symlink leading out of the target.
+    """
+    target = os.path.abspath(os.fspath(target))
+    real = target
+    if os.path.islink(target):  # a link to a directory: write into that directory
+        if not os.path.isdir(target):
+            raise _not_a_directory(target)
+        real = os.path.realpath(target)
+    parent, name = os.path.split(real)
+    _makedirs(parent)
+    site = Site(parent, name)
+    site.clean_up()
+    if _existing_target(real):
+        check_merge(manifest, real)
+    with site.staging() as staging:
+        _write_entries(manifest, chunks, staging.path, verify, direct_io, real, expected)
+        with site.publish_lock():
+            site.recover_locked()  # a writer may have died mid-swap meanwhile
+            _publish(manifest, staging, real)
+    return target
+
+
+def _existing_target(target: str) -> bool:
+    """Whether ``target`` exists (then it must be a directory the swap can replace)."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        raise _not_a_directory(target)
+    if os.lstat(os.path.dirname(target)).st_dev != st.st_dev:
+        raise OSError(
+            errno.EXDEV,
+            "checkpoint target is a mount point, which cannot be replaced atomically; "
+            "write into a directory inside it",
+            target,
+        )
+    return True
+
+
+def _not_a_directory(target: str) -> NotADirectoryError:
+    return NotADirectoryError(
+        errno.ENOTDIR,
+        "checkpoint target exists and is not a directory; remove it or choose another",
+        target,
+    )
+
+
+def _publish(manifest: Manifest, staging: Staging, target: str) -> None:
+    """Put the staging in place (hold the publish lock)."""
+    if not os.path.lexists(target):
+        _finish_dirs(manifest, staging.path)
+        try:
+            os.rename(staging.path, target)
+            return
+        except OSError as e:  # made meanwhile, not by air-transfer: merge into it
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+        _open_dirs(manifest, staging.path)
+    _existing_target(target)
+    build_merged(manifest, target, staging.path)
+    _finish_dirs(manifest, staging.path)
+    staging.swap()
+
+
+def _write_entries(
+    manifest: Manifest,
+    chunks: Iterable[Any],
+    root: str,
+    verify: bool,
+    direct_io: bool,
+    target: str,
+    expected: Iterable[str] | None = None,
+) -> None:
+    checksums = iter(expected) if expected is not None else None
+    for e in manifest.entries:
+        if e.kind == "dir":
+            os.mkdir(_join(root, e.path), 0o700)
+    files = list(manifest.files())
+    with _FileSink(root, files, direct_io) as sink:
+        spans = iter_chunk_spans([f.size for f in files], manifest.chunk_bytes)
+        count = 0
+        for index, chunk in enumerate(chunks):
+            if index >= manifest.num_chunks:
+                raise ChecksumError(
+                    errno.EBADMSG,
+                    f"payload has more chunks than the {manifest.num_chunks} its manifest "
+                    "lists; nothing was published",
+                    target,
+                )
+            chunk_spans = next(spans)
+            view = memoryview(chunk).cast("B")
+            checksum = next(checksums) if checksums is not None else None
+            check_chunk(manifest, index, view, verify, files, chunk_spans, target, checksum)
+            for span in chunk_spans:
+                end = span.chunk_offset + span.length
+                sink.write(span.file_index, view[span.chunk_offset : end])
+            count += 1
+        if count != manifest.num_chunks:
+            raise ChecksumError(
+                errno.EBADMSG,
+                f"payload ended after {count} of {manifest.num_chunks} chunks; nothing "
+                "was published",
+                target,
+            )
+    for e in manifest.entries:
+        path = _join(root, e.path)
+        if e.kind == "symlink":
+            os.symlink(e.target or "", path)
+            os.utime(path, ns=(e.mtime_ns, e.mtime_ns), follow_symlinks=False)
+        elif e.kind == "file":
+            os.chmod(path, e.mode)
+            os.utime(path, ns=(e.mtime_ns, e.mtime_ns))
+
+
+class _FileSink:
+    """Writes the stream's bytes into files in order; one file open at a time, large
+    ones around the page cache if ``direct_io``."""
+
+    def __init__(self, root: str, files: Sequence[Entry], direct_io: bool) -> None:
+        self.root, self.files, self.direct_io = root, files, direct_io
+        self.index = -1
+        self.path = ""
+        self.written = 0
+        self.handle: BinaryIO | DirectFileWriter | None = None
+
+    def _advance_to(self, file_index: int) -> None:
+        while self.index < file_index:
+            self._close()
+            self.index += 1
+            entry = self.files[self.index]
+            self.path, self.written = _join(self.root, entry.path), 0
+            if should_write_direct(entry.size, self.direct_io):
+                self.handle = DirectFileWriter(self.path)
+            else:
+                self.handle = open(self.path, "wb", buffering=0)
+
+    def _close(self, failed: bool = False) -> None:
+        handle, self.handle = self.handle, None
+        if isinstance(handle, DirectFileWriter) and failed:
+            handle.abort()
+        elif handle is not None:
+            try:
+                handle.close()
+            except OSError as e:
+                if isinstance(handle, DirectFileWriter):
+                    raise  # it names the file and keeps the errno
+                raise error_at(e, self.path, f"closing it after {self.written} bytes") from e
+
+    def write(self, file_index: int, view: memoryview) -> None:
+        self._advance_to(file_index)
+        if isinstance(self.handle, DirectFileWriter):
+            self.handle.write(view)
+            return
+        assert self.handle is not None
+        while view:
+            try:
+                written = self.handle.write(view)
+            except OSError as e:
+                raise error_at(e, self.path, f"writing it after {self.written} bytes") from e
+            view = view[written:]
+            self.written += written
+
+    def __enter__(self) -> _FileSink:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            self._advance_to(len(self.files) - 1)  # trailing empty files
+        self._close(failed=exc_type is not None)
+
+
+def _checksum(manifest: Manifest, index: int, expected: str | None) -> str:
+    if expected is not None:
+        return expected
+    if manifest.chunks is None:
+        raise ValueError(
+            f"chunk {index} cannot be verified: the manifest's checksums are still being "
+            "computed and none was given"
+        )
+    return manifest.chunks[index]
+
+
+def check_chunk(
+    manifest: Manifest,
+    index: int,
+    view: memoryview,
+    verify: bool = True,
+    files: Sequence[Entry] | None = None,
+    spans: Sequence[Span] | None = None,
+    target: str | None = None,
+    expected: str | None = None,
+) -> None:
+    """Raise ChecksumError (errno EBADMSG, as for a bad filesystem checksum; naming
+    ``target`` if given), naming the chunk and the files it carries, unless chunk
+    ``index`` has the manifest's length and (if ``verify``) checksum: ``expected``,
+    or the manifest's when None."""
+    length = manifest.chunk_length(index)
+    if len(view) == length and (
+        not verify or chunk_checksum(view) == _checksum(manifest, index, expected)
+    ):
+        return
+    if files is None or spans is None:
+        files = list(manifest.files())
+        sizes = [f.size for f in files]
+        spans = next(iter_chunk_spans(sizes, manifest.chunk_bytes, index))
+    message = (
+        f"chunk {index} of {manifest.num_chunks} ({len(view)} bytes, expected {length}) "
+        f"does not match its manifest checksum; it carries {_describe(files, spans)}. "
+        "The payload is corrupt or was altered; nothing was published"
+    )
+    if target is None:
+        raise ChecksumError(errno.EBADMSG, message)
+    raise ChecksumError(errno.EBADMSG, message, target)
+
+
+def _finish_dirs(manifest: Manifest, root: str) -> None:
+    """Directory modes and mtimes last, deepest first: writing inside a directory
+    changes its mtime, and a read-only mode would stop the writes."""
+    for e in reversed(manifest.entries):
+        if e.kind == "dir":
+            path = _join(root, e.path)
+            os.chmod(path, e.mode)
+            os.utime(path, ns=(e.mtime_ns, e.mtime_ns))
+
+
+def _open_dirs(manifest: Manifest, root: str) -> None:
+    """Undo ``_finish_dirs``'s modes, so that more entries can be written."""
+    for e in manifest.entries:
+        if e.kind == "dir":
+            os.chmod(_join(root, e.path), 0o700)
+
+
+def _makedirs(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)`` without its recursion per missing level."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for p in reversed(missing):
+        try:
+            os.mkdir(p)
+        except FileExistsError:
+            if not os.path.isdir(p):
+                raise
+
+
+def _join(root: str, relpath: str) -> str:
+    return f"{root}/{relpath}"  # relpath is checked POSIX (no "", ".", ".."): as join
+
+
+def _describe(files: Sequence[Entry], spans: Sequence[Any], limit: int = 5) -> str:
+    names = [files[s.file_index].path for s in spans]
+    shown = ", ".join(repr(n) for n in names[:limit])
+    more = f" and {len(names) - limit} more files" if len(names) > limit else ""
+    return f"{shown}{more}" if names else "no file bytes"

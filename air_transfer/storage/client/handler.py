@@ -1,0 +1,192 @@
+"""Node storage, the caller side: ``NodeStorageHandler``, a pyarrow filesystem whose
+files live on one node's disk and are reachable from every node of the cluster.
+
+Runs in whichever process uses the filesystem (the driver, Train workers). Metadata
+operations are calls to the storage node's agent (``disk`` methods, over the
+``streams.AgentLink``); file bodies move in chunks through the object store
+(``streams``). Every method is a thin adapter, as in pyarrow's own ``FSSpecHandler``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import ray
+
+from air_transfer.cluster.nodes import this_node_id
+from air_transfer.config import TransferConfig
+from air_transfer.core.confine import storage_path
+from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
+from air_transfer.storage.client.same_node import SameNodeWriter, open_native
+from air_transfer.storage.client.streams import AgentLink, open_reader
+from air_transfer.storage.client.uploads import ChunkWriter
+from air_transfer.storage.server.uploads import DiskUploads
+
+
+class NodeStorageHandler(pafs.FileSystemHandler):
+    """Files under ``root`` on node ``node_id``, through that node's agent.
+
+    Paths are the node's own absolute paths (a relative one is taken under ``root``);
+    one leaving ``root`` is refused with PermissionError. ``node_id=None`` means the
+    node of the process that first uses or ships the filesystem (the driver's, when
+    made there). Copies compare equal: same node, same root.
+    """
+
+    def __init__(
+        self, node_id: str | None, root: str = "/", config: TransferConfig | None = None
+    ) -> None:
+        if not isinstance(root, str) or not root.startswith("/"):
+            raise ValueError(f"the storage root must be an absolute path, got {root!r}")
+        self.root = posixpath.normpath(root).replace("//", "/")
+        self.config = config or TransferConfig()
+        self._node_id = node_id
+        self._link: AgentLink | None = None
+        self._local: bool | None = None
+
+    @property
+    def node_id(self) -> str:
+        if self._node_id is None:
+            self._node_id = this_node_id()
+        return self._node_id
+
+    @property
+    def link(self) -> AgentLink:
+        """The connection to the storage node's agent."""
+        if self._link is None:
+            self._link = AgentLink(self.node_id, self.root, self.config)
+        return self._link
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Shipped by Ray, it names its node (the sender's if not yet known): a copy
+        # unpickled elsewhere must not take its own node for the storage's.
+        node = self.node_id if ray.is_initialized() else self._node_id
+        return (type(self), (node, self.root, self.config))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NodeStorageHandler):
+            return False
+        if ray.is_initialized():
+            return (self.node_id, self.root) == (other.node_id, other.root)
+        return (self._node_id, self.root) == (other._node_id, other.root)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
+    def __repr__(self) -> str:
+        node = self._node_id[:12] if self._node_id else "<first user's node>"
+        return f"NodeStorageHandler(node={node}, root={self.root!r})"
+
+    def get_type_name(self) -> str:
+        return "air-transfer-node"
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def call_agent(self, op: str, *args: Any) -> Any:
+        """Disk operation ``op`` of the storage node's agent, its result."""
+        return self.link.call(op, *args)
+
+    def _path(self, path: str) -> str:
+        return storage_path(self.root, path)
+
+    # -- metadata ----------------------------------------------------------------------
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        infos = self.call_agent("fs_info", [self._path(p) for p in paths])
+        pairs = zip(paths, infos, strict=True)
+        return [pafs.FileInfo(p, t, mtime_ns=m, size=s) for p, (t, s, m) in pairs]
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        base = selector.base_dir
+        found = self.call_agent(
+            "fs_list", self._path(base), selector.recursive, selector.allow_not_found
+        )
+        prefix = base.rstrip("/") + "/" if base.strip("/") else base[:1]
+        return [pafs.FileInfo(prefix + rel, t, mtime_ns=m, size=s) for rel, t, s, m in found]
+
+    def create_dir(self, path: str, recursive: bool) -> None:
+        self.call_agent("fs_create_dir", self._path(path), recursive)
+
+    def delete_dir(self, path: str) -> None:
+        self.call_agent("fs_delete_dir", self._path(path))
+
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        self.call_agent("fs_delete_dir_contents", self._path(path), missing_dir_ok)
+
+    def delete_root_dir_contents(self) -> None:
+        self.call_agent("fs_delete_dir_contents", self.root, False)
+
+    def delete_file(self, path: str) -> None:
+        self.call_agent("fs_delete_file", self._path(path))
+
+    def move(self, src: str, dest: str) -> None:
+        self.call_agent("fs_move", self._path(src), self._path(dest))
+
+    def copy_file(self, src: str, dest: str) -> None:
+        self.call_agent("fs_copy_file", self._path(src), self._path(dest))
+
+    # -- file bodies -------------------------------------------------------------------
+    def open_input_stream(self, path: str) -> Any:
+        return self._open_input(path)
+
+    def open_input_file(self, path: str) -> Any:
+        return self._open_input(path)
+
+    def open_output_stream(self, path: str, metadata: Any = None) -> Any:
+        return self._open_output(path, append=False)
+
+    def open_append_stream(self, path: str, metadata: Any = None) -> Any:
+        return self._open_output(path, append=True)
+
+    def _on_storage_node(self) -> bool:
+        """Whether this process runs on the storage node (its files are local)."""
+        if self._local is None:
+            self._local = ray.is_initialized() and this_node_id() == self.node_id
+        return self._local
+
+    def _open_input(self, path: str) -> Any:
+        local = self._path(path)
+        if self._on_storage_node():
+            return open_native(self.root, local)
+        [(ftype, size, _)] = self.call_agent("fs_info", [local])
+        if ftype == pafs.FileType.NotFound:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        if ftype != pafs.FileType.File:
+            raise IsADirectoryError(errno.EISDIR, "Cannot open for reading", path)
+        return pa.PythonFile(open_reader(self.link, path, local, size), mode="r")
+
+    def _open_output(self, path: str, append: bool) -> Any:
+        local = self._path(path)
+        if self._on_storage_node():
+            staging, start, expect = DiskUploads().fs_open_write(self.root, local, append)
+            writer: SameNodeWriter | ChunkWriter = SameNodeWriter(
+                self.root, local, staging, start, expect, self.config, self._upload(local)
+            )
+        else:
+            staging, start, expect = self.call_agent("fs_open_write", local, append)
+            writer = ChunkWriter(self.link, local, staging, start, expect, self._upload(local))
+        return pa.PythonFile(writer, mode="w")
+
+    def _upload(self, local: str) -> Transfer:
+        """The metrics and progress of one file written (phase ``upload``)."""
+        transfer = Transfer(
+            "upload",
+            strategy=NODE_STORAGE,
+            total=None,
+            desc=describe(local, "write"),
+            progress=self.config.progress,
+        )
+        return transfer.start()
+
+
+def node_storage_handler(fs: pafs.FileSystem) -> NodeStorageHandler | None:
+    """The handler behind ``fs`` if it is a node storage filesystem, else None."""
+    handler = getattr(fs, "handler", None) if isinstance(fs, pafs.PyFileSystem) else None
+    return handler if isinstance(handler, NodeStorageHandler) else None

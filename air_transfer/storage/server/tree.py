@@ -1,0 +1,189 @@
+"""Node storage, the storage-node side: walking and removing directory trees.
+
+Both go through directory fds (``dir_fd=``), never following a symlink, so a tree
+cannot lead out of the storage root while it is walked; and both loop over an explicit
+stack, since a tree can be deeper than Python's recursion limit (1,200+ levels).
+
+Other callers work in the same directories at the same time (the agent runs 32
+threads; Ray Train's workers report at once), so what is seen may change under the
+walk: an entry that vanishes is skipped, as a listing taken a moment later would not
+show it; an entry that appears inside a tree being removed is removed too (a few
+rounds, then ``ENOTEMPTY``). Plain Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import uuid
+from dataclasses import dataclass, field
+
+import pyarrow.fs as pafs
+
+from air_transfer.core.confine import Raced, Where, open_listable, oserror
+
+#: Marks the staging files of uploads in progress (``disk_uploads``).
+STAGING_MARK = ".air-upload-"
+#: Marks a directory being deleted: renamed to such a name first, so that it vanishes
+#: at once and exactly one of several concurrent deletions succeeds.
+TRASH_MARK = ".air-trash-"
+#: How often a directory that keeps filling up while it is removed is emptied again.
+ROUNDS = 4
+
+#: (type, size, mtime_ns) of one path, as ``pyarrow.fs.FileInfo`` takes them.
+Info = tuple[int, int | None, int | None]
+NOT_FOUND: Info = (pafs.FileType.NotFound, None, None)
+#: A symlink whose target is outside the root: it exists, but is not served.
+UNKNOWN: Info = (pafs.FileType.Unknown, None, None)
+
+
+def hidden(name: str) -> bool:
+    """Whether listings leave ``name`` out (staging files, trash)."""
+    return STAGING_MARK in name or TRASH_MARK in name
+
+
+def hidden_name(name: str, mark: str) -> str:
+    return f".{name}{mark}{uuid.uuid4().hex}"
+
+
+def to_info(st: os.stat_result) -> Info:
+    if stat.S_ISDIR(st.st_mode):
+        return (pafs.FileType.Directory, None, st.st_mtime_ns)
+    if stat.S_ISREG(st.st_mode):
+        return (pafs.FileType.File, st.st_size, st.st_mtime_ns)
+    return (pafs.FileType.Unknown, None, st.st_mtime_ns)
+
+
+def list_tree(
+    top: int, recursive: bool
+) -> tuple[list[tuple[str, int, int | None, int | None]], list[int]]:
+    """``(relative path, type, size, mtime_ns)`` of what is under the open directory
+    ``top`` (closed here), and the indices of the symlinks among them: they carry
+    ``UNKNOWN`` here, for the caller to resolve within the root. Symlinked
+    directories are not descended into (a link to an ancestor would loop)."""
+    out: list[tuple[str, int, int | None, int | None]] = []
+    links: list[int] = []
+    stack = [_Frame(-1, "", top)]
+    try:
+        stack[0].subdirs = _scan(top, "", recursive, out, links)
+        while stack:
+            frame = stack[-1]
+            if not frame.subdirs:
+                os.close(stack.pop().fd)
+                continue
+            name = frame.subdirs.pop()
+            fd = _open_or_none(frame.fd, name, unlink_other=False)
+            if fd is not None:
+                stack.append(_Frame(frame.fd, f"{frame.name}{name}/", fd))
+                stack[-1].subdirs = _scan(fd, stack[-1].name, recursive, out, links)
+    finally:
+        for frame in stack:
+            os.close(frame.fd)
+    return out, links
+
+
+def remove_tree(where: Where) -> None:
+    """Remove the directory ``where`` and everything in it (see the module)."""
+    fd = _open_or_none(where.fd, where.name, unlink_other=True)
+    if fd is None:
+        return
+    stack = [_Frame(where.fd, where.name, fd)]
+    try:
+        stack[0].subdirs = clear_files(fd)
+        while stack:
+            frame = stack[-1]
+            if frame.subdirs:
+                name = frame.subdirs.pop()
+                sub = _open_or_none(frame.fd, name, unlink_other=True)
+                if sub is not None:
+                    stack.append(_Frame(frame.fd, name, sub))
+                    stack[-1].subdirs = clear_files(sub)
+                continue
+            try:
+                os.rmdir(frame.name, dir_fd=frame.parent)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                if frame.rounds >= ROUNDS:
+                    detail = " (it kept filling up while being deleted)"
+                    raise oserror(OSError, e.errno, frame.name, detail) from e
+                frame.rounds += 1
+                frame.subdirs = clear_files(frame.fd)  # entries that appeared meanwhile
+                continue
+            os.close(stack.pop().fd)
+    finally:
+        for frame in stack:
+            os.close(frame.fd)
+
+
+def clear_files(fd: int) -> list[str]:
+    """Remove every non-directory entry of the open directory ``fd``; return the
+    names of its subdirectories."""
+    subdirs = []
+    with os.scandir(fd) as it:
+        for d in it:
+            if d.is_dir(follow_symlinks=False):
+                subdirs.append(d.name)
+                continue
+            try:
+                os.unlink(d.name, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            except IsADirectoryError:  # replaced by a directory meanwhile
+                subdirs.append(d.name)
+    return subdirs
+
+
+@dataclass
+class _Frame:
+    parent: int  # fd of the directory holding this one (-1: not needed)
+    name: str  # its name there (removal), or its path from the top with a "/" (listing)
+    fd: int
+    subdirs: list[str] = field(default_factory=list)
+    rounds: int = 0
+
+
+def _scan(
+    fd: int,
+    rel: str,
+    recursive: bool,
+    out: list[tuple[str, int, int | None, int | None]],
+    links: list[int],
+) -> list[str]:
+    """Append the entries of directory ``fd`` to ``out``; return its subdirectories
+    (if ``recursive``)."""
+    subdirs = []
+    with os.scandir(fd) as it:
+        for d in it:
+            if hidden(d.name):
+                continue
+            try:
+                st = d.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # vanished since it was listed
+            if stat.S_ISLNK(st.st_mode):
+                links.append(len(out))
+                out.append((f"{rel}{d.name}", *UNKNOWN))
+                continue
+            out.append((f"{rel}{d.name}", *to_info(st)))
+            if recursive and stat.S_ISDIR(st.st_mode):
+                subdirs.append(d.name)
+    return subdirs
+
+
+def _open_or_none(parent: int, name: str, unlink_other: bool) -> int | None:
+    """Directory ``name`` of ``parent`` opened for listing; None if it vanished or
+    is no longer a directory (then removed, with ``unlink_other``)."""
+    try:
+        return open_listable(Where(parent, name, name))
+    except FileNotFoundError:
+        return None
+    except (NotADirectoryError, Raced):
+        if unlink_other:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=parent)
+        return None

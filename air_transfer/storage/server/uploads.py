@@ -1,0 +1,256 @@
+"""Node storage, the storage-node side: file bodies arriving in chunks.
+
+Runs in the agent of the storage node (``NodeAgent.disk`` dispatches to these
+methods). A write to ``path`` creates a hidden staging file next to it; each chunk,
+checked against the checksum it was sent with, is written at its offset
+(``os.pwrite``), so the agent's threads may write chunks in any order; the commit
+checks the size and renames the staging file over ``path``. Readers see the old file
+or the new one, never half of it. A staging file whose writer died stays hidden from
+listings and goes with its directory.
+
+Concurrent writes to one path: each has its own staging file and the last commit
+wins, whole. An append copies the file as it is when the append opens; if another
+commit replaced the file before this one commits, this one fails (``ESTALE``) rather
+than silently dropping the other writer's bytes (``LocalFileSystem`` appends in place,
+so there both land). Every path, staging paths included, is confined to the root by
+``confine.at``; a staging path must name a staging file. Plain Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import posixpath
+import shutil
+import stat
+import sys
+import threading
+from typing import Any, ClassVar
+
+from air_transfer.core.confine import (
+    Raced,
+    Where,
+    at,
+    checked_path,
+    is_symlink,
+    open_file,
+    open_regular,
+    oserror,
+)
+from air_transfer.core.direct_io import pwrite_direct, should_write_direct
+from air_transfer.core.manifest import chunk_checksum
+from air_transfer.errors import ChecksumError
+from air_transfer.storage.server.tree import STAGING_MARK, hidden_name
+
+#: What an append expects to find at commit: (device, inode, size, mtime_ns) of the
+#: file it copied, () for no file; None: a plain write, which expects nothing.
+Expect = tuple[int, ...] | None
+
+
+class DiskUploads:
+    """The node-side half of writes through ``storage_filesystem``."""
+
+    #: The operations the agent may run (``NodeAgent.disk``).
+    OPS: ClassVar[frozenset[str]] = frozenset(
+        {"fs_copy_file", "fs_open_write", "fs_write", "fs_commit", "fs_abort"}
+    )
+
+    def __init__(self) -> None:
+        # An append's check that its file is unchanged, and its rename, must not let
+        # another commit in between (every commit of this storage runs in this agent).
+        self._publishing = threading.Lock()
+
+    def fs_copy_file(self, root: str, src: str, dest: str) -> None:
+        source, _ = open_regular(root, src, "copy")
+        try:
+            staging, _, _ = self.fs_open_write(root, dest, append=False)
+            try:
+                at(root, staging, lambda w: _copy_into(w, source), follow=False)
+                self._publish(root, dest, staging, None, None)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    self.fs_abort(root, staging)
+                raise
+        finally:
+            os.close(source)
+
+    def fs_open_write(self, root: str, path: str, append: bool) -> tuple[str, int, Expect]:
+        """Create the staging file for a write to ``path``; returns it, the offset the
+        new bytes start at (the size of the file copied when appending), and what the
+        commit expects to find at ``path``."""
+
+        def stage(w: Where) -> tuple[str, int, Expect]:
+            try:
+                st: os.stat_result | None = os.stat(w.name, dir_fd=w.fd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and is_symlink(st):
+                raise Raced  # the resolution found none: it changed meanwhile
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                raise oserror(IsADirectoryError, errno.EISDIR, w.name, ": cannot write to it")
+            name = hidden_name(w.name, STAGING_MARK)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            out = os.open(name, flags, 0o666, dir_fd=w.fd)
+            try:
+                start, expect = _take_over(w, out, append)
+                return posixpath.join(posixpath.dirname(w.real), name), start, expect
+            except BaseException:
+                os.unlink(name, dir_fd=w.fd)
+                raise
+            finally:
+                os.close(out)
+
+        return at(root, path, stage)
+
+    def fs_write(
+        self,
+        root: str,
+        staging: str,
+        offset: int,
+        data: Any,
+        checksum: str,
+        direct_io: bool = False,
+    ) -> None:
+        """Write one chunk at ``offset`` of a staging file, after checking it; with
+        ``direct_io``, a large block-aligned chunk goes around the page cache (as
+        ``TransferConfig.direct_io`` has the writer of ``to_directory`` do)."""
+        view = memoryview(data).cast("B")
+        if chunk_checksum(view) != checksum:
+            raise ChecksumError(
+                errno.EIO,
+                f"a chunk of {len(view)} bytes for offset {offset} arrived altered "
+                "(checksum mismatch); the file is not written",
+                staging,
+            )
+        _require_staging(staging)
+
+        def write(w: Where) -> None:
+            fd = open_file(w, os.O_WRONLY)
+            try:
+                if should_write_direct(len(view), direct_io) and _pwrite_direct(fd, view, offset):
+                    return
+                done = 0
+                while done < len(view):
+                    done += os.pwrite(fd, view[done:], offset + done)
+            finally:
+                os.close(fd)
+
+        at(root, staging, write, follow=False)
+
+    def fs_commit(
+        self,
+        root: str,
+        path: str,
+        staging: str,
+        offset: int,
+        tail: Any,
+        checksum: str,
+        size: int,
+        direct_io: bool = False,
+        expect: Expect = None,
+    ) -> None:
+        """Write the last bytes, check the staging file holds ``size`` bytes, and
+        rename it over ``path``; on any error the staging file is removed."""
+        _require_staging(staging)  # before anything, the clean-up included
+        checked_path(root, path)  # and a refused path before any byte is written
+        try:
+            if len(memoryview(tail)):
+                self.fs_write(root, staging, offset, tail, checksum, direct_io)
+            self._publish(root, path, staging, size, expect)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.fs_abort(root, staging)
+            raise
+
+    def fs_abort(self, root: str, staging: str) -> None:
+        _require_staging(staging)
+
+        def discard(w: Where) -> None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(w.name, dir_fd=w.fd)
+
+        at(root, staging, discard, follow=False)
+
+    def _publish(
+        self, root: str, path: str, staging: str, size: int | None, expect: Expect
+    ) -> None:
+        def publish(s: Where) -> None:
+            if size is not None:
+                fd = open_file(s, os.O_RDONLY)
+                try:
+                    written = os.fstat(fd).st_size
+                finally:
+                    os.close(fd)
+                if written != size:
+                    detail = f": upload incomplete: {written} of {size} bytes arrived"
+                    raise oserror(OSError, errno.EIO, path, detail)
+
+            def replace(d: Where) -> None:
+                with self._publishing:
+                    if expect is not None and _found(d) != expect:
+                        detail = (
+                            " (it changed since this append began: another write was "
+                            "committed first; nothing was stored, append again)"
+                        )
+                        raise oserror(OSError, errno.ESTALE, path, detail)
+                    os.rename(s.name, d.name, src_dir_fd=s.fd, dst_dir_fd=d.fd)
+
+            at(root, path, replace)
+
+        at(root, staging, publish, follow=False)
+
+
+def _require_staging(staging: str) -> None:
+    if not isinstance(staging, str) or STAGING_MARK not in posixpath.basename(staging):
+        raise PermissionError(errno.EACCES, "not a staging file of an upload; refused", staging)
+
+
+def _take_over(w: Where, out: int, append: bool) -> tuple[int, Expect]:
+    """Give the staging file ``out`` the mode of the file at ``w`` (and its bytes, when
+    appending); the offset new bytes start at, and what the commit expects there."""
+    try:
+        fd = open_file(w, os.O_RDONLY)
+    except FileNotFoundError:  # none (or deleted meanwhile): a new file
+        return 0, (() if append else None)
+    try:
+        st = os.fstat(fd)
+        os.fchmod(out, stat.S_IMODE(st.st_mode))
+        if not append:
+            return 0, None
+        if not stat.S_ISREG(st.st_mode):  # a FIFO, a device: nothing to copy
+            return 0, _stamp(st)
+        with open(fd, "rb", closefd=False) as i, open(out, "wb", closefd=False) as o:
+            shutil.copyfileobj(i, o, 8 << 20)
+        # What was copied, not the size seen before: the file may have grown since.
+        return os.fstat(out).st_size, _stamp(os.fstat(fd))
+    finally:
+        os.close(fd)
+
+
+def _copy_into(w: Where, source: int) -> None:
+    out = open_file(w, os.O_WRONLY)
+    try:
+        with open(source, "rb", closefd=False) as i, open(out, "wb", closefd=False) as o:
+            shutil.copyfileobj(i, o, 8 << 20)
+    finally:
+        os.close(out)
+
+
+def _found(w: Where) -> tuple[int, ...]:
+    try:
+        return _stamp(os.stat(w.name, dir_fd=w.fd, follow_symlinks=False))
+    except FileNotFoundError:
+        return ()
+
+
+def _stamp(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _pwrite_direct(fd: int, view: memoryview, offset: int) -> bool:
+    """``pwrite_direct`` on the staging file already opened (confined) as ``fd``: it
+    opens a path, so it is given the fd's own, which no rename can redirect. Only
+    Linux has ``O_DIRECT``, and ``/proc``."""
+    proc = f"/proc/self/fd/{fd}"
+    return sys.platform == "linux" and os.path.exists(proc) and pwrite_direct(proc, view, offset)

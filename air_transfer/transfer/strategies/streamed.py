@@ -1,0 +1,106 @@
+"""``streamed``: the source node's agent reads the files at transfer time and yields
+chunks through a Ray streaming generator with backpressure.
+
+Object-store use stays within ``2 x window x chunk_bytes`` (``window`` produced
+ahead, ``window`` being fetched) whatever the checkpoint size, so a checkpoint
+several times larger than the object store goes through without spilling. Packing
+only reads the files once to take the checksums; the bytes move when a reader asks,
+from the directory as it is then, and a directory that changed or vanished since
+packing is a SourceChangedError, not a wrong copy: the agent proves every read
+against the stamps the scan took at packing (size, times, inode), verified or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import ray.cloudpickle
+
+from air_transfer.cluster import _ray
+from air_transfer.cluster.fetch import fetch_in_order
+from air_transfer.cluster.nodes import node_agent, this_node_id
+from air_transfer.config import TransferConfig
+from air_transfer.core.layout import Source, Stamp
+from air_transfer.core.manifest import Entry, Manifest
+from air_transfer.core.packing import read_chunks_ahead
+from air_transfer.transfer.strategies.agent_tasks import agent_can_read, submit_checksum_chunks
+from air_transfer.transfer.strategies.base import Packed, TransferStrategy
+
+
+@dataclass(frozen=True)
+class StreamSource:
+    """The payload: which agent streams which directory."""
+
+    agent: Any
+    source: Source
+    node_id: str
+    #: The files as scanned at packing: the agent proves its reads against them, so a
+    #: file changed since packing (or while streamed) is an error even unverified.
+    stamps: tuple[Stamp, ...]
+    #: Refs of the chunks' checksums while the checksum pass may still be running
+    #: (``submit``); the stream waits for each one it checks against.
+    checksums: tuple[Any, ...] | None = None
+
+
+class StreamedStrategy(TransferStrategy):
+    """Chunks are produced on demand by the source node's agent."""
+
+    name = "streamed"
+
+    def pack(
+        self,
+        source: Source,
+        files: Sequence[Entry],
+        stamps: Sequence[Stamp],
+        config: TransferConfig,
+    ) -> Packed:
+        try:
+            ray.cloudpickle.dumps(source)
+        except Exception as e:
+            raise ValueError(
+                f"the 'streamed' strategy has the node agent read {source.root!r} at "
+                f"transfer time, but its filesystem ({source.filesystem.type_name}) cannot "
+                "be sent to another process; use strategy='chunked'"
+            ) from e
+        chunks = read_chunks_ahead(source, files, stamps, config.chunk_bytes)
+        checksums = tuple(c for _, _, c in chunks)
+        node_id = this_node_id()
+        return Packed(StreamSource(node_agent(node_id), source, node_id, tuple(stamps)), checksums)
+
+    def submit(
+        self,
+        source: Source,
+        files: Sequence[Entry],
+        stamps: Sequence[Stamp],
+        config: TransferConfig,
+    ) -> Packed:
+        """The checksum pass as one task per chunk in this node's agent; readers may
+        start streaming at once (each chunk streamed waits for its checksum)."""
+        if not agent_can_read(source):
+            return self.pack(source, files, stamps, config)
+        refs = tuple(submit_checksum_chunks(source, files, stamps, config.chunk_bytes))
+        node_id = this_node_id()
+        payload = StreamSource(node_agent(node_id), source, node_id, tuple(stamps), refs)
+        return Packed(payload, refs)
+
+    def iter_chunks(
+        self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
+    ) -> Iterator[Any]:
+        if start >= stop:
+            return
+        refs = _ray.streaming(payload.agent.stream, config.window).remote(
+            payload.source,
+            list(manifest.files()),
+            manifest.chunk_bytes,
+            manifest.chunks if manifest.chunks is not None else payload.checksums,
+            start,
+            stop,
+            config.verify,
+            payload.stamps,
+        )
+        # Fetch up to `window` yielded chunks ahead, so cross-node pulls overlap with
+        # the reader's writing as they do for `chunked`.
+        yield from fetch_in_order(refs, config.window)

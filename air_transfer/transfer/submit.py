@@ -1,0 +1,44 @@
+"""Start a transfer where its chunks will be owned: in this process, or (``owner="node"``)
+in this node's agent, which submits the packing to itself.
+
+What goes into the object store is the transferred checkpoint itself, a
+``ChunkedCheckpoint`` wrapping the handle, so that a task given the ref receives a
+checkpoint. That class sits above this layer (and above the agent, which calls this):
+it is looked up by its dotted name, as ``cluster.nodes`` looks up the agent class.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any
+
+import ray
+
+from air_transfer.cluster.nodes import node_agent, running_in_agent
+from air_transfer.config import TransferConfig
+from air_transfer.core.layout import Source
+from air_transfer.transfer.handle import submit
+
+#: The class a transferred checkpoint is stored as (imported on first use, by name).
+CHECKPOINT_CLASS = "air_transfer.checkpoint:ChunkedCheckpoint"
+
+
+@functools.cache
+def _checkpoint_class() -> Any:
+    module, _, name = CHECKPOINT_CLASS.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def submit_transfer(
+    source: Source, config: TransferConfig | None = None
+) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None, str]:
+    """Start transferring ``source``: the ref of the transferred checkpoint (put by
+    this process or, for ``owner="node"``, by this node's agent), the ref of its
+    completion (None if packing is done) and the name of the strategy packing it."""
+    config = config or TransferConfig()
+    if config.owner == "node" and not running_in_agent():
+        ref, done, strategy = ray.get(node_agent().submit_transfer.remote(source, config))
+        return ref, done, strategy
+    handle, done = submit(source, config)
+    return ray.put(_checkpoint_class()._from_handle(handle)), done, handle.strategy.name

@@ -1,0 +1,133 @@
+"""The ``bench`` subcommand's command-line flags (argparse), apart from the code that
+runs them so that the runner reads as what it does."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from air_transfer.config import MiB, TransferConfig
+from benchmarks.bench.contenders import all_contenders
+from benchmarks.bench.data import LAYOUTS, default_data_dir
+from benchmarks.cliargs import positive_float, positive_int
+
+
+def add_bench_options(parser: argparse.ArgumentParser) -> None:
+    """The ``bench`` subcommand's flags, each with the help ``--help`` shows."""
+    defaults = TransferConfig()
+    parser.add_argument(
+        "--sizes", nargs="+", type=positive_float, default=[0.5, 1, 2, 4], metavar="GB",
+        help="checkpoint sizes in decimal GB (10**9 bytes), e.g. 0.5 1 2 4 (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--layout", nargs="+", choices=LAYOUTS, default=["big"],
+        help="how the bytes are laid out: 'big' one file, 'small' many files of "
+        "--small-file-kib, 'mixed' half one file, 8 shards, small files, an empty file "
+        "and directory; several may be given (default: big)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--small-file-kib", type=positive_int, default=8, metavar="KiB",
+        help="size of each file in the small and mixed layouts (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--small-files", type=positive_int, default=None, metavar="N",
+        help="for --layout small, exactly N files (e.g. 20000) instead of deriving the "
+        "count from --sizes",
+    )  # fmt: skip
+    parser.add_argument(
+        "--repeats", type=positive_int, default=3,
+        help="round trips per contender and size; median, min and max are reported "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--contenders", nargs="+", choices=all_contenders(), default=None, metavar="NAME",
+        help=f"which contenders to run, of: {', '.join(all_contenders())} (default: all; "
+        "'raw' only with --cross-node)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--chunk-mib", type=positive_int, default=defaults.chunk_bytes // MiB, metavar="MiB",
+        help="air-transfer chunk size, also raw's chunk size (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--window", type=positive_int, default=defaults.window,
+        help="air-transfer prefetch window in chunks, also raw's (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-direct-io", dest="direct_io", action="store_false",
+        help="air-transfer writes output files through the page cache, not with "
+        "O_DIRECT (default for files of 16 MiB or more: O_DIRECT)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cross-node", action="store_true",
+        help="start a 2-node ray.cluster_utils.Cluster on this machine and run the "
+        "producer on one node and the consumer on the other; adds 'raw'. 'cp' and "
+        "'cp-direct' stay local copies, the floors",
+    )  # fmt: skip
+    parser.add_argument(
+        "--train", action="store_true",
+        help="instead of the contenders, the Ray Train path on a 2-node cluster: "
+        "report (ray.train.report blocking time in the worker) and restore "
+        "(to_directory on the storage node and on the other node) through "
+        "storage_filesystem, beside a local-filesystem Train run, raw Ray across the "
+        "nodes and cp-direct, at every --sizes, --repeats times",
+    )  # fmt: skip
+    parser.add_argument(
+        "--readers", type=positive_int, default=None, metavar="N",
+        help="instead of the contenders, N readers on N nodes (plus the storage node) "
+        "restore one checkpoint in node storage at once: total time, one reader alone, "
+        "and bytes the storage node read from its disk and served",
+    )  # fmt: skip
+    parser.add_argument(
+        "--data-dir", default=default_data_dir(), metavar="DIR",
+        help="where checkpoints are cached between runs (keyed by layout and size) and "
+        "outputs written (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--clean", action="store_true",
+        help="delete the cached checkpoints and outputs in --data-dir when done",
+    )  # fmt: skip
+    parser.add_argument(
+        "--progress", action="store_true",
+        help="draw a progress bar on stderr for every air-transfer packing and reading "
+        "(from the bench's actors, through Ray's tqdm_ray; with Ray's worker logs "
+        "forwarded); off by default, so the timed runs print nothing",
+    )  # fmt: skip
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    parser.add_argument(
+        "--plot", metavar="PATH.png",
+        help="write a PNG: s/GB and peak private memory against size (needs matplotlib)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-warmup", dest="warmup", action="store_false",
+        help="skip the untimed warm-up of each fresh producer/consumer pair (a round "
+        "trip of two chunks, then 70%% of the object store mapped into both "
+        "processes), and so measure first-use costs (imports, agent start, fresh "
+        "buffers, first touches of store pages) in the first repeats",
+    )  # fmt: skip
+    parser.add_argument(
+        "--drop-caches", action="store_true",
+        help="drop the page cache before every round trip (root only; default: warm cache)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--num-cpus", type=positive_int, default=max(2, os.cpu_count() or 2),
+        help="CPUs Ray advertises per node (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--object-store-mb", type=positive_int, default=None, metavar="MiB",
+        help="object store per node; shrink it (e.g. 512) to see 'chunked' spill and "
+        "'streamed' stay within its window (default: 1.5x the largest checkpoint + "
+        "256 MiB, at most 30%% of memory, 20%% per node with --cross-node)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-prefault", dest="prefault", action="store_false",
+        help="skip touching all free memory once before measuring. On a VM the first "
+        "touch of a page costs several times a later one (measured here: 19 GiB in "
+        "11.9 s, then 2.8 s), which would land on whichever contender first reaches a "
+        "new memory high-water mark",
+    )  # fmt: skip
+    parser.add_argument(
+        "--memory-margin-gb", type=positive_float, default=2.0, metavar="GB",
+        help="skip a contender whose predicted memory exceeds available memory minus "
+        "this; a run is killed if available memory falls under half of it "
+        "(default: %(default)s)",
+    )  # fmt: skip
