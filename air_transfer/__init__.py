@@ -4,7 +4,7 @@ linear in size, memory-bounded, verified."""
 from importlib.metadata import PackageNotFoundError, version
 
 from air_transfer.checkpoint import ChunkedCheckpoint
-from air_transfer.cluster.nodes import shutdown_agents
+from air_transfer.cluster.nodes import node_agent, shutdown_agents
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Entry, Manifest
 from air_transfer.errors import (
@@ -43,6 +43,7 @@ __all__ = [
     "TransferStrategy",
     "checkpoint_upload_fn",
     "get_strategy",
+    "node_agent",
     "register_strategy",
     "select_strategy",
     "shutdown_agents",

@@ -24,9 +24,9 @@ import ray
 import ray.train
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from air_transfer.config import MiB, TransferConfig
-from air_transfer.train import storage_filesystem
+from air_transfer import TransferConfig, storage_filesystem
 from benchmarks.cliargs import positive_int
+from benchmarks.units import MiB
 
 WORKER_NODE = "air_transfer_demo_workers"
 

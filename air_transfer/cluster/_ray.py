@@ -27,11 +27,6 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("ray._private.state", "available_resources_per_node"),
     ("ray._private.state", "actors"),
     ("ray.train", "Checkpoint._get_temporary_checkpoint_dir"),
-    ("ray.actor", "ActorHandle._actor_id"),
-    ("ray.tune.utils.file_transfer", "_PackActor"),
-    ("ray.tune.utils.file_transfer", "_force_on_node"),
-    ("ray.tune.utils.file_transfer", "_unpack_from_actor"),
-    ("ray.tune.utils.file_transfer", "_DEFAULT_CHUNK_SIZE_BYTES"),
     ("ray.train.v2._internal.execution.storage", "StorageContext.persist_current_checkpoint"),
     ("ray.train.v2._internal.execution.storage", "StorageContext.build_checkpoint_path_from_name"),
     ("ray.train._checkpoint", "_download_from_fs_path"),
@@ -85,39 +80,6 @@ def checkpoint_uuid(checkpoint: Any) -> uuid.UUID:
     across pickling so copies of a checkpoint share their download directory."""
     value: uuid.UUID = checkpoint._uuid
     return value
-
-
-def actor_pid(handle: Any) -> int | None:
-    """The pid of an actor's process, known to the GCS as soon as a worker is leased
-    (before the actor is ALIVE); None until then. Used by the bench to sample a Tune
-    pack actor that is still inside its constructor."""
-    from ray._private import state
-
-    pid = state.actors(handle._actor_id.hex()).get("Pid")
-    return int(pid) if pid else None
-
-
-def tune_pack_actor(source_dir: str, node_id: str) -> Any:
-    """Ray Tune's ``_PackActor`` for ``source_dir``, started on ``node_id`` as
-    ``sync_dir_between_nodes`` starts it (the bench's ``tune`` contender runs Tune's
-    own code unchanged). ``max_size_bytes=None`` lifts Tune's 1 GiB refusal."""
-    from ray.tune.utils import file_transfer
-
-    ft: Any = file_transfer  # private names, untyped on purpose
-    return ft._PackActor.options(num_cpus=0, **ft._force_on_node(node_id)).remote(
-        source_dir=source_dir,
-        files_stats=None,
-        chunk_size_bytes=ft._DEFAULT_CHUNK_SIZE_BYTES,
-        max_size_bytes=None,
-    )
-
-
-def tune_unpack(pack_actor: Any, target_dir: str) -> None:
-    """The body of Tune's ``_unpack_from_actor`` task, run in this process."""
-    from ray.tune.utils import file_transfer
-
-    ft: Any = file_transfer
-    ft._unpack_from_actor._function(pack_actor, target_dir)
 
 
 #: Set to 0 to keep Ray Train's own pyarrow copies for node storage (see below).

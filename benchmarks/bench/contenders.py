@@ -11,8 +11,8 @@ from typing import Any
 
 import ray
 
-from air_transfer.cluster import _ray
-from air_transfer.transfer.strategies import strategies as registered_strategies
+from air_transfer import strategies as registered_strategies
+from benchmarks.bench import tune
 from benchmarks.bench.endpoint import Ends
 
 BUILTIN_CONTENDERS = ("cp", "cp-direct", "blob", "tune")
@@ -87,11 +87,11 @@ def run_tune(ends: Ends, src: str, out: str, nbytes: int) -> Trip:
     """Ray Tune's cross-node sync, as ``_sync_dir_between_different_nodes`` does it
     with ``force_all=True``: Tune's pack actor on the source node tars the directory
     in its constructor, the target side pulls 500 MiB chunks and untars (Tune's own
-    code, through ``air_transfer.cluster._ray``; its size limit lifted so that larger sizes
+    code, through ``benchmarks.bench.tune``; its size limit lifted so that larger sizes
     can be measured at all).
     """
     start = time.perf_counter()
-    pack_actor = _ray.tune_pack_actor(src, ends.producer_node)
+    pack_actor = tune.tune_pack_actor(src, ends.producer_node)
     ends.transient.append(pack_actor)
     done = ends.consumer.tune_unpack.remote(pack_actor, out)
     try:
@@ -110,7 +110,7 @@ def _actor_pid(handle: Any, timeout_s: float = 30.0) -> int | None:
     soon as a worker is leased, long before the actor is ALIVE."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        pid = _ray.actor_pid(handle)
+        pid = tune.actor_pid(handle)
         if pid:
             return pid
         time.sleep(0.01)

@@ -14,7 +14,7 @@ from typing import Any
 
 import xxhash
 
-from air_transfer.config import MiB
+from benchmarks.units import MiB
 
 GB = 10**9
 #: Blocks in which random checkpoint data is generated and streamed for hashing.

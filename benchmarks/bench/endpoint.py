@@ -19,12 +19,9 @@ import numpy as np
 import ray
 import xxhash
 
-from air_transfer.checkpoint import ChunkedCheckpoint
-from air_transfer.cluster import _ray
-from air_transfer.cluster.nodes import node_agent
-from air_transfer.config import TransferConfig
+from air_transfer import ChunkedCheckpoint, TransferConfig, TransferFuture, node_agent
 from air_transfer.core.direct_io import DirectFileWriter, should_write_direct
-from air_transfer.transfer.future import TransferFuture
+from benchmarks.bench import tune
 from benchmarks.bench.data import timed_restore
 from benchmarks.bench.sampler import Sampler, object_store_used, wait_for_store_at_most
 
@@ -186,7 +183,7 @@ class Endpoint:
         """The body of Tune's unpack task, run here so that its
         memory is sampled in a known process; the code is Ray's, unchanged."""
         start = time.perf_counter()
-        _ray.tune_unpack(pack_actor, out)
+        tune.tune_unpack(pack_actor, out)
         return time.perf_counter() - start
 
     def raw_prepare(self, chunk_bytes: int) -> None:

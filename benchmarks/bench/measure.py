@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from air_transfer.config import GiB, MiB, TransferConfig
+from air_transfer import TransferConfig
 from benchmarks.bench.contenders import (
     LOCAL_COPIES,
     RAW,
@@ -22,6 +22,7 @@ from benchmarks.bench.data import GB, first_difference, tree_digest
 from benchmarks.bench.endpoint import Ends
 from benchmarks.bench.sampler import Sampler
 from benchmarks.bench.session import drop_caches
+from benchmarks.units import GiB, MiB
 
 #: How long the driver keeps a finished round trip's objects referenced, so that the
 #: object-store sampler sees them even when the trip was shorter than the raylets'

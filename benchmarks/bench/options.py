@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from air_transfer.config import MiB, TransferConfig
+from air_transfer import TransferConfig
 from benchmarks.bench.contenders import all_contenders
 from benchmarks.bench.data import LAYOUTS, default_data_dir
 from benchmarks.cliargs import positive_float, positive_int
+from benchmarks.units import MiB
 
 
 def add_bench_options(parser: argparse.ArgumentParser) -> None:

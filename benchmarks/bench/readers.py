@@ -23,9 +23,7 @@ from typing import Any
 import ray
 import ray.train
 
-from air_transfer.cluster.nodes import node_agent
-from air_transfer.config import TransferConfig
-from air_transfer.train import storage_filesystem
+from air_transfer import TransferConfig, node_agent, storage_filesystem
 from benchmarks.bench.contenders import Trip
 from benchmarks.bench.data import first_difference
 from benchmarks.bench.endpoint import WARM_STORE_FRACTION, start_endpoint, warm_agent

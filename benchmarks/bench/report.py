@@ -9,9 +9,10 @@ import math
 import statistics
 from typing import Any
 
-from air_transfer.config import MiB, TransferConfig
+from air_transfer import TransferConfig
 from benchmarks.bench.data import GB
 from benchmarks.bench.measure import Measurement
+from benchmarks.units import MiB
 
 #: What each field of a contender's result row means (in the JSON's config).
 CONTENDER_METRICS = {

@@ -13,13 +13,14 @@ from typing import Any
 
 import psutil
 
-from air_transfer.config import MiB, TransferConfig
+from air_transfer import TransferConfig
 from benchmarks.bench.contenders import contender_function
 from benchmarks.bench.data import GB, checkpoint_sizes, make_checkpoint, tree_digest
 from benchmarks.bench.endpoint import Ends
 from benchmarks.bench.measure import Measurement, error_reason, measure_once, skip_reason
 from benchmarks.bench.report import skipped, summarize
 from benchmarks.bench.session import auto_store_bytes, prefault_memory, store_capacity
+from benchmarks.units import MiB
 
 
 def warmup_size(config: TransferConfig, smallest_bytes: int) -> int:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import psutil
 import ray
 
-from air_transfer.config import MiB
+from benchmarks.units import MiB
 
 SAMPLE_INTERVAL_S = 0.02
 

@@ -19,7 +19,7 @@ import psutil
 import ray
 
 import air_transfer
-from air_transfer.config import GiB, MiB
+from benchmarks.units import GiB, MiB
 
 #: Raylets fault their whole object store in at start (a production setting), so the
 #: first contender to fill it does not pay the store's first-touch cost for the rest.

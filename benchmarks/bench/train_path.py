@@ -36,7 +36,7 @@ import ray
 import ray.train
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from air_transfer.train import storage_filesystem
+from air_transfer import storage_filesystem
 from benchmarks.bench.contenders import RAW, Trip
 from benchmarks.bench.data import GB, first_difference, timed_restore, tree_digest
 from benchmarks.bench.endpoint import WARM_STORE_FRACTION, Ends, fill_store
