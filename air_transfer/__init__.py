@@ -6,7 +6,8 @@ from importlib.metadata import PackageNotFoundError, version
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.cluster.nodes import node_agent, shutdown_agents
 from air_transfer.config import TransferConfig
-from air_transfer.core.manifest import Entry, Manifest
+from air_transfer.core.entry import Entry
+from air_transfer.core.manifest import Manifest
 from air_transfer.errors import (
     CheckpointLostError,
     ChecksumError,

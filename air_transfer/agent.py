@@ -41,15 +41,13 @@ import ray
 
 from air_transfer.cluster.nodes import PACK_GROUP
 from air_transfer.config import TransferConfig
-from air_transfer.core.layout import Source, Stamp, iter_chunk_spans
-from air_transfer.core.manifest import Entry, chunk_checksum
-from air_transfer.core.packing import (
-    ChunkPacker,
-    ChunkPlan,
-    current_stamps,
-    fill_chunk,
-    read_chunks_ahead,
-)
+from air_transfer.core.checksum import chunk_checksum
+from air_transfer.core.entry import Entry
+from air_transfer.core.packer import ChunkPacker
+from air_transfer.core.plan import ChunkPlan, iter_chunk_spans
+from air_transfer.core.proven_read import current_stamps, fill_chunk
+from air_transfer.core.readahead import read_chunks_ahead
+from air_transfer.core.scan import Source, Stamp
 from air_transfer.errors import SourceChangedError
 from air_transfer.observe import metrics
 from air_transfer.storage.server.chunk_cache import DirectoryTransfers, FileChunks

@@ -24,8 +24,8 @@ from ray.train import Checkpoint
 
 from air_transfer.cluster import _ray
 from air_transfer.config import TransferConfig
-from air_transfer.core.layout import Source
 from air_transfer.core.manifest import Manifest
+from air_transfer.core.scan import Source
 from air_transfer.observe.progress import progress_enabled
 from air_transfer.observe.telemetry import PackWatch, describe, packing
 from air_transfer.transfer.fs_view import payload_filesystem

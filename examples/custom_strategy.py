@@ -36,9 +36,9 @@ from air_transfer import (
     TransferStrategy,
     register_strategy,
 )
-from air_transfer.core.layout import Source, Stamp
-from air_transfer.core.manifest import chunk_checksum
-from air_transfer.core.packing import read_chunks
+from air_transfer.core.checksum import chunk_checksum
+from air_transfer.core.proven_read import read_chunks
+from air_transfer.core.scan import Source, Stamp
 
 MiB = 1024 * 1024
 

@@ -67,7 +67,7 @@ def gated(ckpt: ChunkedCheckpoint, gate: Any) -> ChunkedCheckpoint:
 
 @dataclasses.dataclass
 class HoldPackingAt:
-    """A packing hook (``packing._after_span_read``) for a node agent: the first time
+    """A packing hook (``proven_read._after_span_read``) for a node agent: the first time
     a span at file offset ``offset`` or later has been read, arrive at ``gate`` and
     wait there until the test opens it. Packing then stops at a known chunk, so
     "while packing is still running" is a state, not a race."""
@@ -84,9 +84,9 @@ class HoldPackingAt:
 
 
 def _set_packing_hook(agent: Any, hook: Any) -> None:
-    from air_transfer.core import packing
+    from air_transfer.core import proven_read
 
-    packing._after_span_read = hook
+    proven_read._after_span_read = hook
 
 
 def hold_packing(agent: Any, hook: Any) -> None:

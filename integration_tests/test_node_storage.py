@@ -34,8 +34,8 @@ from air_transfer import (
     storage_filesystem,
 )
 from air_transfer.cluster.nodes import node_agent
+from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.direct_io import MIN_DIRECT_FILE_BYTES
-from air_transfer.core.manifest import chunk_checksum
 from air_transfer.storage.client.handler import NodeStorageHandler
 from air_transfer.storage.client.uploads import ChunkWriter
 from air_transfer.storage.server.metadata import STAGING_MARK

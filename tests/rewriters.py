@@ -1,5 +1,5 @@
 """Ways a training loop rewrites a checkpoint file while it is packed, and the
-test-only ``packing._after_span_read`` hook that does it between a span's read and
+test-only ``proven_read._after_span_read`` hook that does it between a span's read and
 the fstat after it, so the interleaving is deterministic (in the driver, or installed
 in a node agent with ``install_in_agent``)."""
 
@@ -10,7 +10,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from air_transfer.core import packing
+from air_transfer.core import proven_read
+from air_transfer.core.plan import Span
 
 HOW = ("in-place", "utime-reset", "rename")
 
@@ -43,7 +44,7 @@ class RewriteOnce:
     offset: int = 0
     fired: bool = False
 
-    def __call__(self, where: str, span: packing.FileSpan) -> None:
+    def __call__(self, where: str, span: Span) -> None:
         # The agent packs chunks on several threads: fire once, whichever comes first.
         with globals().setdefault("_HOOK_LOCK", threading.Lock()):
             if self.fired or os.path.basename(where) != self.name:
@@ -55,7 +56,7 @@ class RewriteOnce:
 
 
 def _set_hook(agent: Any, hook: Any) -> None:
-    packing._after_span_read = hook
+    proven_read._after_span_read = hook
 
 
 def install_in_agent(agent: Any, hook: Any) -> None:

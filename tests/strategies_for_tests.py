@@ -9,9 +9,11 @@ from typing import Any
 import ray
 
 from air_transfer import Packed, TransferConfig, TransferStrategy
-from air_transfer.core.layout import Source, Stamp
-from air_transfer.core.manifest import Entry, Manifest, chunk_checksum
-from air_transfer.core.packing import read_chunks
+from air_transfer.core.checksum import chunk_checksum
+from air_transfer.core.entry import Entry
+from air_transfer.core.manifest import Manifest
+from air_transfer.core.proven_read import read_chunks
+from air_transfer.core.scan import Source, Stamp
 
 
 class BytesChunksStrategy(TransferStrategy):

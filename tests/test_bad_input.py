@@ -26,7 +26,7 @@ from air_transfer import (
     strategies,
 )
 from air_transfer.config import KiB
-from air_transfer.core.layout import Source, scan
+from air_transfer.core.scan import Source, scan
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from air_transfer.core.layout import Source
-from air_transfer.core.packing import ChunkPacker, ChunkPlan
-from air_transfer.storage import disk_chunks
+from air_transfer.core.packer import ChunkPacker
+from air_transfer.core.plan import ChunkPlan
+from air_transfer.core.scan import Source
+from air_transfer.storage.server import chunk_cache as disk_chunks
 from air_transfer.storage.server.chunk_cache import FileChunks
 
 CHUNK = 1024

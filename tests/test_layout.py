@@ -12,8 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from air_transfer import ManifestError, SourceChangedError
-from air_transfer.core.layout import Scan, Source, chunk_count, iter_chunk_spans, scan
-from air_transfer.core.packing import read_chunks, read_chunks_ahead
+from air_transfer.core.plan import chunk_count, iter_chunk_spans
+from air_transfer.core.proven_read import read_chunks
+from air_transfer.core.readahead import read_chunks_ahead
+from air_transfer.core.scan import Scan, Source, scan
 
 
 @settings(max_examples=300, deadline=None)

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from air_transfer import Entry, Manifest, ManifestError
 from air_transfer.config import MAX_CHUNK_BYTES, MIN_CHUNK_BYTES
+from air_transfer.core.checks import SCHEMA_VERSION
+from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.links import LinkResolver, TreeEntry, check_links
-from air_transfer.core.manifest import SCHEMA_VERSION, chunk_checksum
 from air_transfer.core.writer import write_tree
 
 GOOD_SUM = chunk_checksum(b"x" * 1024)

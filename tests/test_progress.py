@@ -170,9 +170,9 @@ class _HoldAt:
 
 
 def _set_hook(agent: Any, hook: Any) -> None:
-    from air_transfer.core import packing
+    from air_transfer.core import proven_read
 
-    packing._after_span_read = hook
+    proven_read._after_span_read = hook
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 SourceChangedError naming it, never reach a consumer as bytes of neither version.
 
 The rewrites happen between a span's read and the fstat after it, through the
-test-only ``packing._after_span_read`` hook (``rewriters``), in the driver or in the
+test-only ``proven_read._after_span_read`` hook (``rewriters``), in the driver or in the
 node agent, so every interleaving here is deterministic; one test also runs a real
 concurrent writer and checks the one property that must hold whatever the timing.
 """
@@ -27,9 +27,10 @@ from rewriters import HOW, RewriteOnce, install_in_agent, rewrite
 from air_transfer import ChunkedCheckpoint, SourceChangedError, TransferConfig, strategies
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.config import KiB
-from air_transfer.core import packing
-from air_transfer.core.layout import Scan, Source, Stamp, scan
-from air_transfer.core.packing import RACY_WINDOW_NS, fill_chunk, plan_chunks, read_chunks
+from air_transfer.core import proven_read
+from air_transfer.core.plan import ChunkPlan, Span, plan_chunks
+from air_transfer.core.proven_read import RACY_WINDOW_NS, fill_chunk, read_chunks
+from air_transfer.core.scan import Scan, Source, Stamp, scan
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 # The hooks run in the node agent too: ship their code by value.
@@ -78,7 +79,7 @@ def nothing_published(out: Path) -> bool:
 @pytest.fixture
 def in_driver(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any], None]:
     """Install a hook in this process (undone after the test)."""
-    return lambda hook: monkeypatch.setattr(packing, "_after_span_read", hook)
+    return lambda hook: monkeypatch.setattr(proven_read, "_after_span_read", hook)
 
 
 @pytest.fixture
@@ -277,7 +278,7 @@ def test_racy_window_catches_a_rewrite_in_the_same_coarse_clock_tick(
 
 # -- one chunk at a time, anywhere ---------------------------------------------------------
 @ray.remote
-def _fill(source: Source, plan: packing.ChunkPlan) -> np.ndarray:
+def _fill(source: Source, plan: ChunkPlan) -> np.ndarray:
     out = np.empty(plan.length, dtype=np.uint8)
     fill_chunk(source, plan, memoryview(out))
     return out
@@ -306,10 +307,13 @@ def test_torn_pack_on_other_pyarrow_filesystems_checks_size_and_mtime(
         (src / n).read_bytes() for n in ("a.bin", "w.bin", "z.bin")
     )
 
-    def rewrite_with_a_new_mtime(where: str, span: packing.FileSpan) -> None:
-        if span.path == "w.bin" and span.file_offset >= 8 * KiB:
+    paths = [f.path for f in scanned.files]
+    scanned_mtime = scanned.stamps[paths.index("w.bin")].mtime_ns
+
+    def rewrite_with_a_new_mtime(where: str, span: Span) -> None:
+        if where.endswith("/w.bin") and span.file_offset >= 8 * KiB:
             rewrite(str(src / "w.bin"), "in-place")
-            os.utime(src / "w.bin", ns=(0, span.stamp.mtime_ns + 1_000_000_000))
+            os.utime(src / "w.bin", ns=(0, scanned_mtime + 1_000_000_000))
 
     in_driver(rewrite_with_a_new_mtime)
     with pytest.raises(SourceChangedError, match=CHANGED) as e:

@@ -26,10 +26,10 @@ from trees import (
 from air_transfer import ChecksumError, Manifest, ManifestError
 from air_transfer.config import MIN_CHUNK_BYTES
 from air_transfer.core import merge, staging
+from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.dirtree import rmtree
-from air_transfer.core.layout import Source, scan
-from air_transfer.core.manifest import chunk_checksum
-from air_transfer.core.packing import read_chunks
+from air_transfer.core.proven_read import read_chunks
+from air_transfer.core.scan import Source, scan
 from air_transfer.core.writer import write_tree
 
 

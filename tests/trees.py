@@ -7,7 +7,9 @@ import random
 import stat
 from pathlib import Path
 
-from air_transfer.core.manifest import Entry, Manifest, chunk_checksum
+from air_transfer.core.checksum import chunk_checksum
+from air_transfer.core.entry import Entry
+from air_transfer.core.manifest import Manifest
 
 
 def write_file(path: Path, data: bytes, mode: int | None = None) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from air_transfer.core.names import short
 from air_transfer.errors import ManifestError
 
 
@@ -139,9 +140,9 @@ class LinkResolver:
         if start_node is None or self._kinds[start_node] != "dir":
             raise KeyError(f"{start!r} is not a directory of this tree")
         if text.startswith("/"):
-            raise LeavesTree(f"path {_short(text)} is absolute, outside the tree")
+            raise LeavesTree(f"path {short(text)} is absolute, outside the tree")
         frame = _Frame(-1, _components(text), 0, start_node, None, 0)
-        place = self._walk(frame, what=f"path {_short(text)}")
+        place = self._walk(frame, what=f"path {short(text)}")
         return self._location(place.node, place.virtual)
 
     # -- the walk ------------------------------------------------------------------
@@ -246,7 +247,7 @@ class LinkResolver:
 
     # -- messages ------------------------------------------------------------------
     def _describe(self, node: int) -> str:
-        return f"symlink {_short(self._paths[node])} -> {_short(self._targets[node])}"
+        return f"symlink {short(self._paths[node])} -> {short(self._targets[node])}"
 
     def _too_many(self, link: int, what: str) -> str:
         return (
@@ -265,12 +266,6 @@ class LinkResolver:
         base = self._paths[node]
         tail = "/".join(reversed(names))
         return f"{base}/{tail}" if base and tail else base or tail
-
-
-def _short(text: str | None, limit: int = 80) -> str:
-    if text is None or len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 def _components(text: str) -> list[str]:

@@ -23,10 +23,12 @@ import stat
 from collections.abc import Iterable, Sequence
 from typing import Any, BinaryIO
 
+from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.direct_io import DirectFileWriter, should_write_direct
-from air_transfer.core.layout import Span, iter_chunk_spans
-from air_transfer.core.manifest import Entry, Manifest, chunk_checksum
+from air_transfer.core.entry import Entry
+from air_transfer.core.manifest import Manifest
 from air_transfer.core.merge import build_merged, check_merge
+from air_transfer.core.plan import Span, iter_chunk_spans
 from air_transfer.core.staging import Site, Staging
 from air_transfer.errors import ChecksumError, error_at
 

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from air_transfer.core.manifest import Entry
+from air_transfer.core.entry import Entry
 from air_transfer.transfer.handle import TransferHandle
 
 _TYPES = {"dir": pafs.FileType.Directory, "file": pafs.FileType.File}

@@ -27,9 +27,9 @@ from air_transfer.cluster import _ray
 from air_transfer.cluster.fetch import fetch_in_order
 from air_transfer.cluster.nodes import node_agent, this_node_id
 from air_transfer.config import TransferConfig
-from air_transfer.core.layout import Source, scan
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.reader import ChunkFileReader, buffered
+from air_transfer.core.scan import Source, scan
 from air_transfer.core.writer import check_chunk, write_tree
 from air_transfer.errors import CheckpointLostError, ChecksumError
 from air_transfer.observe import metrics

@@ -17,7 +17,7 @@ import ray
 
 from air_transfer.cluster.nodes import node_agent, running_in_agent
 from air_transfer.config import TransferConfig
-from air_transfer.core.layout import Source
+from air_transfer.core.scan import Source
 from air_transfer.transfer.handle import submit
 
 #: The class a transferred checkpoint is stored as (imported on first use, by name).

@@ -22,11 +22,12 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from air_transfer.config import TransferConfig
+from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import open_regular
 from air_transfer.core.direct_io import DirectFileWriter
-from air_transfer.core.layout import Source, scan
-from air_transfer.core.manifest import Manifest, chunk_checksum
-from air_transfer.core.packing import read_chunks_ahead
+from air_transfer.core.manifest import Manifest
+from air_transfer.core.readahead import read_chunks_ahead
+from air_transfer.core.scan import Source, scan
 from air_transfer.core.writer import write_tree
 from air_transfer.observe.metrics import Phase
 from air_transfer.observe.telemetry import (

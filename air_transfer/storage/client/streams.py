@@ -25,8 +25,8 @@ from ray.exceptions import RayActorError, RayTaskError
 from air_transfer.cluster.fetch import fetch_in_order
 from air_transfer.cluster.nodes import live_node_ids, node_agent
 from air_transfer.config import TransferConfig
+from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.knobs import KNOBS
-from air_transfer.core.manifest import chunk_checksum
 from air_transfer.core.reader import ChunkFileReader
 from air_transfer.errors import ChecksumError, SourceChangedError
 from air_transfer.observe import metrics

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from air_transfer.core.manifest import chunk_checksum
+from air_transfer.core.checksum import chunk_checksum
 from air_transfer.observe.telemetry import Transfer, dropped_error
 from air_transfer.storage.client.streams import AgentLink
 

@@ -33,10 +33,10 @@ import pyarrow.fs as pafs
 
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import at, oserror
+from air_transfer.core.entry import Entry
 from air_transfer.core.knobs import KNOBS
-from air_transfer.core.layout import Source, Stamp, scan
-from air_transfer.core.manifest import Entry
-from air_transfer.core.packing import ChunkPlan, plan_chunks
+from air_transfer.core.plan import ChunkPlan, plan_chunks
+from air_transfer.core.scan import Source, Stamp, scan
 from air_transfer.errors import SourceChangedError
 
 #: Submits packing tasks for ``plans`` of ``source``: (chunk refs, checksum refs).

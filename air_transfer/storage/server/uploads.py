@@ -28,6 +28,7 @@ import sys
 import threading
 from typing import Any, ClassVar
 
+from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import (
     Raced,
     Where,
@@ -39,7 +40,6 @@ from air_transfer.core.confine import (
     oserror,
 )
 from air_transfer.core.direct_io import pwrite_direct, should_write_direct
-from air_transfer.core.manifest import chunk_checksum
 from air_transfer.errors import ChecksumError
 from air_transfer.storage.server.tree import STAGING_MARK, hidden_name
 

@@ -22,10 +22,10 @@ import ray
 import ray.cloudpickle
 
 from air_transfer.cluster.nodes import node_agent, this_node_id
+from air_transfer.core.entry import Entry
 from air_transfer.core.knobs import KNOBS
-from air_transfer.core.layout import Source, Stamp
-from air_transfer.core.manifest import Entry
-from air_transfer.core.packing import ChunkPlan, plan_chunks
+from air_transfer.core.plan import ChunkPlan, plan_chunks
+from air_transfer.core.scan import Source, Stamp
 
 
 def agent_can_read(source: Source) -> bool:

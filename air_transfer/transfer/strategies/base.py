@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from air_transfer.config import TransferConfig
-from air_transfer.core.layout import Source, Stamp
-from air_transfer.core.manifest import Entry, Manifest
+from air_transfer.core.entry import Entry
+from air_transfer.core.manifest import Manifest
+from air_transfer.core.scan import Source, Stamp
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class TransferStrategy(ABC):
         """Read ``files`` (stream order) from ``source``, cut into
         ``config.chunk_bytes`` chunks, and store them somewhere readers can reach.
 
-        ``stamps`` are the files as scanned: read with ``packing.read_chunks`` (or
+        ``stamps`` are the files as scanned: read with ``proven_read.read_chunks`` (or
         ``fill_chunk``), which raises SourceChangedError for a file that no longer
         matches its stamp, so the checksums are of the version the scan described."""
 

@@ -14,9 +14,11 @@ import numpy as np
 import ray
 
 from air_transfer.config import TransferConfig
-from air_transfer.core.layout import Source, Stamp
-from air_transfer.core.manifest import Entry, Manifest, chunk_checksum
-from air_transfer.core.packing import read_chunks
+from air_transfer.core.checksum import chunk_checksum
+from air_transfer.core.entry import Entry
+from air_transfer.core.manifest import Manifest
+from air_transfer.core.proven_read import read_chunks
+from air_transfer.core.scan import Source, Stamp
 from air_transfer.transfer.strategies.agent_tasks import agent_can_read, submit_pack_stream
 from air_transfer.transfer.strategies.base import Packed, TransferStrategy
 

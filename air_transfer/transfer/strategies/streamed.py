@@ -23,9 +23,10 @@ from air_transfer.cluster import _ray
 from air_transfer.cluster.fetch import fetch_in_order
 from air_transfer.cluster.nodes import node_agent, this_node_id
 from air_transfer.config import TransferConfig
-from air_transfer.core.layout import Source, Stamp
-from air_transfer.core.manifest import Entry, Manifest
-from air_transfer.core.packing import read_chunks_ahead
+from air_transfer.core.entry import Entry
+from air_transfer.core.manifest import Manifest
+from air_transfer.core.readahead import read_chunks_ahead
+from air_transfer.core.scan import Source, Stamp
 from air_transfer.transfer.strategies.agent_tasks import agent_can_read, submit_checksum_chunks
 from air_transfer.transfer.strategies.base import Packed, TransferStrategy
 

@@ -1,16 +1,11 @@
-"""Walk a checkpoint directory into manifest entries, and cut the files' concatenated
-byte stream into chunk spans.
+"""Walk a checkpoint directory into manifest entries, with a ``Stamp`` of every file.
 
-The walk works on any pyarrow filesystem (``ChunkedCheckpoint.from_checkpoint`` packs
-from S3, GCS or a mock as well as from local disk); on the local filesystem it uses
-``os.lstat`` so that modes and symlinks are seen, which pyarrow's FileInfo hides.
-The walk is iterative, so a tree of any depth scans without hitting Python's
-recursion limit.
-
-Besides the entries, the scan keeps a ``Stamp`` of every file: what it looked like
-(size, times, inode). Packing proves each read against it, so the bytes packed are the
-version the scan described (``packing``). Stamps stay on the packing side: ctime,
-inode and device mean nothing on another host, so they are never in the manifest.
+Works on any pyarrow filesystem (``ChunkedCheckpoint.from_checkpoint`` packs from S3,
+GCS or a mock as well as from local disk); locally it uses ``os.lstat`` so that modes
+and symlinks are seen, which pyarrow's FileInfo hides. Iterative: a tree of any depth
+scans without hitting the recursion limit. Stamps stay on the packing side (ctime,
+inode and device mean nothing on another host): reads are proven against them
+(``proven_read``).
 """
 
 from __future__ import annotations
@@ -18,25 +13,14 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import pyarrow.fs as pafs
 
-from air_transfer.core.manifest import Entry
+from air_transfer.core.entry import Entry
 from air_transfer.errors import ManifestError
-
-
-@dataclass(frozen=True)
-class Span:
-    """``length`` bytes of file number ``file_index`` (in stream order), starting at
-    ``file_offset`` in that file, found at ``chunk_offset`` in their chunk."""
-
-    file_index: int
-    file_offset: int
-    length: int
-    chunk_offset: int
 
 
 @dataclass(frozen=True)
@@ -98,41 +82,6 @@ class Scan:
     entries: tuple[Entry, ...]
     files: tuple[Entry, ...]
     stamps: tuple[Stamp, ...]
-
-
-def chunk_count(total_bytes: int, chunk_bytes: int) -> int:
-    return -(-total_bytes // chunk_bytes)
-
-
-def iter_chunk_spans(
-    file_sizes: Sequence[int], chunk_bytes: int, start_chunk: int = 0
-) -> Iterator[list[Span]]:
-    """Yield, for each chunk from ``start_chunk`` on, the file spans it carries.
-
-    Empty files carry no span. Lazy, so a million chunks never materialise at once.
-    """
-    if chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    total = sum(file_sizes)
-    n_chunks = chunk_count(total, chunk_bytes)
-    file_index, file_start = 0, 0  # file_start: stream offset of file_index
-    for chunk in range(start_chunk, n_chunks):
-        lo = chunk * chunk_bytes
-        hi = min(lo + chunk_bytes, total)
-        while file_start + file_sizes[file_index] <= lo:
-            file_start += file_sizes[file_index]
-            file_index += 1
-        spans: list[Span] = []
-        pos, i, fstart = lo, file_index, file_start
-        while pos < hi:
-            size = file_sizes[i]
-            take = min(fstart + size, hi) - pos
-            if take > 0:
-                spans.append(Span(i, pos - fstart, take, pos - lo))
-                pos += take
-            fstart += size
-            i += 1
-        yield spans
 
 
 def scan(source: Source, follow_symlinks: bool = False) -> Scan:
