@@ -8,8 +8,8 @@ leaves the tree, or that the kernel could not follow at all, is ever written.
 Why not ``posixpath.normpath``: with ``d/l -> ..``, ``x -> d/l/..`` normalises to ``d``
 but the kernel takes ``..`` from the link's target (the root), so ``x`` is the root's
 parent. Why not a straightforward recursive resolver: one that re-expands every link it
-passes doubles its work per entry on ``l0 -> .``, ``lk -> l(k-1)/l(k-1)`` (issue 10,
-item 4: 22 entries took seconds, 41 would take days) and recurses as deep as the chain.
+passes doubles its work per entry on ``l0 -> .``, ``lk -> l(k-1)/l(k-1)`` (22 entries
+took seconds, 41 would take days) and recurses as deep as the chain.
 Here each link is resolved once, memoised as the node it leads to, with an explicit
 stack, so resolving every link costs O(entries + total length of the targets).
 

@@ -2,15 +2,14 @@
 
 Why not replace the target's files one by one (``os.replace`` per file, what
 ``ray.train.Checkpoint.to_directory`` does): a writer killed half way leaves a target
-that is neither version (issue 10, item 8: 19,995 old and 5 new files). Instead the
+that is neither version (19,995 old and 5 new files, in one test). Instead the
 staging directory, which already holds the checkpoint's entries, receives every
 entry of the target that the checkpoint does not replace: files (and symlinks, and
 any other non-directory) as hard links, so nothing is copied (a copy where links are
 refused), directories recreated with their mode and mtime. The staging then *is* the
 merged tree, and ``Staging.swap`` puts it in place in one step.
 
-The target is read as it is on disk, never trusted from the manifest (issue 10, item
-3): a walk by ``lstat`` that follows no symlink collects every link there, and the
+The target is read as it is on disk, never trusted from the manifest: a walk by ``lstat`` that follows no symlink collects every link there, and the
 merged tree's links are resolved together (``air_transfer.core.links``). A merge that
 would leave a link resolving outside the target is refused, as is one that turns a
 directory into a file or a symlink or back (writing ``a/b`` where ``a`` is a symlink

@@ -10,7 +10,7 @@ are atomic) and on the same shared volume for every host that writes there:
 - ``.<name>.air-old-<id>``: the previous target, only for the moment of a swap on a
   filesystem without ``RENAME_EXCHANGE``.
 
-**Liveness is a lock, never a pid** (issue 10, item 7): a writer in another PID
+**Liveness is a lock, never a pid**: a writer in another PID
 namespace (a container, another host on NFS) may carry any pid. A staging directory
 whose lock can be taken belongs to a dead writer and is removed. The locks are POSIX
 record locks (``lockf``), which NFS (v3 with lockd, v4) carries between hosts; Linux

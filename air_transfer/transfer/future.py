@@ -71,7 +71,7 @@ class TransferFuture:
 
     def __reduce__(self) -> Any:
         # Its completion lives in this process (a concurrent.futures.Future); what
-        # travels to tasks and actors is the ref (issue 13).
+        # travels to tasks and actors is the ref.
         raise TypeError(
             f"{self!r} cannot be pickled or passed to a task or actor: pass its .ref "
             "(the checkpoint's ObjectRef, usable before packing is done) instead"
