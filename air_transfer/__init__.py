@@ -18,6 +18,7 @@ from air_transfer.train import checkpoint_upload_fn, storage_filesystem
 from air_transfer.transfer.future import TransferFuture
 from air_transfer.transfer.strategies import (
     Packed,
+    PackRequest,
     TransferStrategy,
     get_strategy,
     register_strategy,
@@ -37,6 +38,7 @@ __all__ = [
     "Entry",
     "Manifest",
     "ManifestError",
+    "PackRequest",
     "Packed",
     "SourceChangedError",
     "TransferConfig",

@@ -21,7 +21,7 @@ import hashlib
 import shutil
 import tempfile
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +29,13 @@ import ray
 
 from air_transfer import (
     ChunkedCheckpoint,
-    Entry,
     Manifest,
     Packed,
+    PackRequest,
     TransferConfig,
     TransferStrategy,
     register_strategy,
 )
-from air_transfer.core.checksum import chunk_checksum
-from air_transfer.core.proven_read import read_chunks
-from air_transfer.core.scan import Source, Stamp
 
 MiB = 1024 * 1024
 
@@ -51,21 +48,13 @@ class ZlibStrategy(TransferStrategy):
 
     name = "zlib"
 
-    def pack(
-        self,
-        source: Source,
-        files: Sequence[Entry],
-        stamps: Sequence[Stamp],
-        config: TransferConfig,
-    ) -> Packed:
-        buffer = bytearray(config.chunk_bytes)
+    def pack(self, request: PackRequest) -> Packed:
         refs, checksums = [], []
-        # read_chunks fills one reused buffer per chunk and raises SourceChangedError
-        # if a file changed since the scan, so the checksums describe what was packed.
-        for _index, view in read_chunks(
-            source, files, stamps, config.chunk_bytes, lambda _i, n: memoryview(buffer)[:n]
-        ):
-            checksums.append(chunk_checksum(view))  # of the bytes readers must get back
+        # request.chunks() hands each chunk filled, proven against the scan (a file
+        # changed since raises SourceChangedError) and checksummed: the checksum is of
+        # the bytes readers must get back, so compress after it.
+        for _index, view, checksum in request.chunks():
+            checksums.append(checksum)
             refs.append(ray.put(zlib.compress(view, level=1)))
         return Packed(payload=refs, checksums=tuple(checksums))
 

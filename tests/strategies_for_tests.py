@@ -3,17 +3,13 @@ open and that a custom strategy is selected by name and used end to end."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import ray
 
-from air_transfer import Packed, TransferConfig, TransferStrategy
-from air_transfer.core.checksum import chunk_checksum
-from air_transfer.core.entry import Entry
+from air_transfer import Packed, PackRequest, TransferConfig, TransferStrategy
 from air_transfer.core.manifest import Manifest
-from air_transfer.core.proven_read import read_chunks
-from air_transfer.core.scan import Source, Stamp
 
 
 class BytesChunksStrategy(TransferStrategy):
@@ -23,19 +19,10 @@ class BytesChunksStrategy(TransferStrategy):
 
     name = "test-bytes"
 
-    def pack(
-        self,
-        source: Source,
-        files: Sequence[Entry],
-        stamps: Sequence[Stamp],
-        config: TransferConfig,
-    ) -> Packed:
+    def pack(self, request: PackRequest) -> Packed:
         refs, sums = [], []
-        buf = bytearray(config.chunk_bytes)
-        for _, view in read_chunks(
-            source, files, stamps, config.chunk_bytes, lambda i, n: memoryview(buf)[:n]
-        ):
-            sums.append(chunk_checksum(view))
+        for _, view, checksum in request.chunks():
+            sums.append(checksum)
             refs.append(ray.put(bytes(view)))
         return Packed(refs, tuple(sums))
 

@@ -20,6 +20,7 @@ from air_transfer import (
     ChunkedCheckpoint,
     Manifest,
     ManifestError,
+    PackRequest,
     SourceChangedError,
     TransferConfig,
     get_strategy,
@@ -115,7 +116,9 @@ def test_file_changing_size_while_packed(tmp_path: Path, strategy: str, change: 
     (src / "w.bin").write_bytes(os.urandom(5 * KiB if change == "shrink" else 15 * KiB))
     word = "shrank" if change == "shrink" else "grew"
     with pytest.raises(SourceChangedError, match=rf"w.bin' {word} while being packed"):
-        get_strategy(strategy)().pack(source, scanned.files, scanned.stamps, config_for(strategy))
+        get_strategy(strategy)().pack(
+            PackRequest(source, scanned.files, scanned.stamps, config_for(strategy))
+        )
 
 
 def test_inline_refuses_a_checkpoint_over_its_limit(tmp_path: Path) -> None:

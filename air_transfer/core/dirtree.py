@@ -1,12 +1,13 @@
 """Walking and removing directory trees of any depth, without following symlinks.
 
 Why not ``os.walk`` / ``shutil.rmtree``: on Python 3.11 both recurse once per level, so
-a 1,200-level checkpoint raised ``RecursionError`` from the writer's cleanup; and paths joined level by level pass ``PATH_MAX`` (4096) long before a tree is
-too deep to exist. Here one loop walks the tree holding ONE directory descriptor: it
-goes down by name (``O_NOFOLLOW``, relative to the open directory) and back up through
-``..``, checking that ``..`` is the very directory it came down from (device and
-inode), so a tree moved while it is walked stops the walk instead of leading it
-astray. Memory is the pending names of the directories above the current one.
+a 1,200-level checkpoint raised ``RecursionError`` from the writer's cleanup; and paths
+joined level by level pass ``PATH_MAX`` (4096) long before a tree is too deep to exist.
+Here one loop walks the tree holding ONE directory descriptor: it goes down by name
+(``O_NOFOLLOW``, relative to the open directory) and back up through ``..``, checking
+that ``..`` is the very directory it came down from (device and inode), so a tree moved
+while it is walked stops the walk instead of leading it astray. Memory is the pending
+names of the directories above the current one.
 
 Plain Python (POSIX ``*at`` calls through ``dir_fd``): unit-tested without Ray.
 """

@@ -9,12 +9,13 @@ any other non-directory) as hard links, so nothing is copied (a copy where links
 refused), directories recreated with their mode and mtime. The staging then *is* the
 merged tree, and ``Staging.swap`` puts it in place in one step.
 
-The target is read as it is on disk, never trusted from the manifest: a walk by ``lstat`` that follows no symlink collects every link there, and the
-merged tree's links are resolved together (``air_transfer.core.links``). A merge that
-would leave a link resolving outside the target is refused, as is one that turns a
-directory into a file or a symlink or back (writing ``a/b`` where ``a`` is a symlink
-would follow it). Links that already led outside before the merge are the owner's
-and stay; no link of the checkpoint may lead through them.
+The target is read as it is on disk, never trusted from the manifest: a walk by
+``lstat`` that follows no symlink collects every link there, and the merged tree's links
+are resolved together (``air_transfer.core.links``). A merge that would leave a link
+resolving outside the target is refused, as is one that turns a directory into a file or
+a symlink or back (writing ``a/b`` where ``a`` is a symlink would follow it). Links that
+already led outside before the merge are the owner's and stay; no link of the checkpoint
+may lead through them.
 
 Plain Python: unit-tested without Ray.
 """

@@ -34,7 +34,12 @@ from air_transfer.core.writer import check_chunk, write_tree
 from air_transfer.errors import CheckpointLostError, ChecksumError
 from air_transfer.observe import metrics
 from air_transfer.observe.telemetry import Transfer, describe
-from air_transfer.transfer.strategies import TransferStrategy, get_strategy, select_strategy
+from air_transfer.transfer.strategies import (
+    PackRequest,
+    TransferStrategy,
+    get_strategy,
+    select_strategy,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -182,7 +187,7 @@ def submit(
     strategy = get_strategy(select_strategy(total, config, _ray.object_store_free_bytes(here)))()
     # The strategy proves every byte it reads against the scan's stamps, so the
     # manifest's sizes and mtimes are those of the bytes packed.
-    packed = strategy.submit(source, scanned.files, scanned.stamps, config)
+    packed = strategy.submit(PackRequest(source, scanned.files, scanned.stamps, config))
     pending = packed.pending
     if not pending:  # packed here (else the agent's packing tasks count the bytes)
         metrics.add_bytes("packed", total, strategy.name)

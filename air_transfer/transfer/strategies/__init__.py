@@ -1,6 +1,6 @@
 """Transfer strategies: the registry, and the built-ins registered in this one place."""
 
-from air_transfer.transfer.strategies.base import Packed, TransferStrategy
+from air_transfer.transfer.strategies.base import Packed, PackRequest, TransferStrategy
 from air_transfer.transfer.strategies.chunked import ChunkedStrategy
 from air_transfer.transfer.strategies.inline import InlineStrategy
 from air_transfer.transfer.strategies.registry import (
@@ -19,6 +19,7 @@ register_strategy(StreamedStrategy)
 __all__ = [
     "ChunkedStrategy",
     "InlineStrategy",
+    "PackRequest",
     "Packed",
     "StreamedStrategy",
     "TransferStrategy",

@@ -15,17 +15,17 @@ with the caller, unless the caller is the agent itself (``owner="node"``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import ray
 import ray.cloudpickle
 
 from air_transfer.cluster.nodes import node_agent, this_node_id
-from air_transfer.core.entry import Entry
 from air_transfer.core.knobs import KNOBS
-from air_transfer.core.plan import ChunkPlan, plan_chunks
-from air_transfer.core.scan import Source, Stamp
+from air_transfer.core.plan import ChunkPlan
+from air_transfer.core.scan import Source
+from air_transfer.transfer.strategies.base import PackRequest
 
 
 def agent_can_read(source: Source) -> bool:
@@ -66,11 +66,11 @@ def _refs(refs: Any, count: int) -> list[ray.ObjectRef[Any]]:
 
 
 def submit_pack_chunks(
-    source: Source, files: Sequence[Entry], stamps: Sequence[Stamp], chunk_bytes: int
+    request: PackRequest,
 ) -> tuple[list[ray.ObjectRef[Any]], list[ray.ObjectRef[str]]]:
     """Submit ``pack_chunks`` for every chunk to this node's agent; the chunks' refs
     and their checksums' refs, in order, at once."""
-    return submit_plans(source, plan_chunks(files, stamps, chunk_bytes))
+    return submit_plans(request.source, request.plans())
 
 
 def submit_plans(
@@ -89,26 +89,25 @@ def submit_plans(
     return data, checksums
 
 
-def submit_checksum_chunks(
-    source: Source, files: Sequence[Entry], stamps: Sequence[Stamp], chunk_bytes: int
-) -> list[ray.ObjectRef[str]]:
+def submit_checksum_chunks(request: PackRequest) -> list[ray.ObjectRef[str]]:
     """Submit ``checksum_chunks`` for every chunk to this node's agent: refs of the
     checksums alone (``streamed`` moves the bytes at transfer time)."""
     agent = node_agent(this_node_id())
     checksums: list[ray.ObjectRef[str]] = []
-    for group in task_groups(plan_chunks(files, stamps, chunk_bytes)):
+    for group in task_groups(request.plans()):
         k = len(group)
-        checksums += _refs(agent.checksum_chunks.options(num_returns=k).remote(source, group), k)
+        refs = agent.checksum_chunks.options(num_returns=k).remote(request.source, group)
+        checksums += _refs(refs, k)
     return checksums
 
 
 def submit_pack_stream(
-    source: Source, files: Sequence[Entry], stamps: Sequence[Stamp], chunk_bytes: int
+    request: PackRequest,
 ) -> tuple[ray.ObjectRef[Any], list[ray.ObjectRef[str]]]:
     """Submit one ``pack_stream`` task for the whole (small) stream: a ref to it as
     one object, and refs of its chunks' checksums."""
-    plans = list(plan_chunks(files, stamps, chunk_bytes))
+    plans = list(request.plans())
     agent = node_agent(this_node_id())
     count = 1 + len(plans)
-    refs = _refs(agent.pack_stream.options(num_returns=count).remote(source, plans), count)
+    refs = _refs(agent.pack_stream.options(num_returns=count).remote(request.source, plans), count)
     return refs[0], refs[1:]

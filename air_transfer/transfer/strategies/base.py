@@ -4,14 +4,48 @@ is the model: one small abstract class, one module per implementation)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from air_transfer.config import TransferConfig
 from air_transfer.core.entry import Entry
 from air_transfer.core.manifest import Manifest
+from air_transfer.core.plan import ChunkPlan, plan_chunks
+from air_transfer.core.readahead import read_chunks_ahead
 from air_transfer.core.scan import Source, Stamp
+
+
+@dataclass(frozen=True)
+class PackRequest:
+    """What a strategy is asked to pack: the regular files of ``source`` in stream
+    order, with the stamp the scan took of each (every read is proven against it),
+    and the transfer's config. Picklable, so packing may happen in another process."""
+
+    source: Source
+    files: tuple[Entry, ...]
+    stamps: tuple[Stamp, ...]
+    config: TransferConfig
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.config.chunk_bytes
+
+    def chunks(self) -> Iterator[tuple[int, memoryview, str]]:
+        """Every chunk in order as ``(index, view, checksum)``, read and hashed one
+        chunk ahead in a background thread. The bytes are proven to be the scanned
+        version (SourceChangedError names a file that changed), so the checksum is of
+        what readers must get back. A view is valid until the next chunk is asked
+        for: store or copy it first."""
+        return read_chunks_ahead(self.source, self.files, self.stamps, self.chunk_bytes)
+
+    def plans(self) -> Iterator[ChunkPlan]:
+        """Which spans of which files each chunk carries (to fill chunks elsewhere)."""
+        return plan_chunks(self.files, self.stamps, self.chunk_bytes)
 
 
 @dataclass(frozen=True)
@@ -41,32 +75,17 @@ class TransferStrategy(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    def pack(
-        self,
-        source: Source,
-        files: Sequence[Entry],
-        stamps: Sequence[Stamp],
-        config: TransferConfig,
-    ) -> Packed:
-        """Read ``files`` (stream order) from ``source``, cut into
-        ``config.chunk_bytes`` chunks, and store them somewhere readers can reach.
+    def pack(self, request: PackRequest) -> Packed:
+        """Cut ``request``'s files into ``request.chunk_bytes`` chunks and store them
+        somewhere readers can reach. ``request.chunks()`` hands over each chunk
+        filled, proven and checksummed."""
 
-        ``stamps`` are the files as scanned: read with ``proven_read.read_chunks`` (or
-        ``fill_chunk``), which raises SourceChangedError for a file that no longer
-        matches its stamp, so the checksums are of the version the scan described."""
-
-    def submit(
-        self,
-        source: Source,
-        files: Sequence[Entry],
-        stamps: Sequence[Stamp],
-        config: TransferConfig,
-    ) -> Packed:
+    def submit(self, request: PackRequest) -> Packed:
         """Start packing and return at once: a payload whose chunks readers may
         already ask for (they wait for a chunk not yet packed), and checksums that are
         ObjectRefs resolving as chunks are packed. ``to_object_ref_async`` uses this;
         the default packs here, blocking, with ``pack``."""
-        return self.pack(source, files, stamps, config)
+        return self.pack(request)
 
     @abstractmethod
     def iter_chunks(

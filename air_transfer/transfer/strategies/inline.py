@@ -7,7 +7,7 @@ config keeps within ``window x chunk_bytes``, so it never breaks the memory boun
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -15,12 +15,10 @@ import ray
 
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum
-from air_transfer.core.entry import Entry
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.proven_read import read_chunks
-from air_transfer.core.scan import Source, Stamp
 from air_transfer.transfer.strategies.agent_tasks import agent_can_read, submit_pack_stream
-from air_transfer.transfer.strategies.base import Packed, TransferStrategy
+from air_transfer.transfer.strategies.base import Packed, PackRequest, TransferStrategy
 
 
 class InlineStrategy(TransferStrategy):
@@ -28,44 +26,36 @@ class InlineStrategy(TransferStrategy):
 
     name = "inline"
 
-    def pack(
-        self,
-        source: Source,
-        files: Sequence[Entry],
-        stamps: Sequence[Stamp],
-        config: TransferConfig,
-    ) -> Packed:
-        self._check_size(source, files, config)
-        stream = np.empty(sum(f.size for f in files), dtype=np.uint8)
-        cb = config.chunk_bytes
+    def pack(self, request: PackRequest) -> Packed:
+        self._check_size(request)
+        stream = np.empty(request.total_bytes, dtype=np.uint8)
+        cb = request.chunk_bytes
         chunks = read_chunks(
-            source, files, stamps, cb, lambda i, n: memoryview(stream)[i * cb : i * cb + n]
+            request.source,
+            request.files,
+            request.stamps,
+            cb,
+            lambda i, n: memoryview(stream)[i * cb : i * cb + n],
         )
         checksums = tuple(chunk_checksum(view) for _, view in chunks)
         return Packed(ray.put(stream), checksums)
 
-    def submit(
-        self,
-        source: Source,
-        files: Sequence[Entry],
-        stamps: Sequence[Stamp],
-        config: TransferConfig,
-    ) -> Packed:
+    def submit(self, request: PackRequest) -> Packed:
         """One task in this node's agent that returns the stream and the checksum of
         each of its chunks as separate objects."""
-        self._check_size(source, files, config)
-        if not agent_can_read(source):
-            return self.pack(source, files, stamps, config)
-        stream, checksums = submit_pack_stream(source, files, stamps, config.chunk_bytes)
+        self._check_size(request)
+        if not agent_can_read(request.source):
+            return self.pack(request)
+        stream, checksums = submit_pack_stream(request)
         return Packed(stream, tuple(checksums))
 
-    def _check_size(self, source: Source, files: Sequence[Entry], config: TransferConfig) -> None:
-        total = sum(f.size for f in files)
-        if total > config.inline_limit:
+    def _check_size(self, request: PackRequest) -> None:
+        total, limit = request.total_bytes, request.config.inline_limit
+        if total > limit:
             raise ValueError(
                 f"the 'inline' strategy holds a whole checkpoint in memory; "
-                f"{source.root!r} has {total} bytes of files, over "
-                f"inline_max_bytes={config.inline_limit}. Use 'chunked' or raise "
+                f"{request.source.root!r} has {total} bytes of files, over "
+                f"inline_max_bytes={limit}. Use 'chunked' or raise "
                 "TransferConfig.inline_max_bytes"
             )
 

@@ -12,7 +12,7 @@ against the stamps the scan took at packing (size, times, inode), verified or no
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +23,10 @@ from air_transfer.cluster import _ray
 from air_transfer.cluster.fetch import fetch_in_order
 from air_transfer.cluster.nodes import node_agent, this_node_id
 from air_transfer.config import TransferConfig
-from air_transfer.core.entry import Entry
 from air_transfer.core.manifest import Manifest
-from air_transfer.core.readahead import read_chunks_ahead
 from air_transfer.core.scan import Source, Stamp
 from air_transfer.transfer.strategies.agent_tasks import agent_can_read, submit_checksum_chunks
-from air_transfer.transfer.strategies.base import Packed, TransferStrategy
+from air_transfer.transfer.strategies.base import Packed, PackRequest, TransferStrategy
 
 
 @dataclass(frozen=True)
@@ -51,13 +49,8 @@ class StreamedStrategy(TransferStrategy):
 
     name = "streamed"
 
-    def pack(
-        self,
-        source: Source,
-        files: Sequence[Entry],
-        stamps: Sequence[Stamp],
-        config: TransferConfig,
-    ) -> Packed:
+    def pack(self, request: PackRequest) -> Packed:
+        source = request.source
         try:
             ray.cloudpickle.dumps(source)
         except Exception as e:
@@ -66,25 +59,18 @@ class StreamedStrategy(TransferStrategy):
                 f"transfer time, but its filesystem ({source.filesystem.type_name}) cannot "
                 "be sent to another process; use strategy='chunked'"
             ) from e
-        chunks = read_chunks_ahead(source, files, stamps, config.chunk_bytes)
-        checksums = tuple(c for _, _, c in chunks)
+        checksums = tuple(c for _, _, c in request.chunks())
         node_id = this_node_id()
-        return Packed(StreamSource(node_agent(node_id), source, node_id, tuple(stamps)), checksums)
+        return Packed(StreamSource(node_agent(node_id), source, node_id, request.stamps), checksums)
 
-    def submit(
-        self,
-        source: Source,
-        files: Sequence[Entry],
-        stamps: Sequence[Stamp],
-        config: TransferConfig,
-    ) -> Packed:
+    def submit(self, request: PackRequest) -> Packed:
         """The checksum pass as one task per chunk in this node's agent; readers may
         start streaming at once (each chunk streamed waits for its checksum)."""
-        if not agent_can_read(source):
-            return self.pack(source, files, stamps, config)
-        refs = tuple(submit_checksum_chunks(source, files, stamps, config.chunk_bytes))
+        if not agent_can_read(request.source):
+            return self.pack(request)
+        refs = tuple(submit_checksum_chunks(request))
         node_id = this_node_id()
-        payload = StreamSource(node_agent(node_id), source, node_id, tuple(stamps), refs)
+        payload = StreamSource(node_agent(node_id), request.source, node_id, request.stamps, refs)
         return Packed(payload, refs)
 
     def iter_chunks(
