@@ -1,63 +1,49 @@
 """The per-node agent: a long-lived actor that hosts air-transfer's node services.
 
-An object in Ray lives only as long as the process that created it (its owner), and
-Ray 2.56 removed ``ray.put(_owner=...)``. A training worker that packs a checkpoint
-and exits takes the chunks with it. ``TransferConfig(owner="node")`` packs inside
-this agent instead: one actor per node (0 CPUs, found by name, started on demand,
-pinned to its node), detached so it outlives the job that started it
-(``air_transfer.cluster.nodes`` finds or starts it).
+An object in Ray lives only as long as its owner, and Ray 2.56 removed
+``ray.put(_owner=...)``: a worker that packs a checkpoint and exits takes the chunks
+with it. ``TransferConfig(owner="node")`` packs inside this agent instead: one actor
+per node (0 CPUs, found by name, pinned, detached so it outlives the job).
 
-The agent is a composition root: each method hands its work to a service of a lower
-layer (packing, the ``streamed`` reader, node storage's disk side, the storage sink)
-and adds nothing but the process those services run in. Nothing below imports it.
-
-Paths: node storage's methods (``disk``, ``disk_read``) confine every path they are
-given, staging paths and both ends of a move included, to the storage root the
-caller names, through ``storage.confine`` (no symlink leads out, even one made while
-the operation runs). ``pack`` and ``stream`` read a checkpoint directory that a
-worker of this node names, anywhere on this node, by design (``owner="node"`` and the
-``streamed`` strategy serve the worker's own directories; a handle carries no root);
-``store_checkpoint`` writes where the run's storage says, confined to the root when
-that is node storage. The root is the caller's: these confine what a filesystem
-user's *paths* reach, not what a Ray client may do (any Ray task can run code on any
-node).
-
-Lifetime: an agent lives until ``shutdown_agents()`` is called or its node or the
-cluster stops. It keeps no chunk alive by itself: chunks it packed stay in the object
-store exactly as long as some checkpoint, handle or ObjectRef anywhere refers to them
-(Ray's borrower counting), and are freed when the last one is gone.
+A composition root: each method is one line handing its call to a service of a lower
+layer (``transfer.packing_service``, ``storage.server``), which the typed client
+``cluster.agent_client.AgentClient`` mirrors method for method. Paths given to node
+storage's methods are confined to the root the caller names; the packing methods read
+the worker's own directories on this node, by design. It keeps no chunk alive by
+itself: chunks stay exactly as long as some ref anywhere refers to them.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow.fs as pafs
 import ray
 
+from air_transfer.cluster.agent_client import Expect, Info, Listed
 from air_transfer.cluster.nodes import PACK_GROUP
 from air_transfer.config import TransferConfig
-from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.entry import Entry
-from air_transfer.core.packer import ChunkPacker
-from air_transfer.core.plan import ChunkPlan, iter_chunk_spans
-from air_transfer.core.proven_read import current_stamps, fill_chunk
-from air_transfer.core.readahead import read_chunks_ahead
+from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.scan import Source, Stamp
-from air_transfer.errors import SourceChangedError
-from air_transfer.observe import metrics
 from air_transfer.storage.server.chunk_cache import DirectoryTransfers, FileChunks
 from air_transfer.storage.server.metadata import DiskStorage
 from air_transfer.storage.server.reads import read_chunks
 from air_transfer.storage.server.sink import store_checkpoint
 from air_transfer.storage.server.uploads import DiskUploads
-from air_transfer.transfer.handle import TransferHandle, fresh
+from air_transfer.transfer.handle import TransferHandle
+from air_transfer.transfer.packing_service import PackingService
 from air_transfer.transfer.strategies.agent_tasks import submit_plans
 from air_transfer.transfer.submit import submit_transfer
+
+
+def _owned_transfer(source: Source, config: TransferConfig) -> tuple[Any, Any]:
+    """A transfer this agent owns (the chunk cache's whole-directory transfers)."""
+    ref, done, _ = submit_transfer(source, config.replace(owner="node"))
+    return ref, done
 
 
 class NodeAgent:
@@ -65,96 +51,52 @@ class NodeAgent:
     its disk for the node storage filesystem."""
 
     def __init__(self) -> None:
-        self._packer = ChunkPacker()
+        self._packing = PackingService()
         self._files = FileChunks(submit_plans)
+        self._directories = DirectoryTransfers(_owned_transfer)
+        self._disk = DiskStorage()
+        self._uploads = DiskUploads()
         self._stored = 0  # checkpoints written by store_checkpoint
-        self._directories = DirectoryTransfers(
-            lambda source, config: submit_transfer(source, config.replace(owner="node"))[:2]
-        )
-        services = (DiskStorage(), DiskUploads())
-        self._disk_ops: dict[str, Callable[..., Any]] = {
-            name: getattr(service, name) for service in services for name in type(service).OPS
-        }
 
+    # -- the agent itself --------------------------------------------------------------
     def node_id(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
 
     def pid(self) -> int:
         return os.getpid()
 
-    def store_checkpoint(
-        self, checkpoint: Any, filesystem: pafs.FileSystem, path: str
-    ) -> str:
-        """Write a transferred checkpoint (a ``ChunkedCheckpoint``, above this layer, or
-        its ``TransferHandle``) to ``path`` on ``filesystem``, reached from this node
-        (``checkpoint_upload_fn``), chunk by chunk as they are packed."""
-        if not isinstance(checkpoint, TransferHandle):
-            checkpoint = checkpoint.handle()
-        stored = store_checkpoint(checkpoint, filesystem, path)
-        self._stored += 1
-        return stored
-
-    def disk(self, op: str, root: str, *args: Any) -> Any:
-        """Run node-storage operation ``op`` (an ``fs_*`` method of ``DiskStorage`` or
-        ``DiskUploads``) on this node's disk, confined to ``root``."""
-        try:
-            method = self._disk_ops[op]
-        except KeyError:
-            raise ValueError(
-                f"unknown node-storage operation {op!r}; known: {', '.join(sorted(self._disk_ops))}"
-            ) from None
-        return method(root, *args)
-
-    def disk_read(
-        self, root: str, path: str, size: int, chunk_bytes: int, first: int
-    ) -> Iterator[np.ndarray]:
-        """Stream chunks ``first``.. of node-storage file ``path`` (``size`` bytes),
-        confined to ``root``: the reads of ``storage_filesystem``."""
-        yield from read_chunks(root, path, size, chunk_bytes, first)
-
-    def file_chunks(
-        self,
-        root: str,
-        path: str,
-        size: int,
-        chunk_bytes: int,
-        first: int,
-        count: int,
-        budget: int,
-    ) -> list[list[tuple[Any, Any]]]:
-        """Refs of ``count`` chunks of node-storage file ``path`` from ``first``, as
-        ``(chunk, checksum)`` pairs, packed once and shared (``disk_chunks``); nested
-        in a list so that the caller borrows them rather than waiting for them."""
-        return [self._files.refs(root, path, size, chunk_bytes, first, count, budget)]
-
-    def directory_transfer(
-        self, root: str, path: str, config: TransferConfig
-    ) -> list[ray.ObjectRef[Any]]:
-        """A transfer of node-storage checkpoint directory ``path`` as it is now, owned
-        by this agent and shared by readers (``disk_chunks.DirectoryTransfers``):
-        Ray Train's restores on other nodes; nested so the caller borrows it."""
-        return [self._directories.ref(root, path, config)]
-
     def read_counters(self) -> dict[str, int]:
         """What node storage cost this node: bytes read from disk and served (file
-        reads and whole-directory transfers, a directory's bytes served once per
-        reader that asked for it), whole-directory transfers packed, checkpoints
-        stored."""
+        chunks and whole-directory transfers), transfers packed, checkpoints stored."""
         counters = self._files.counters()
-        directories = self._directories
-        counters["bytes_read"] += directories.bytes_read
-        counters["bytes_served"] += directories.bytes_served
+        counters["bytes_read"] += self._directories.bytes_read
+        counters["bytes_served"] += self._directories.bytes_served
         return {
             **counters,
-            "transfers_packed": directories.started,
+            "transfers_packed": self._directories.started,
             "checkpoints_stored": self._stored,
         }
 
     def clear_read_cache(self) -> None:
-        """Let go of every cached node-storage chunk and directory transfer (readers
-        keep what they hold)."""
+        """Let go of every cached node-storage chunk and directory transfer."""
         self._files.clear()
         self._directories.clear()
+
+    # -- packing (``transfer.packing_service``) ----------------------------------------
+    @ray.method(concurrency_group=PACK_GROUP)
+    def pack_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+        return self._packing.pack_chunks(source, plans)
+
+    @ray.method(concurrency_group=PACK_GROUP)
+    def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+        return self._packing.checksum_chunks(source, plans)
+
+    @ray.method(concurrency_group=PACK_GROUP)
+    def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+        return self._packing.pack_stream(source, plans)
+
+    def packed(self, *checksums: str | BaseException) -> tuple[str | BaseException, ...]:
+        return self._packing.packed(*checksums)
 
     def stream(
         self,
@@ -167,122 +109,97 @@ class NodeAgent:
         verify: bool = True,
         stamps: Sequence[Stamp] | None = None,
     ) -> Iterator[np.ndarray]:
-        """Read chunks ``start``..``stop - 1`` of ``source`` now and yield them: the
-        ``streamed`` strategy's reads of a worker's checkpoint directory (not
-        confined to a root; node storage reads through ``disk_read``).
-
-        Every read is proven against ``stamps``, the files as scanned at packing
-        (None: as found now, for a plain read of one version), so a file changed
-        since packing or while streamed raises SourceChangedError naming it. With
-        ``verify``, each chunk is also compared with the checksum taken at packing,
-        so a directory that changed since then is reported here, naming the files,
-        rather than as corrupt bytes on the reader's side. A checksum may still be a
-        ref (its packing task has not finished): the stream then waits for it.
-        """
-        if stamps is None:
-            stamps = current_stamps(source, files)
-        chunks = read_chunks_ahead(source, files, stamps, chunk_bytes, start, stop)
-        for index, view, checksum in chunks:
-            expected = checksums[index] if verify else checksum
-            if not isinstance(expected, str):
-                expected = ray.get(expected)
-                if isinstance(expected, BaseException):  # the checksum pass failed
-                    raise fresh(expected)
-            if checksum != expected:
-                # Which files the chunk carries is only worked out for the message.
-                sizes = [f.size for f in files]
-                chunk_spans = next(iter_chunk_spans(sizes, chunk_bytes, index))
-                names = sorted({files[s.file_index].path for s in chunk_spans})
-                raise SourceChangedError(
-                    errno.EAGAIN,
-                    f"checkpoint {source.root!r} changed since it was packed: chunk "
-                    f"{index} (files {', '.join(map(repr, names))}) no longer has the "
-                    "bytes it had; pack it again",
-                    source.root,
-                )
-            # The yielded array is copied into the object store before the generator
-            # resumes, so the reader thread may reuse this buffer afterwards.
-            yield np.frombuffer(view, dtype=np.uint8)
-
-    # -- packing, one task per chunk (``strategies.agent_tasks``) --------------------
-    @ray.method(concurrency_group=PACK_GROUP)
-    def pack_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
-        """The chunks of ``plans`` and then their checksums: ``2 * len(plans)``
-        objects (the caller sets ``num_returns``), owned by whoever submitted this.
-        A packing error is returned in place of each checksum (see ``_failed``)."""
-        try:
-            chunks, checksums = self._packer.pack(source, plans)
-        except Exception as e:
-            return _failed(e, len(plans), len(plans))
-        _packed(plans, "chunked")
-        return _returns([*chunks, *checksums])
-
-    @ray.method(concurrency_group=PACK_GROUP)
-    def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
-        """Only the checksums of ``plans``' chunks (``streamed``), one object each."""
-        try:
-            checksums = self._packer.checksums(source, plans)
-        except Exception as e:
-            return _failed(e, 0, len(plans))
-        _packed(plans, "streamed")
-        return _returns(checksums)
-
-    @ray.method(concurrency_group=PACK_GROUP)
-    def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
-        """The whole (small, ``inline``) stream as one array, then the checksum of each
-        chunk: ``1 + len(plans)`` objects (the caller sets ``num_returns``)."""
-        total = sum(plan.length for plan in plans)
-        stream = np.empty(total, dtype=np.uint8)
-        checksums = []
-        offset = 0
-        try:
-            for plan in plans:
-                view = memoryview(stream)[offset : offset + plan.length]
-                fill_chunk(source, plan, view)
-                checksums.append(chunk_checksum(view))
-                offset += plan.length
-        except Exception as e:
-            return _failed(e, 1, len(plans))
-        _packed(plans, "inline")
-        return _returns([stream, *checksums])
-
-    def packed(self, *checksums: str | BaseException) -> tuple[str | BaseException, ...]:
-        """Runs once every chunk of a transfer is packed (its arguments are the
-        checksums' refs, resolved first): the completion a ``TransferFuture`` waits
-        for, failing with the first packing error."""
-        for checksum in checksums:
-            if isinstance(checksum, BaseException):
-                raise fresh(checksum)
-        return checksums
+        yield from self._packing.stream(
+            source, files, chunk_bytes, checksums, start, stop, verify, stamps
+        )
 
     def submit_transfer(
         self, source: Source, config: TransferConfig
     ) -> list[ray.ObjectRef[Any] | str | None]:
-        """Start packing ``source`` here (``owner="node"``): this agent submits the
-        chunk tasks to itself, so it owns the chunks and the checkpoint object, and
-        they outlive the caller even while packing is still running. Returns
-        ``[checkpoint ref, completion ref or None, strategy name]``, the refs nested
-        so the caller borrows."""
-        ref, done, strategy = submit_transfer(source, config)
-        return [ref, done, strategy]
+        """Pack ``source`` here (``owner="node"``): the chunk tasks are submitted by
+        this agent, so it owns them; ``[checkpoint ref, completion ref, strategy]``,
+        the refs nested so the caller borrows."""
+        return list(submit_transfer(source, config))
 
+    # -- node storage: checkpoints (``storage.server``) --------------------------------
+    def store_checkpoint(self, checkpoint: Any, filesystem: pafs.FileSystem, path: str) -> str:
+        """Write a transferred checkpoint (a ``ChunkedCheckpoint``, above this layer,
+        or its handle) to ``path`` on ``filesystem``, chunk by chunk as packed."""
+        handle = checkpoint if isinstance(checkpoint, TransferHandle) else checkpoint.handle()
+        stored = store_checkpoint(handle, filesystem, path)
+        self._stored += 1
+        return stored
 
-def _packed(plans: Sequence[ChunkPlan], strategy: str) -> None:
-    """Count the bytes of ``plans`` as packed (``air_transfer.observe.metrics``) by the
-    strategy whose packing task this is."""
-    metrics.add_bytes("packed", sum(plan.length for plan in plans), strategy)
+    def directory_transfer(
+        self, root: str, path: str, config: TransferConfig
+    ) -> list[ray.ObjectRef[Any]]:
+        return [self._directories.ref(root, path, config)]
 
+    def file_chunks(
+        self, root: str, path: str, size: int, chunk_bytes: int, first: int, count: int, budget: int
+    ) -> list[list[tuple[Any, Any]]]:
+        return [self._files.refs(root, path, size, chunk_bytes, first, count, budget)]
 
-def _returns(values: list[Any]) -> Any:
-    """What a task returns as ``len(values)`` objects: the value itself for one."""
-    return values[0] if len(values) == 1 else tuple(values)
+    def disk_read(
+        self, root: str, path: str, size: int, chunk_bytes: int, first: int
+    ) -> Iterator[np.ndarray]:
+        yield from read_chunks(root, path, size, chunk_bytes, first)
 
+    # -- node storage: metadata --------------------------------------------------------
+    def fs_info(self, root: str, paths: list[str]) -> list[Info]:
+        return self._disk.fs_info(root, paths)
 
-def _failed(error: Exception, chunks: int, checksums: int) -> Any:
-    """The returns of a packing task that failed: empty chunks, and ``error`` in the
-    place of every checksum. Returned, not raised: a reader checks a chunk's checksum
-    before its bytes and raises the error it finds there, the completion task raises
-    it for the future, and Ray has no error objects that nobody reads to log as
-    "unhandled" (the chunks of a failed transfer after the first one it raised)."""
-    empty = np.empty(0, dtype=np.uint8)
-    return _returns([*([empty] * chunks), *([error] * checksums)])
+    def fs_list(self, root: str, base: str, recursive: bool, allow_not_found: bool) -> list[Listed]:
+        return self._disk.fs_list(root, base, recursive, allow_not_found)
+
+    def fs_create_dir(self, root: str, path: str, recursive: bool) -> None:
+        self._disk.fs_create_dir(root, path, recursive)
+
+    def fs_delete_dir(self, root: str, path: str) -> None:
+        self._disk.fs_delete_dir(root, path)
+
+    def fs_delete_dir_contents(self, root: str, path: str, missing_dir_ok: bool) -> None:
+        self._disk.fs_delete_dir_contents(root, path, missing_dir_ok)
+
+    def fs_delete_file(self, root: str, path: str) -> None:
+        self._disk.fs_delete_file(root, path)
+
+    def fs_move(self, root: str, src: str, dest: str) -> None:
+        self._disk.fs_move(root, src, dest)
+
+    # -- node storage: uploads ---------------------------------------------------------
+    def fs_copy_file(self, root: str, src: str, dest: str) -> None:
+        self._uploads.fs_copy_file(root, src, dest)
+
+    def fs_open_write(self, root: str, path: str, append: bool) -> tuple[str, int, Expect]:
+        return self._uploads.fs_open_write(root, path, append)
+
+    def fs_write(
+        self,
+        root: str,
+        staging: str,
+        offset: int,
+        data: Any,
+        checksum: str,
+        direct_io: bool = False,
+    ) -> None:
+        self._uploads.fs_write(root, staging, offset, data, checksum, direct_io)
+
+    def fs_commit(
+        self,
+        root: str,
+        path: str,
+        staging: str,
+        offset: int,
+        tail: Any,
+        checksum: str,
+        size: int,
+        direct_io: bool = False,
+        expect: Expect = None,
+    ) -> None:
+        self._uploads.fs_commit(
+            root, path, staging, offset, tail, checksum, size, direct_io, expect
+        )
+
+    def fs_abort(self, root: str, staging: str) -> None:
+        self._uploads.fs_abort(root, staging)

@@ -21,7 +21,8 @@ from ray.train import Checkpoint
 
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.cluster import _ray
-from air_transfer.cluster.nodes import head_node_id, live_node_ids, node_agent, this_node_id
+from air_transfer.cluster.agent_client import AgentClient
+from air_transfer.cluster.nodes import head_node_id, live_node_ids, this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import checked_path, storage_path
 from air_transfer.storage.client.handler import NodeStorageHandler, node_storage_handler
@@ -73,7 +74,7 @@ def checkpoint_upload_fn(
     target = node or (handler.node_id if handler is not None else head_node_id())
     future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(config)
     # A top-level ref argument reaches the agent as the transferred checkpoint itself.
-    ray.get(node_agent(target).store_checkpoint.remote(future.ref, fs, dest))
+    ray.get(AgentClient(target).store_checkpoint(future.ref, fs, dest))
     future.result()  # stored means packed, but any packing error is raised as such
     return Checkpoint(dest, filesystem=fs)
 
@@ -110,8 +111,7 @@ def upload_directory(filesystem: pafs.FileSystem, path: str, checkpoint: Checkpo
         copy_tree(source, checked_path(handler.root, path), handler.config, "upload")
     else:
         future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(handler.config)
-        with handler.link.errors():
-            ray.get(handler.link.agent().store_checkpoint.remote(future.ref, filesystem, path))
+        handler.link.call(lambda agent: agent.store_checkpoint(future.ref, filesystem, path))
         future.result()
     return Checkpoint(path, filesystem=filesystem)
 
@@ -135,10 +135,9 @@ def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) 
                 return False
             copy_tree(source, local_path, handler.config)
             return True
-        with handler.link.errors():
-            [ref] = ray.get(
-                handler.link.agent().directory_transfer.remote(handler.root, local, handler.config)
-            )
+        [ref] = handler.link.call(
+            lambda agent: agent.directory_transfer(handler.root, local, handler.config)
+        )
     except NotADirectoryError:
         return False  # one file: Ray's own copy
     ChunkedCheckpoint.from_object_ref(ref).to_directory(local_path)

@@ -53,6 +53,21 @@ class ChunkPacker:
                 offset += plan.length
         return chunks, checksums
 
+    def pack_into(
+        self, source: Source, plans: Sequence[ChunkPlan], out: np.ndarray
+    ) -> list[str]:
+        """Fill ``out`` with the chunks of ``plans`` end to end (``inline``'s one
+        object) and return their checksums."""
+        checksums = []
+        offset = 0
+        with FileCursor(source) as cursor:
+            for plan in plans:
+                view = memoryview(out)[offset : offset + plan.length]
+                fill_chunk(source, plan, view, cursor)
+                checksums.append(chunk_checksum(view))
+                offset += plan.length
+        return checksums
+
     def checksums(self, source: Source, plans: Sequence[ChunkPlan]) -> list[str]:
         """Only the checksums of ``plans``' chunks (``streamed`` reads the bytes again
         at transfer time), through one chunk buffer."""

@@ -24,8 +24,9 @@ import ray
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
 from air_transfer.cluster import _ray
+from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.fetch import fetch_in_order
-from air_transfer.cluster.nodes import node_agent, this_node_id
+from air_transfer.cluster.nodes import this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.reader import ChunkFileReader, buffered
@@ -205,7 +206,7 @@ def submit(
         transfer_id=uuid.uuid4().hex,
         pending=packed.checksums if pending else None,
     )
-    done = node_agent(here).packed.remote(*packed.checksums) if pending else None
+    done = AgentClient(here).packed(packed.checksums) if pending else None
     return handle, done
 
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import ray
 
-from air_transfer.cluster.nodes import node_agent, running_in_agent
+from air_transfer.cluster.agent_client import AgentClient
+from air_transfer.cluster.nodes import running_in_agent
 from air_transfer.config import TransferConfig
 from air_transfer.core.scan import Source
 from air_transfer.transfer.handle import submit
@@ -38,7 +39,7 @@ def submit_transfer(
     completion (None if packing is done) and the name of the strategy packing it."""
     config = config or TransferConfig()
     if config.owner == "node" and not running_in_agent():
-        ref, done, strategy = ray.get(node_agent().submit_transfer.remote(source, config))
+        ref, done, strategy = ray.get(AgentClient().submit_transfer(source, config))
         return ref, done, strategy
     handle, done = submit(source, config)
     return ray.put(_checkpoint_class()._from_handle(handle)), done, handle.strategy.name

@@ -90,47 +90,53 @@ class NodeStorageHandler(pafs.FileSystemHandler):
     def normalize_path(self, path: str) -> str:
         return path
 
-    def call_agent(self, op: str, *args: Any) -> Any:
-        """Disk operation ``op`` of the storage node's agent, its result."""
-        return self.link.call(op, *args)
-
     def _path(self, path: str) -> str:
         return storage_path(self.root, path)
 
     # -- metadata ----------------------------------------------------------------------
     def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
-        infos = self.call_agent("fs_info", [self._path(p) for p in paths])
+        local = [self._path(p) for p in paths]
+        infos = self.link.call(lambda agent: agent.fs_info(self.root, local))
         pairs = zip(paths, infos, strict=True)
         return [pafs.FileInfo(p, t, mtime_ns=m, size=s) for p, (t, s, m) in pairs]
 
     def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
         base = selector.base_dir
-        found = self.call_agent(
-            "fs_list", self._path(base), selector.recursive, selector.allow_not_found
+        where, recursive, missing_ok = (
+            self._path(base),
+            selector.recursive,
+            selector.allow_not_found,
         )
+        found = self.link.call(lambda agent: agent.fs_list(self.root, where, recursive, missing_ok))
         prefix = base.rstrip("/") + "/" if base.strip("/") else base[:1]
         return [pafs.FileInfo(prefix + rel, t, mtime_ns=m, size=s) for rel, t, s, m in found]
 
     def create_dir(self, path: str, recursive: bool) -> None:
-        self.call_agent("fs_create_dir", self._path(path), recursive)
+        local = self._path(path)
+        self.link.call(lambda agent: agent.fs_create_dir(self.root, local, recursive))
 
     def delete_dir(self, path: str) -> None:
-        self.call_agent("fs_delete_dir", self._path(path))
+        local = self._path(path)
+        self.link.call(lambda agent: agent.fs_delete_dir(self.root, local))
 
     def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
-        self.call_agent("fs_delete_dir_contents", self._path(path), missing_dir_ok)
+        local = self._path(path)
+        self.link.call(lambda agent: agent.fs_delete_dir_contents(self.root, local, missing_dir_ok))
 
     def delete_root_dir_contents(self) -> None:
-        self.call_agent("fs_delete_dir_contents", self.root, False)
+        self.link.call(lambda agent: agent.fs_delete_dir_contents(self.root, self.root, False))
 
     def delete_file(self, path: str) -> None:
-        self.call_agent("fs_delete_file", self._path(path))
+        local = self._path(path)
+        self.link.call(lambda agent: agent.fs_delete_file(self.root, local))
 
     def move(self, src: str, dest: str) -> None:
-        self.call_agent("fs_move", self._path(src), self._path(dest))
+        a, b = self._path(src), self._path(dest)
+        self.link.call(lambda agent: agent.fs_move(self.root, a, b))
 
     def copy_file(self, src: str, dest: str) -> None:
-        self.call_agent("fs_copy_file", self._path(src), self._path(dest))
+        a, b = self._path(src), self._path(dest)
+        self.link.call(lambda agent: agent.fs_copy_file(self.root, a, b))
 
     # -- file bodies -------------------------------------------------------------------
     def open_input_stream(self, path: str) -> Any:
@@ -155,10 +161,10 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         local = self._path(path)
         if self._on_storage_node():
             return open_native(self.root, local)
-        [(ftype, size, _)] = self.call_agent("fs_info", [local])
+        [(ftype, size, _)] = self.link.call(lambda agent: agent.fs_info(self.root, [local]))
         if ftype == pafs.FileType.NotFound:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-        if ftype != pafs.FileType.File:
+        if ftype != pafs.FileType.File or size is None:
             raise IsADirectoryError(errno.EISDIR, "Cannot open for reading", path)
         return pa.PythonFile(open_reader(self.link, path, local, size), mode="r")
 
@@ -170,7 +176,9 @@ class NodeStorageHandler(pafs.FileSystemHandler):
                 self.root, local, staging, start, expect, self.config, self._upload(local)
             )
         else:
-            staging, start, expect = self.call_agent("fs_open_write", local, append)
+            staging, start, expect = self.link.call(
+                lambda agent: agent.fs_open_write(self.root, local, append)
+            )
             writer = ChunkWriter(self.link, local, staging, start, expect, self._upload(local))
         return pa.PythonFile(writer, mode="w")
 

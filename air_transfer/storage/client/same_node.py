@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from air_transfer.cluster.agent_client import Expect
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import open_regular
@@ -39,7 +40,7 @@ from air_transfer.observe.telemetry import (
     start_finisher,
 )
 from air_transfer.storage.client.uploads import UploadStream
-from air_transfer.storage.server.uploads import DiskUploads, Expect
+from air_transfer.storage.server.uploads import DiskUploads
 
 #: A writer reports its bytes to its ``Transfer`` at least this many at a time: a
 #: caller may write a few bytes per call, metrics and bars want one update per chunk.

@@ -16,14 +16,15 @@ import contextlib
 import copy
 import errno
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.fetch import fetch_in_order
-from air_transfer.cluster.nodes import live_node_ids, node_agent
+from air_transfer.cluster.nodes import live_node_ids
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.knobs import KNOBS
@@ -33,26 +34,29 @@ from air_transfer.observe import metrics
 from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class AgentLink:
     """The connection from this process to the agent of storage node ``node_id``,
-    for files under ``root``, moving bodies as ``config`` says."""
+    for files under ``root``, moving bodies as ``config`` says. Calls go through the
+    typed ``AgentClient`` (``link.call(lambda agent: agent.fs_info(root, paths))``),
+    and the agent's errors come back as the built-in errors it raised."""
 
     def __init__(self, node_id: str, root: str, config: TransferConfig) -> None:
         self.node_id, self.root, self.config = node_id, root, config
-        self._agent: Any = None
+        self._agent: AgentClient | None = None
         self._lost = False
 
-    def agent(self) -> Any:
-        """The storage node's agent (an actor handle), started if needed."""
+    def agent(self) -> AgentClient:
+        """The storage node's agent, started if needed."""
         if self._agent is None:
             if self.node_id not in live_node_ids():
                 raise ConnectionError(
                     f"storage node {self.node_id} is not a live node of this Ray cluster; "
                     "files stored on it are unreachable"
                 )
-            self._agent = node_agent(self.node_id)
+            self._agent = AgentClient(self.node_id)
             if self._lost:
                 self._lost = False
                 logger.warning(
@@ -61,19 +65,17 @@ class AgentLink:
                 )
         return self._agent
 
-    def call(self, op: str, *args: Any) -> Any:
-        """Disk operation ``op`` on the storage node with this storage's root and
-        ``args``; its result."""
+    def call(self, method: Callable[[AgentClient], ray.ObjectRef[T]]) -> T:
+        """Run ``method`` against the storage node's agent and wait for its result."""
         with self.errors():
-            return ray.get(self.agent().disk.remote(op, self.root, *args))
+            return ray.get(method(self.agent()))
 
-    def submit(self, op: str, *args: Any) -> ray.ObjectRef[Any]:
-        """Start disk operation ``op`` and return its ref (wait with ``wait``)."""
+    def submit(self, method: Callable[[AgentClient], ray.ObjectRef[T]]) -> ray.ObjectRef[T]:
+        """Start ``method`` against the agent and return its ref (wait with ``wait``)."""
         with self.errors():
-            ref: ray.ObjectRef[Any] = self.agent().disk.remote(op, self.root, *args)
-            return ref
+            return method(self.agent())
 
-    def wait(self, ref: ray.ObjectRef[Any]) -> Any:
+    def wait(self, ref: ray.ObjectRef[T]) -> T:
         with self.errors():
             return ray.get(ref)
 
@@ -165,7 +167,7 @@ def _chunk_refs(link: AgentLink, local: str, size: int, first: int) -> Iterator[
     last = -(-size // cb)
     for index in range(first, last, batch):
         count = min(batch, last - index)
-        call = link.agent().file_chunks.remote(
+        call = link.agent().file_chunks(
             link.root, local, size, cb, index, count, link.config.cache_bytes
         )
         [pairs] = ray.get(call)

@@ -113,13 +113,11 @@ class ChunkWriter(UploadStream):
     def _send(self, chunk: np.ndarray) -> None:
         while len(self.pending) >= self.window:
             self.link.wait(self.pending.popleft())
-        call = self.link.submit(
-            "fs_write",
-            self.staging,
-            self.offset,
-            chunk,
-            chunk_checksum(chunk),
-            self.link.config.direct_io,
+        link, offset, checksum = self.link, self.offset, chunk_checksum(chunk)
+        call = link.submit(
+            lambda agent: agent.fs_write(
+                link.root, self.staging, offset, chunk, checksum, link.config.direct_io
+            )
         )
         self.pending.append(call)
         self.offset += len(chunk)
@@ -136,16 +134,19 @@ class ChunkWriter(UploadStream):
             while self.pending:
                 self.link.wait(self.pending.popleft())
             tail = self.buffer[: self.filled] if self.buffer is not None else b""
-            self.link.call(
-                "fs_commit",
-                self.local,
-                self.staging,
-                self.offset,
-                tail,
-                chunk_checksum(tail),
-                self.offset + self.filled,
-                self.link.config.direct_io,
-                self.expect,
+            link, checksum, size = self.link, chunk_checksum(tail), self.offset + self.filled
+            link.call(
+                lambda agent: agent.fs_commit(
+                    link.root,
+                    self.local,
+                    self.staging,
+                    self.offset,
+                    tail,
+                    checksum,
+                    size,
+                    link.config.direct_io,
+                    self.expect,
+                )
             )
         except BaseException as e:
             self._abort(e)
@@ -189,7 +190,7 @@ def _abort_upload(
         with contextlib.suppress(Exception):
             link.wait(ref)
     try:
-        link.call("fs_abort", staging)
+        link.call(lambda agent: agent.fs_abort(link.root, staging))
     except Exception as e:  # the agent is gone: the file stays hidden, goes with its dir
         logger.warning("air-transfer: could not remove the staging file %s: %s", staging, e)
 

@@ -27,8 +27,8 @@ import errno
 import os
 import posixpath
 import stat
-from typing import ClassVar
 
+from air_transfer.cluster.agent_client import Info
 from air_transfer.core.confine import (
     Raced,
     Where,
@@ -44,7 +44,6 @@ from air_transfer.storage.server.tree import (
     STAGING_MARK,
     TRASH_MARK,
     UNKNOWN,
-    Info,
     hidden_name,
     list_tree,
     remove_tree,
@@ -56,19 +55,6 @@ __all__ = ["STAGING_MARK", "DiskStorage", "Info", "checked_path", "oserror", "st
 
 class DiskStorage:
     """The node-side half of ``storage_filesystem``: operations on this node's disk."""
-
-    #: The operations the agent may run (``NodeAgent.disk``).
-    OPS: ClassVar[frozenset[str]] = frozenset(
-        {
-            "fs_info",
-            "fs_list",
-            "fs_create_dir",
-            "fs_delete_dir",
-            "fs_delete_dir_contents",
-            "fs_delete_file",
-            "fs_move",
-        }
-    )
 
     def fs_info(self, root: str, paths: list[str]) -> list[Info]:
         return [info(root, p) for p in paths]

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
+from air_transfer.cluster.agent_client import Info
 from air_transfer.core.confine import Raced, Where, open_listable, oserror
 
 #: Marks the staging files of uploads in progress (``disk_uploads``).
@@ -32,8 +33,6 @@ TRASH_MARK = ".air-trash-"
 #: How often a directory that keeps filling up while it is removed is emptied again.
 ROUNDS = 4
 
-#: (type, size, mtime_ns) of one path, as ``pyarrow.fs.FileInfo`` takes them.
-Info = tuple[int, int | None, int | None]
 NOT_FOUND: Info = (pafs.FileType.NotFound, None, None)
 #: A symlink whose target is outside the root: it exists, but is not served.
 UNKNOWN: Info = (pafs.FileType.Unknown, None, None)

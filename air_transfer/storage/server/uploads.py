@@ -26,8 +26,9 @@ import shutil
 import stat
 import sys
 import threading
-from typing import Any, ClassVar
+from typing import Any
 
+from air_transfer.cluster.agent_client import Expect
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import (
     Raced,
@@ -43,18 +44,9 @@ from air_transfer.core.direct_io import pwrite_direct, should_write_direct
 from air_transfer.errors import ChecksumError
 from air_transfer.storage.server.tree import STAGING_MARK, hidden_name
 
-#: What an append expects to find at commit: (device, inode, size, mtime_ns) of the
-#: file it copied, () for no file; None: a plain write, which expects nothing.
-Expect = tuple[int, ...] | None
-
 
 class DiskUploads:
     """The node-side half of writes through ``storage_filesystem``."""
-
-    #: The operations the agent may run (``NodeAgent.disk``).
-    OPS: ClassVar[frozenset[str]] = frozenset(
-        {"fs_copy_file", "fs_open_write", "fs_write", "fs_commit", "fs_abort"}
-    )
 
     def __init__(self) -> None:
         # An append's check that its file is unchanged, and its rename, must not let

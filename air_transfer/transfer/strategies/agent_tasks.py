@@ -21,7 +21,7 @@ from typing import Any
 import ray
 import ray.cloudpickle
 
-from air_transfer.cluster.nodes import node_agent, this_node_id
+from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.scan import Source
@@ -60,11 +60,6 @@ def task_groups(plans: Iterable[ChunkPlan]) -> Iterator[list[ChunkPlan]]:
         yield group
 
 
-def _refs(refs: Any, count: int) -> list[ray.ObjectRef[Any]]:
-    # num_returns=1 gives one ref, not a list of one.
-    return [refs] if count == 1 else list(refs)
-
-
 def submit_pack_chunks(
     request: PackRequest,
 ) -> tuple[list[ray.ObjectRef[Any]], list[ray.ObjectRef[str]]]:
@@ -78,26 +73,23 @@ def submit_plans(
 ) -> tuple[list[ray.ObjectRef[Any]], list[ray.ObjectRef[str]]]:
     """Submit ``pack_chunks`` for the chunks of ``plans`` (in ``task_groups``) to this
     node's agent; their refs and their checksums' refs, in order."""
-    agent = node_agent(this_node_id())
+    agent = AgentClient()
     data: list[ray.ObjectRef[Any]] = []
     checksums: list[ray.ObjectRef[str]] = []
     for group in task_groups(plans):
-        k = len(group)
-        refs = _refs(agent.pack_chunks.options(num_returns=2 * k).remote(source, group), 2 * k)
-        data += refs[:k]
-        checksums += refs[k:]
+        chunks, sums = agent.pack_chunks(source, group)
+        data += chunks
+        checksums += sums
     return data, checksums
 
 
 def submit_checksum_chunks(request: PackRequest) -> list[ray.ObjectRef[str]]:
     """Submit ``checksum_chunks`` for every chunk to this node's agent: refs of the
     checksums alone (``streamed`` moves the bytes at transfer time)."""
-    agent = node_agent(this_node_id())
+    agent = AgentClient()
     checksums: list[ray.ObjectRef[str]] = []
     for group in task_groups(request.plans()):
-        k = len(group)
-        refs = agent.checksum_chunks.options(num_returns=k).remote(request.source, group)
-        checksums += _refs(refs, k)
+        checksums += agent.checksum_chunks(request.source, group)
     return checksums
 
 
@@ -106,8 +98,4 @@ def submit_pack_stream(
 ) -> tuple[ray.ObjectRef[Any], list[ray.ObjectRef[str]]]:
     """Submit one ``pack_stream`` task for the whole (small) stream: a ref to it as
     one object, and refs of its chunks' checksums."""
-    plans = list(request.plans())
-    agent = node_agent(this_node_id())
-    count = 1 + len(plans)
-    refs = _refs(agent.pack_stream.options(num_returns=count).remote(request.source, plans), count)
-    return refs[0], refs[1:]
+    return AgentClient().pack_stream(request.source, list(request.plans()))

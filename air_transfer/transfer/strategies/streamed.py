@@ -19,9 +19,9 @@ from typing import Any
 import ray
 import ray.cloudpickle
 
-from air_transfer.cluster import _ray
+from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.fetch import fetch_in_order
-from air_transfer.cluster.nodes import node_agent, this_node_id
+from air_transfer.cluster.nodes import this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.scan import Source, Stamp
@@ -61,7 +61,8 @@ class StreamedStrategy(TransferStrategy):
             ) from e
         checksums = tuple(c for _, _, c in request.chunks())
         node_id = this_node_id()
-        return Packed(StreamSource(node_agent(node_id), source, node_id, request.stamps), checksums)
+        agent = AgentClient(node_id).actor
+        return Packed(StreamSource(agent, source, node_id, request.stamps), checksums)
 
     def submit(self, request: PackRequest) -> Packed:
         """The checksum pass as one task per chunk in this node's agent; readers may
@@ -70,7 +71,8 @@ class StreamedStrategy(TransferStrategy):
             return self.pack(request)
         refs = tuple(submit_checksum_chunks(request))
         node_id = this_node_id()
-        payload = StreamSource(node_agent(node_id), request.source, node_id, request.stamps, refs)
+        agent = AgentClient(node_id).actor
+        payload = StreamSource(agent, request.source, node_id, request.stamps, refs)
         return Packed(payload, refs)
 
     def iter_chunks(
@@ -78,7 +80,7 @@ class StreamedStrategy(TransferStrategy):
     ) -> Iterator[Any]:
         if start >= stop:
             return
-        refs = _ray.streaming(payload.agent.stream, config.window).remote(
+        refs = AgentClient(payload.node_id, payload.agent).stream(
             payload.source,
             list(manifest.files()),
             manifest.chunk_bytes,
@@ -87,6 +89,7 @@ class StreamedStrategy(TransferStrategy):
             stop,
             config.verify,
             payload.stamps,
+            config.window,
         )
         # Fetch up to `window` yielded chunks ahead, so cross-node pulls overlap with
         # the reader's writing as they do for `chunked`.

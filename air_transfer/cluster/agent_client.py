@@ -1,0 +1,218 @@
+"""``AgentClient``: the one typed door to a node's agent.
+
+Every call from the library to an agent goes through a method here whose signature
+mirrors the agent's (``air_transfer.agent.NodeAgent``), so mypy checks each argument
+where a string-dispatched RPC would hide it. A method submits the call and returns
+what Ray's ``.remote()`` returns (an ObjectRef, several, or a streaming generator):
+callers decide when to wait. The agent sits above this layer; it is reached by its
+actor name (``nodes.node_agent``), never imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow.fs as pafs
+import ray
+
+from air_transfer.cluster import _ray
+from air_transfer.cluster.nodes import node_agent, this_node_id
+from air_transfer.config import TransferConfig
+from air_transfer.core.entry import Entry
+from air_transfer.core.plan import ChunkPlan
+from air_transfer.core.scan import Source, Stamp
+
+#: What node storage says of a path: ``(pyarrow FileType, size, mtime_ns)``.
+Info = tuple[int, int | None, int | None]
+#: One entry of a listing: ``(path relative to the listed base, type, size, mtime_ns)``.
+Listed = tuple[str, int, int | None, int | None]
+#: What an append expects to find at commit: (device, inode, size, mtime_ns) of the
+#: file it copied, () for no file; None: a plain write, which expects nothing.
+Expect = tuple[int, ...] | None
+
+Ref = ray.ObjectRef[Any]
+
+
+def _refs(refs: Any, count: int) -> list[Ref]:
+    # num_returns=1 gives one ref, not a list of one.
+    return [refs] if count == 1 else list(refs)
+
+
+class AgentClient:
+    """Calls to the agent of node ``node_id`` (default: this process's node), started
+    if none runs yet."""
+
+    def __init__(self, node_id: str | None = None, actor: Any = None) -> None:
+        self.node_id = node_id or this_node_id()
+        self.actor: Any = actor if actor is not None else node_agent(self.node_id)
+
+    # -- the agent itself --------------------------------------------------------------
+    def pid(self) -> ray.ObjectRef[int]:
+        ref: ray.ObjectRef[int] = self.actor.pid.remote()
+        return ref
+
+    def read_counters(self) -> ray.ObjectRef[dict[str, int]]:
+        ref: ray.ObjectRef[dict[str, int]] = self.actor.read_counters.remote()
+        return ref
+
+    def clear_read_cache(self) -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.clear_read_cache.remote()
+        return ref
+
+    # -- packing -----------------------------------------------------------------------
+    def pack_chunks(
+        self, source: Source, plans: Sequence[ChunkPlan]
+    ) -> tuple[list[Ref], list[Ref]]:
+        """One task packing ``plans``: the chunks' refs and their checksums' refs."""
+        k = len(plans)
+        refs = _refs(self.actor.pack_chunks.options(num_returns=2 * k).remote(source, plans), 2 * k)
+        return refs[:k], refs[k:]
+
+    def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> list[Ref]:
+        """One task taking only the checksums of ``plans``' chunks (``streamed``)."""
+        k = len(plans)
+        return _refs(self.actor.checksum_chunks.options(num_returns=k).remote(source, plans), k)
+
+    def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> tuple[Ref, list[Ref]]:
+        """One task packing the whole (small) stream as one object, and the checksum
+        of each of its chunks."""
+        count = 1 + len(plans)
+        refs = _refs(self.actor.pack_stream.options(num_returns=count).remote(source, plans), count)
+        return refs[0], refs[1:]
+
+    def packed(self, checksums: Sequence[Ref]) -> Ref:
+        """A ref that resolves once every checksum has (a transfer's completion)."""
+        ref: Ref = self.actor.packed.remote(*checksums)
+        return ref
+
+    def submit_transfer(self, source: Source, config: TransferConfig) -> ray.ObjectRef[list[Any]]:
+        """Start a transfer owned by the agent (``owner="node"``)."""
+        ref: ray.ObjectRef[list[Any]] = self.actor.submit_transfer.remote(source, config)
+        return ref
+
+    def stream(
+        self,
+        source: Source,
+        files: Sequence[Entry],
+        chunk_bytes: int,
+        checksums: Sequence[Any],
+        start: int,
+        stop: int,
+        verify: bool,
+        stamps: Sequence[Stamp],
+        window: int,
+    ) -> Any:
+        """Chunks ``start``..``stop - 1`` of ``source`` read now, as a streaming
+        generator at most ``window`` chunks ahead of its reader (``streamed``)."""
+        method = _ray.streaming(self.actor.stream, window)
+        return method.remote(
+            source, list(files), chunk_bytes, checksums, start, stop, verify, stamps
+        )
+
+    # -- node storage: checkpoints -----------------------------------------------------
+    def store_checkpoint(self, checkpoint: Any, filesystem: pafs.FileSystem, path: str) -> Ref:
+        """Write a transferred checkpoint (or its ref, resolved by Ray) to ``path``."""
+        ref: Ref = self.actor.store_checkpoint.remote(checkpoint, filesystem, path)
+        return ref
+
+    def directory_transfer(self, root: str, path: str, config: TransferConfig) -> Ref:
+        """A transfer of the node-storage directory ``path``, shared by readers (the
+        checkpoint's ref, nested in a list so the caller borrows it)."""
+        ref: Ref = self.actor.directory_transfer.remote(root, path, config)
+        return ref
+
+    def file_chunks(
+        self, root: str, path: str, size: int, chunk_bytes: int, first: int, count: int, budget: int
+    ) -> Ref:
+        """``[[(chunk ref, checksum ref), ...]]`` of ``count`` chunks from ``first``."""
+        ref: Ref = self.actor.file_chunks.remote(
+            root, path, size, chunk_bytes, first, count, budget
+        )
+        return ref
+
+    # -- node storage: metadata --------------------------------------------------------
+    def fs_info(self, root: str, paths: list[str]) -> ray.ObjectRef[list[Info]]:
+        ref: ray.ObjectRef[list[Info]] = self.actor.fs_info.remote(root, paths)
+        return ref
+
+    def fs_list(
+        self, root: str, base: str, recursive: bool, allow_not_found: bool
+    ) -> ray.ObjectRef[list[Listed]]:
+        ref: ray.ObjectRef[list[Listed]] = self.actor.fs_list.remote(
+            root, base, recursive, allow_not_found
+        )
+        return ref
+
+    def fs_create_dir(self, root: str, path: str, recursive: bool) -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.fs_create_dir.remote(root, path, recursive)
+        return ref
+
+    def fs_delete_dir(self, root: str, path: str) -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.fs_delete_dir.remote(root, path)
+        return ref
+
+    def fs_delete_dir_contents(
+        self, root: str, path: str, missing_dir_ok: bool
+    ) -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.fs_delete_dir_contents.remote(
+            root, path, missing_dir_ok
+        )
+        return ref
+
+    def fs_delete_file(self, root: str, path: str) -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.fs_delete_file.remote(root, path)
+        return ref
+
+    def fs_move(self, root: str, src: str, dest: str) -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.fs_move.remote(root, src, dest)
+        return ref
+
+    def fs_copy_file(self, root: str, src: str, dest: str) -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.fs_copy_file.remote(root, src, dest)
+        return ref
+
+    # -- node storage: uploads ---------------------------------------------------------
+    def fs_open_write(
+        self, root: str, path: str, append: bool
+    ) -> ray.ObjectRef[tuple[str, int, Expect]]:
+        """Staging for a new version of ``path``: ``(staging, start offset, expect)``."""
+        ref: ray.ObjectRef[tuple[str, int, Expect]] = self.actor.fs_open_write.remote(
+            root, path, append
+        )
+        return ref
+
+    def fs_write(
+        self,
+        root: str,
+        staging: str,
+        offset: int,
+        data: Any,
+        checksum: str,
+        direct_io: bool = False,
+    ) -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.fs_write.remote(
+            root, staging, offset, data, checksum, direct_io
+        )
+        return ref
+
+    def fs_commit(
+        self,
+        root: str,
+        path: str,
+        staging: str,
+        offset: int,
+        tail: Any,
+        checksum: str,
+        size: int,
+        direct_io: bool = False,
+        expect: Expect = None,
+    ) -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.fs_commit.remote(
+            root, path, staging, offset, tail, checksum, size, direct_io, expect
+        )
+        return ref
+
+    def fs_abort(self, root: str, staging: str) -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.fs_abort.remote(root, staging)
+        return ref

@@ -1,0 +1,140 @@
+"""What a node agent runs for packing: the chunks of a transfer's tasks filled into
+the agent's buffers, their checksums, the completion a ``TransferFuture`` waits for,
+and the ``streamed`` strategy's reads at transfer time. The agent hosts one
+``PackingService`` and hands each of these calls to it unchanged.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import ray
+
+from air_transfer.core.entry import Entry
+from air_transfer.core.packer import ChunkPacker
+from air_transfer.core.plan import ChunkPlan, iter_chunk_spans
+from air_transfer.core.proven_read import current_stamps
+from air_transfer.core.readahead import read_chunks_ahead
+from air_transfer.core.scan import Source, Stamp
+from air_transfer.errors import SourceChangedError
+from air_transfer.observe import metrics
+from air_transfer.transfer.handle import fresh
+
+
+class PackingService:
+    """Packing as the agent's tasks do it (one ``ChunkPacker`` buffer per thread)."""
+
+    def __init__(self) -> None:
+        self._packer = ChunkPacker()
+
+    def stream(
+        self,
+        source: Source,
+        files: Sequence[Entry],
+        chunk_bytes: int,
+        checksums: Sequence[Any],
+        start: int,
+        stop: int | None,
+        verify: bool = True,
+        stamps: Sequence[Stamp] | None = None,
+    ) -> Iterator[np.ndarray]:
+        """Read chunks ``start``..``stop - 1`` of ``source`` now and yield them: the
+        ``streamed`` strategy's reads of a worker's checkpoint directory (not
+        confined to a root).
+
+        Every read is proven against ``stamps``, the files as scanned at packing
+        (None: as found now, for a plain read of one version), so a file changed
+        since packing or while streamed raises SourceChangedError naming it. With
+        ``verify``, each chunk is also compared with the checksum taken at packing,
+        so a directory that changed since then is reported here, naming the files,
+        rather than as corrupt bytes on the reader's side. A checksum may still be a
+        ref (its packing task has not finished): the stream then waits for it.
+        """
+        if stamps is None:
+            stamps = current_stamps(source, files)
+        chunks = read_chunks_ahead(source, files, stamps, chunk_bytes, start, stop)
+        for index, view, checksum in chunks:
+            expected = checksums[index] if verify else checksum
+            if not isinstance(expected, str):
+                expected = ray.get(expected)
+                if isinstance(expected, BaseException):  # the checksum pass failed
+                    raise fresh(expected)
+            if checksum != expected:
+                # Which files the chunk carries is only worked out for the message.
+                sizes = [f.size for f in files]
+                chunk_spans = next(iter_chunk_spans(sizes, chunk_bytes, index))
+                names = sorted({files[s.file_index].path for s in chunk_spans})
+                raise SourceChangedError(
+                    errno.EAGAIN,
+                    f"checkpoint {source.root!r} changed since it was packed: chunk "
+                    f"{index} (files {', '.join(map(repr, names))}) no longer has the "
+                    "bytes it had; pack it again",
+                    source.root,
+                )
+            # The yielded array is copied into the object store before the generator
+            # resumes, so the reader thread may reuse this buffer afterwards.
+            yield np.frombuffer(view, dtype=np.uint8)
+
+    def pack_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+        """The chunks of ``plans`` and then their checksums: ``2 * len(plans)``
+        objects (the caller sets ``num_returns``), owned by whoever submitted this.
+        A packing error is returned in place of each checksum (see ``_failed``)."""
+        try:
+            chunks, checksums = self._packer.pack(source, plans)
+        except Exception as e:
+            return _failed(e, len(plans), len(plans))
+        _packed(plans, "chunked")
+        return _returns([*chunks, *checksums])
+
+    def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+        """Only the checksums of ``plans``' chunks (``streamed``), one object each."""
+        try:
+            checksums = self._packer.checksums(source, plans)
+        except Exception as e:
+            return _failed(e, 0, len(plans))
+        _packed(plans, "streamed")
+        return _returns(checksums)
+
+    def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+        """The whole (small, ``inline``) stream as one array, then the checksum of each
+        chunk: ``1 + len(plans)`` objects (the caller sets ``num_returns``)."""
+        stream = np.empty(sum(plan.length for plan in plans), dtype=np.uint8)
+        try:
+            checksums = self._packer.pack_into(source, plans, stream)
+        except Exception as e:
+            return _failed(e, 1, len(plans))
+        _packed(plans, "inline")
+        return _returns([stream, *checksums])
+
+    def packed(self, *checksums: str | BaseException) -> tuple[str | BaseException, ...]:
+        """Runs once every chunk of a transfer is packed (its arguments are the
+        checksums' refs, resolved first): the completion a ``TransferFuture`` waits
+        for, failing with the first packing error."""
+        for checksum in checksums:
+            if isinstance(checksum, BaseException):
+                raise fresh(checksum)
+        return checksums
+
+
+def _packed(plans: Sequence[ChunkPlan], strategy: str) -> None:
+    """Count the bytes of ``plans`` as packed (``air_transfer.observe.metrics``) by the
+    strategy whose packing task this is."""
+    metrics.add_bytes("packed", sum(plan.length for plan in plans), strategy)
+
+
+def _returns(values: list[Any]) -> Any:
+    """What a task returns as ``len(values)`` objects: the value itself for one."""
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _failed(error: Exception, chunks: int, checksums: int) -> Any:
+    """The returns of a packing task that failed: empty chunks, and ``error`` in the
+    place of every checksum. Returned, not raised: a reader checks a chunk's checksum
+    before its bytes and raises the error it finds there, the completion task raises
+    it for the future, and Ray has no error objects that nobody reads to log as
+    "unhandled" (the chunks of a failed transfer after the first one it raised)."""
+    empty = np.empty(0, dtype=np.uint8)
+    return _returns([*([empty] * chunks), *([error] * checksums)])
