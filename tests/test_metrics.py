@@ -347,7 +347,9 @@ def test_node_storage_counts_what_it_moves(endpoint: str, tmp_path: Path) -> Non
         for i in range(0, len(here), 1000):
             f.write(here[i : i + 1000])
     local = str(tmp_path / "wire.bin")  # the wire classes, to this node's own agent
-    staging, start, expect = handler.link.call("fs_open_write", local, False)
+    staging, start, expect = handler.link.call(
+        lambda agent: agent.fs_open_write(handler.root, local, False)
+    )
     writer = ChunkWriter(handler.link, local, staging, start, expect, handler._upload(local))
     writer.write(wire)
     writer.close()

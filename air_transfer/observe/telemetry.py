@@ -21,10 +21,8 @@ transfer is not one block (a file object written in many calls, closed later).
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -36,7 +34,7 @@ from ray.exceptions import RayTaskError
 
 from air_transfer.core.knobs import KNOBS
 from air_transfer.errors import ChecksumError
-from air_transfer.observe import metrics
+from air_transfer.observe import deferred, metrics
 from air_transfer.observe.metrics import ByteCounter, Phase
 from air_transfer.observe.progress import Bar, progress_enabled
 
@@ -169,28 +167,9 @@ def dropped_error(path: str) -> OSError:
 
 
 def finish_soon(transfer: Transfer, error: BaseException | None) -> None:
-    """Finish ``transfer`` with ``error`` on a daemon thread: for finalizers, which
-    may run inside a garbage collection that interrupted any code (a bar's or
-    Ray's own, holding their locks). Call ``start_finisher`` first, outside any
-    finalizer."""
-    start_finisher().put((transfer, error))
-
-
-@functools.cache
-def start_finisher() -> queue.SimpleQueue[tuple[Transfer, BaseException | None]]:
-    """Start the thread of ``finish_soon`` (once per process); its queue."""
-    work: queue.SimpleQueue[tuple[Transfer, BaseException | None]] = queue.SimpleQueue()
-
-    def run() -> None:
-        while True:
-            transfer, error = work.get()
-            try:
-                transfer.finish(error)
-            except Exception as e:
-                logger.debug("air-transfer: could not finish %r: %r", transfer.desc, e)
-
-    threading.Thread(target=run, name="air-transfer-telemetry", daemon=True).start()
-    return work
+    """Finish ``transfer`` with ``error`` on the deferred-work thread: for finalizers
+    (``observe.deferred``). Call ``deferred.start()`` first, outside any finalizer."""
+    deferred.later(lambda: transfer.finish(error))
 
 
 def error_name(error: BaseException) -> str:

@@ -30,6 +30,7 @@ from air_transfer.core.manifest import Manifest
 from air_transfer.core.readahead import read_chunks_ahead
 from air_transfer.core.scan import Source, scan
 from air_transfer.core.writer import write_tree
+from air_transfer.observe import deferred
 from air_transfer.observe.metrics import Phase
 from air_transfer.observe.telemetry import (
     NODE_STORAGE,
@@ -37,7 +38,6 @@ from air_transfer.observe.telemetry import (
     describe,
     dropped_error,
     finish_soon,
-    start_finisher,
 )
 from air_transfer.storage.client.uploads import UploadStream
 from air_transfer.storage.server.uploads import DiskUploads
@@ -78,7 +78,7 @@ class SameNodeWriter(UploadStream):
         self.start, self.expect, self.config = start, expect, config
         self.transfer = transfer  # the upload's metrics and bar
         if transfer is not None:
-            start_finisher()  # here, never from __del__
+            deferred.start()  # here, never from __del__
         self.written = 0
         self._unreported = 0
         self.failed = False

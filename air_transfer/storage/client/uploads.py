@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
-import gc
 import io
 import logging
-import queue
-import threading
 from collections import deque
 from typing import Any
 
@@ -27,6 +23,7 @@ import numpy as np
 import ray
 
 from air_transfer.core.checksum import chunk_checksum
+from air_transfer.observe import deferred
 from air_transfer.observe.telemetry import Transfer, dropped_error
 from air_transfer.storage.client.streams import AgentLink
 
@@ -81,7 +78,7 @@ class ChunkWriter(UploadStream):
         self.filled = 0
         self.pending: deque[ray.ObjectRef[Any]] = deque()
         self.failed = False
-        _reaper()  # started here, never from a finalizer
+        deferred.start()  # here, never from a finalizer
 
     def write(self, data: Any) -> int:
         self.check_writable()
@@ -171,7 +168,8 @@ class ChunkWriter(UploadStream):
         if not self.closed:  # dropped unclosed: the upload did not finish
             self.failed = True
             pending, self.pending = list(self.pending), deque()
-            _reaper().abandon(self.link, self.staging, pending, self.transfer)
+            link, staging, transfer = self.link, self.staging, self.transfer
+            deferred.soon(lambda: _abort_upload(link, staging, pending, transfer))
             io.RawIOBase.close(self)  # not self.close(): that would commit
         super().__del__()
 
@@ -195,42 +193,3 @@ def _abort_upload(
         logger.warning("air-transfer: could not remove the staging file %s: %s", staging, e)
 
 
-class _Reaper:
-    """Aborts the uploads of writers dropped unclosed. Outside a garbage collection,
-    at once in the dropping thread (pyarrow's, during ``copy_files``), so the staging
-    file is gone when the failed call returns. During one, the finalizer may have
-    interrupted any code, Ray's included, so it only hands the work to this thread
-    (``SimpleQueue.put`` is safe there)."""
-
-    def __init__(self) -> None:
-        self.queue: queue.SimpleQueue[
-            tuple[AgentLink, str, list[ray.ObjectRef[Any]], Transfer | None]
-        ]
-        self.queue = queue.SimpleQueue()
-        self.collecting = False
-        gc.callbacks.append(self._phase)
-        threading.Thread(target=self._run, name="air-transfer-aborts", daemon=True).start()
-
-    def _phase(self, phase: str, info: dict[str, Any]) -> None:
-        self.collecting = phase == "start"
-
-    def abandon(
-        self,
-        link: AgentLink,
-        staging: str,
-        pending: list[ray.ObjectRef[Any]],
-        transfer: Transfer | None = None,
-    ) -> None:
-        if self.collecting:
-            self.queue.put((link, staging, pending, transfer))
-        else:
-            _abort_upload(link, staging, pending, transfer)
-
-    def _run(self) -> None:
-        while True:
-            _abort_upload(*self.queue.get())
-
-
-@functools.cache
-def _reaper() -> _Reaper:
-    return _Reaper()
