@@ -264,10 +264,10 @@ def test_a_writer_whose_target_is_swapped_during_its_check_publishes_whole(
     def held_walk(cursor: DirCursor) -> Iterator[Visit]:
         for visit in walk(cursor):
             yield visit
-            if visit.event == "enter" and threading.current_thread().name == "held":
-                if not held.is_set():
-                    held.set()
-                    assert go.wait(TIMEOUT)
+            mine = threading.current_thread().name == "held"
+            if visit.event == "enter" and mine and not held.is_set():
+                held.set()
+                assert go.wait(TIMEOUT)
 
     def write_held() -> None:
         try:
