@@ -1,15 +1,17 @@
-"""The node storage filesystem under concurrent callers, side by side with pyarrow's
-``LocalFileSystem``: several threads (then several processes on several nodes) call
-one operation on one path at once, as Ray Train's workers do when they report a
-checkpoint together, and the outcomes must be the same.
+"""The node storage filesystem under concurrent callers, against pyarrow's
+``LocalFileSystem`` called one at a time: several threads (then several processes on
+several nodes) call one operation on one path at once, as Ray Train's workers do when
+they report a checkpoint together.
 
-Each race runs ``ROUNDS`` times on each filesystem, its calls released together by
-a barrier, and says which outcomes a caller may see ("ok" or an exception's type).
-Where ``LocalFileSystem`` itself trips over a concurrent change (its
-``delete_dir_contents`` fails with FileNotFoundError on an entry another caller
-removed), node storage must give the outcome of some serial order, and the race
-lists the extra outcomes allowed to ``LocalFileSystem`` only. After every round the
-tree on disk (hidden files included) must be the same on both.
+A race asserts what every order of its calls allows, never how often an order comes
+up: each caller's outcome ("ok" or an exception's type) is one that some serial order
+gives, and the tree left is consistent with such an order. Each race runs ``ROUNDS``
+times on node storage, its calls released together by a barrier; where the tree left
+does not depend on the order, it must be the one ``LocalFileSystem`` leaves after the
+same calls made one by one (whose outcomes must pass the race's check as well).
+``LocalFileSystem`` is not raced itself: it is not atomic (its ``delete_dir`` fails
+with FileNotFoundError on an entry another caller removed, its recursive
+``create_dir`` on a parent removed meanwhile), and what it does then is not a contract.
 """
 
 from __future__ import annotations
@@ -87,11 +89,7 @@ def run_race(calls: list[Call]) -> tuple[Outcomes, Values]:
 
     def run(label: str, call: Callable[[], Any]) -> None:
         start.wait()
-        try:
-            values[label].append(call())
-            outcomes[label]["ok"] += 1
-        except Exception as e:
-            outcomes[label][type(e).__name__] += 1
+        record(label, call, outcomes, values)
 
     threads = [threading.Thread(target=run, args=c) for c in calls]
     for t in threads:
@@ -99,6 +97,23 @@ def run_race(calls: list[Call]) -> tuple[Outcomes, Values]:
     for t in threads:
         t.join()
     return outcomes, values
+
+
+def run_serially(calls: list[Call]) -> tuple[Outcomes, Values]:
+    """Run ``calls`` one after another, in order: one serial order of a race."""
+    outcomes: Outcomes = {label: Counter() for label, _ in calls}
+    values: Values = {label: [] for label, _ in calls}
+    for label, call in calls:
+        record(label, call, outcomes, values)
+    return outcomes, values
+
+
+def record(label: str, call: Callable[[], Any], outcomes: Outcomes, values: Values) -> None:
+    try:
+        values[label].append(call())
+        outcomes[label]["ok"] += 1
+    except Exception as e:
+        outcomes[label][type(e).__name__] += 1
 
 
 # -- what a race may end with -----------------------------------------------------------
@@ -112,6 +127,11 @@ def all_ok(label: str) -> Check:
 def one_ok(label: str) -> Check:
     """Exactly one caller succeeds; the others find nothing there any more."""
     return lambda o, v, b: o[label]["ok"] == 1 and set(o[label]) <= {"ok", "FileNotFoundError"}
+
+
+def some_ok(label: str) -> Check:
+    """At least one caller succeeds: whichever comes first in any order."""
+    return lambda o, v, b: o[label]["ok"] >= 1
 
 
 def only(label: str, *outcomes: str) -> Check:
@@ -135,13 +155,23 @@ def appends_all_landed(o: Outcomes, v: Values, b: Path) -> bool:
     return set(o["append"]) <= {"ok", "OSError"} and body == b"abc" + BLOCK * o["append"]["ok"]
 
 
+def created_or_deleted_last(o: Outcomes, v: Values, b: Path) -> bool:
+    """The tree ``x`` is gone (a deletion came last) or holds only what the creations
+    made (one came last: every order deletes the original tree first); nothing
+    else changed."""
+    entries = [p for p, _ in snapshot(b)]
+    inside = [p for p in entries if p == "x" or p.startswith("x/")]
+    return inside in ([], ["x", "x/s0", "x/s0/new"]) and [
+        p for p in entries if p not in inside
+    ] == ["big", "dir", "file"]
+
+
 @dataclass(frozen=True)
 class Race:
     name: str
     calls: Callable[[pafs.FileSystem, str], list[Call]]
-    check: Check
-    local_also: Check | None = None  # LocalFileSystem's own races: allowed to it only
-    same_tree: bool = True  # the tree after a round is the same on both
+    check: Check  # what every serial order gives: the outcomes, and the tree left
+    same_tree: bool = True  # the tree left is the same whatever the order
 
     def __str__(self) -> str:
         return self.name
@@ -181,7 +211,6 @@ RACES = [
         "delete_dir_contents of one tree",
         lambda f, b: n(THREADS, "d", lambda: f.delete_dir_contents(f"{b}/x")),
         all_ok("d"),
-        local_also=only("d", "ok", "FileNotFoundError"),
     ),
     Race(
         "delete_file of one file",
@@ -230,9 +259,11 @@ RACES = [
             n(4, "c", lambda: f.create_dir(f"{b}/x/s0/new"))
             + n(4, "d", lambda: f.delete_dir(f"{b}/x"))
         ),
-        every(all_ok("c"), only("d", "ok", "FileNotFoundError")),
-        local_also=every(
-            only("c", "ok", "FileExistsError"), only("d", "ok", "FileNotFoundError", "OSError")
+        every(
+            all_ok("c"),
+            only("d", "ok", "FileNotFoundError"),
+            some_ok("d"),
+            created_or_deleted_last,
         ),
         same_tree=False,  # whether x/s0/new survives depends on the order
     ),
@@ -240,31 +271,28 @@ RACES = [
 
 
 @pytest.mark.parametrize("race", RACES, ids=str)
-def test_concurrent_callers_get_what_local_filesystem_gives(tmp_path: Path, race: Race) -> None:
+def test_concurrent_callers_get_what_some_serial_order_gives(tmp_path: Path, race: Race) -> None:
     """Defect (``create_dir``): the agent checked isdir, then called makedirs without
     exist_ok, so of callers creating one directory at once all but one raised
-    FileExistsError (Ray Train's workers reporting together). Every race here is
-    run against both filesystems; node storage's calls cross nodes."""
-    filesystems = {
-        "local": pafs.LocalFileSystem(),
-        "node storage": storage_filesystem(node_ids()["node_a"], CONFIG, root=str(tmp_path)),
-    }
-    trees: dict[str, list[list[tuple[str, str]]]] = {}
-    for name, f in filesystems.items():
-        trees[name] = []
-        for r in range(ROUNDS):
-            base = tmp_path / f"{name}-{r}".replace(" ", "-")
-            setup(base)
-            outcomes, values = run_race(race.calls(f, str(base)))
-            fine = race.check(outcomes, values, base)
-            if not fine and name == "local" and race.local_also is not None:
-                fine = race.local_also(outcomes, values, base)
-            assert fine, f"{name}, round {r}: {dict(outcomes)}"
-            trees[name].append(snapshot(base))
-    if race.same_tree:
-        assert trees["node storage"] == trees["local"]
-    for tree in trees["node storage"]:
+    FileExistsError (Ray Train's workers reporting together). Defect of this test
+    itself: it raced ``LocalFileSystem`` too, whose recursive ``create_dir`` fails
+    now and then on a parent deleted meanwhile, so it failed about 1 round in 400
+    while node storage was right. Node storage's calls cross nodes;
+    ``LocalFileSystem``'s, one by one, give the reference."""
+    local = tmp_path / "local"
+    setup(local)
+    outcomes, values = run_serially(race.calls(pafs.LocalFileSystem(), str(local)))
+    assert race.check(outcomes, values, local), f"local, one by one: {dict(outcomes)}"
+    f = storage_filesystem(node_ids()["node_a"], CONFIG, root=str(tmp_path))
+    for r in range(ROUNDS):
+        base = tmp_path / f"node-storage-{r}"
+        setup(base)
+        outcomes, values = run_race(race.calls(f, str(base)))
+        assert race.check(outcomes, values, base), f"round {r}: {dict(outcomes)}"
+        tree = snapshot(base)
         assert not [p for p, _ in tree if ".air-" in p], "hidden staging or trash left"
+        if race.same_tree:
+            assert tree == snapshot(local), f"round {r}: not the tree of the calls one by one"
 
 
 # -- processes on several nodes -----------------------------------------------------------

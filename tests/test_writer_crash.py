@@ -9,12 +9,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from trees import build_manifest, file_contents, leftovers
 from writer_child import merged_files, new_files, old_files, race_files
 
+from air_transfer.core import merge
+from air_transfer.core.dirtree import DirCursor, Visit
 from air_transfer.core.writer import write_tree
 
 CHILD = Path(__file__).with_name("writer_child.py")
@@ -237,3 +240,84 @@ def test_concurrent_merges_in_processes_each_publish_whole(tmp_path: Path) -> No
         for child in children:
             child.finish()
     assert_all_merged(target, keep=False)
+
+
+def version(tag: str, round_: int = 0) -> dict[str, bytes]:
+    """One writer's version of a small tree: the same paths in every version, so the
+    target after any merge is exactly the version merged last."""
+    return {f"d{i}/f{j}": f"{tag} {round_} {i} {j}".encode() for i in range(4) for j in range(2)}
+
+
+def test_a_writer_whose_target_is_swapped_during_its_check_publishes_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect: a writer walked the existing target (the merge check) before taking the
+    publish lock; another writer that swapped the target meanwhile removed the old
+    tree under the walk, and the first one failed with a stray FileNotFoundError
+    (about 1 in 2,000 writes of concurrent writers). Here the first writer is held in
+    that walk, just before it enters a directory, while the second one publishes."""
+    target = tmp_path / "out"
+    put_files(target, version("old"))
+    held, go, errors = threading.Event(), threading.Event(), []
+    walk = merge.walk
+
+    def held_walk(cursor: DirCursor) -> Iterator[Visit]:
+        for visit in walk(cursor):
+            yield visit
+            mine = threading.current_thread().name == "held"
+            if visit.event == "enter" and mine and not held.is_set():
+                held.set()
+                assert go.wait(TIMEOUT)
+
+    def write_held() -> None:
+        try:
+            write_tree(*build_manifest(version("held")), target)
+        except BaseException as e:
+            errors.append(e)
+
+    monkeypatch.setattr(merge, "walk", held_walk)
+    writer = threading.Thread(target=write_held, name="held")
+    writer.start()
+    try:
+        assert held.wait(TIMEOUT), "the writer never walked the target"
+        write_tree(*build_manifest(version("other")), target)  # swaps, removes the old
+        assert file_contents(target) == tree_of(version("other"))
+    finally:
+        go.set()
+        writer.join(TIMEOUT)
+    assert not errors, errors
+    assert file_contents(target) == tree_of(version("held"))
+    assert leftovers(tmp_path) == []
+
+
+WRITERS, WRITES = 4, 50
+
+
+def test_concurrent_writers_of_one_target_each_publish_a_whole_version(tmp_path: Path) -> None:
+    """Many writers of one target in a loop (the race above, left to chance): every
+    write publishes a whole version, and the target ends as exactly the version one
+    writer wrote last."""
+    target = tmp_path / "out"
+    manifests = {
+        f"w{k}": [build_manifest(version(f"w{k}", r)) for r in range(WRITES)]
+        for k in range(WRITERS)
+    }
+    start, errors = threading.Barrier(WRITERS), []
+
+    def run(tag: str) -> None:
+        try:
+            start.wait(timeout=TIMEOUT)
+            for manifest, chunks in manifests[tag]:
+                write_tree(manifest, chunks, target)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(tag,)) for tag in manifests]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=TIMEOUT)
+    assert not errors, errors
+    last = [tree_of(version(tag, WRITES - 1)) for tag in manifests]
+    assert file_contents(target) in last
+    assert leftovers(tmp_path) == []

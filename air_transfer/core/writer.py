@@ -62,14 +62,35 @@ def write_tree(
     _makedirs(parent)
     site = Site(parent, name)
     site.clean_up()
-    if _existing_target(real):
-        check_merge(manifest, real)
+    _check_before_writing(manifest, site, real)
     with site.staging() as staging:
         _write_entries(manifest, chunks, staging.path, verify, direct_io, real, expected)
         with site.publish_lock():
             site.recover_locked()  # a writer may have died mid-swap meanwhile
             _publish(manifest, staging, real)
     return target
+
+
+def _check_before_writing(manifest: Manifest, site: Site, target: str) -> None:
+    """Refuse a merge that cannot be done (``check_merge``) before anything is written.
+
+    The walk takes no lock, so another writer may swap the target meanwhile and
+    remove the tree it replaced, under the walk: entries vanish (FileNotFoundError)
+    or the walk stops (ESTALE). Then the target is walked again holding the publish
+    lock, where no writer swaps it: concurrent writers each publish a whole version,
+    one at a time, and never fail on another one's swap."""
+    if not _existing_target(target):
+        return
+    try:
+        check_merge(manifest, target)
+        return
+    except OSError as e:
+        if e.errno not in (errno.ENOENT, errno.ESTALE):
+            raise
+    with site.publish_lock():
+        site.recover_locked()
+        if _existing_target(target):
+            check_merge(manifest, target)
 
 
 def _existing_target(target: str) -> bool:

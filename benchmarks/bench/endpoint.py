@@ -277,7 +277,8 @@ class Ends:
         each of their nodes once, untimed.
 
         A process's first write or read of a page of the store's shared memory takes
-        a page fault even though the raylet preallocated the page: measured here,
+        a page fault even where the raylet preallocated the page (it no longer does:
+        see ``session.PLASMA_CONFIG``; the first fill also allocates it): measured here,
         packing 1 GB in a fresh process took 0.51 s (246k faults) against 0.16 s
         once mapped, bare puts 0.35 s against 0.08 s. A long-running training
         worker has paid that long before it checkpoints, and without this warm-up

@@ -19,11 +19,19 @@ import psutil
 import ray
 
 import air_transfer
+from benchmarks.bench.data import GB
 from benchmarks.units import GiB, MiB
 
-#: Raylets fault their whole object store in at start (a production setting), so the
-#: first contender to fill it does not pay the store's first-touch cost for the rest.
-PLASMA_CONFIG = {"preallocate_plasma_memory": True}
+#: Ray's default, said explicitly: the raylet maps its object store without faulting it
+#: in. ``preallocate_plasma_memory`` faults in (``MAP_POPULATE``) the whole store before
+#: the raylet's plasma client may connect, which it tries 10 times a second apart
+#: before aborting (and ``ray.init`` waits 30 s for the node): on a fresh machine, with
+#: the checkpoints just written still in the page cache, a 6.27 GB store took longer,
+#: and the bench's first run died at start. The store's pages are first touched by
+#: the untimed warm-up instead (``Ends.warm_store``).
+PLASMA_CONFIG = {"preallocate_plasma_memory": False}
+#: The smallest object store a run starts with, first or on its retry.
+MIN_STORE_BYTES = 256 * MiB
 #: The nodes of ``--cross-node`` by their custom resource: the head (the driver's
 #: node: the producer's, and the storage node of ``--train``) and one other.
 CROSS_NODES = ("node_a", "node_b")
@@ -36,6 +44,7 @@ def ray_session(
     store_bytes: int,
     nodes: Sequence[str] = CROSS_NODES,
     log_to_driver: bool = False,
+    retry_store_bytes: int | None = None,
 ) -> Iterator[str]:
     """An embedded Ray for the run: one local node, or with ``cross_node`` a
     ``ray.cluster_utils.Cluster`` on this machine with one node per name in
@@ -43,33 +52,66 @@ def ray_session(
     driver runs), each node with its own object store of ``store_bytes``. An
     already initialized Ray (single node only) is reused and left running. The
     workers' output reaches the driver only with ``log_to_driver`` (``--progress``:
-    their bars travel in it)."""
+    their bars travel in it).
+
+    Should Ray fail to start, what the failed start left running is stopped and Ray
+    is started once more with a smaller store (``retry_store_bytes``, by default
+    ``retry_store_size``), saying so on stderr and in the description yielded; a
+    second failure is raised."""
     if ray.is_initialized():
         if cross_node:
             raise RuntimeError("--cross-node starts its own 2-node cluster: call ray.shutdown()")
         yield "reused the running Ray"
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": log_to_driver}
-    cluster = None
-    if cross_node:
-        from ray.cluster_utils import Cluster
-
-        node: dict[str, Any] = {"num_cpus": num_cpus, "object_store_memory": store_bytes}
-        cluster = Cluster(
-            initialize_head=True,
-            head_node_args={
-                **node,
-                "resources": {nodes[0]: 1},
-                "include_dashboard": False,
-                "_system_config": PLASMA_CONFIG,
-            },
+    how = f"{len(nodes)}-node cluster" if cross_node else "local Ray"
+    retry = retry_store_bytes or retry_store_size(store_bytes)
+    try:
+        cluster = _start_ray(cross_node, num_cpus, store_bytes, nodes, log_to_driver)
+    except Exception as e:
+        if retry is None:
+            raise
+        print(
+            f"Ray did not start with a {store_bytes / GB:.2f} GB object store per node "
+            f"({type(e).__name__}: {e}); starting it once more with {retry / GB:.2f} GB",
+            file=sys.stderr,
+            flush=True,
         )
-        for name in nodes[1:]:
-            cluster.add_node(**node, resources={name: 1})
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, **quiet)
-    else:
+        cluster = _start_ray(cross_node, num_cpus, retry, nodes, log_to_driver)
+        how += f", started again with a {retry / GB:.2f} GB store after a failed start"
+    try:
+        yield how
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+
+
+def retry_store_size(store_bytes: int) -> int | None:
+    """The object store per node to retry a failed start with: half the first one,
+    not under ``MIN_STORE_BYTES``; None if the first one was that small already."""
+    smaller = max(MIN_STORE_BYTES, store_bytes // 2)
+    return smaller if smaller < store_bytes else None
+
+
+def _start_ray(
+    cross_node: bool, num_cpus: int, store_bytes: int, nodes: Sequence[str], log_to_driver: bool
+) -> Any:
+    """Start Ray (see ``ray_session``) and connect to it; returns the cluster, if any.
+    A start that fails leaves nothing running."""
+    started = _children()
+    try:
+        return _start_and_connect(cross_node, num_cpus, store_bytes, nodes, log_to_driver)
+    except BaseException:
+        _stop_failed_start(started)
+        raise
+
+
+def _start_and_connect(
+    cross_node: bool, num_cpus: int, store_bytes: int, nodes: Sequence[str], log_to_driver: bool
+) -> Any:
+    quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": log_to_driver}
+    if not cross_node:
         # "local": always a fresh instance, never a cluster someone started with `ray start`.
         ray.init(
             address="local",
@@ -79,12 +121,48 @@ def ray_session(
             _system_config=PLASMA_CONFIG,
             **quiet,
         )
+        return None
+    from ray.cluster_utils import Cluster
+
+    node: dict[str, Any] = {"num_cpus": num_cpus, "object_store_memory": store_bytes}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            **node,
+            "resources": {nodes[0]: 1},
+            "include_dashboard": False,
+            "_system_config": PLASMA_CONFIG,
+        },
+    )
     try:
-        yield f"{len(nodes)}-node cluster" if cross_node else "local Ray"
-    finally:
-        ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
+        for name in nodes[1:]:
+            cluster.add_node(**node, resources={name: 1})
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, **quiet)
+    except BaseException:
+        cluster.shutdown()
+        raise
+    return cluster
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _stop_failed_start(before: set[int]) -> None:
+    """Disconnect, and end the processes a failed start left running: Ray's own
+    clean-up never runs when ``ray.init`` fails half way (its GCS server, for one,
+    stays up). They are this process's children that were not there before."""
+    ray.shutdown()
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(left, timeout=10)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=10)
 
 
 def auto_store_bytes(largest_bytes: int, cross_node: bool, nodes: int = 2) -> int:
@@ -93,7 +171,7 @@ def auto_store_bytes(largest_bytes: int, cross_node: bool, nodes: int = 2) -> in
     never under 256 MiB."""
     total = psutil.virtual_memory().total
     cap = int(total * (0.4 / nodes if cross_node else 0.3))
-    return max(256 * MiB, min(int(1.5 * largest_bytes) + 256 * MiB, cap))
+    return max(MIN_STORE_BYTES, min(int(1.5 * largest_bytes) + 256 * MiB, cap))
 
 
 def store_capacity() -> int | None:
