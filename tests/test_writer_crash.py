@@ -11,10 +11,12 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 from trees import build_manifest, file_contents, leftovers
 from writer_child import merged_files, new_files, old_files, race_files
 
+from air_transfer.storage.disk import DiskStorage
 from air_transfer.writer import write_tree
 
 CHILD = Path(__file__).with_name("writer_child.py")
@@ -179,6 +181,48 @@ def test_staging_locked_by_a_writer_in_another_pid_namespace_is_kept(tmp_path: P
     assert leftovers(tmp_path) == []
 
 
+def staging_of(parent: Path, target: str) -> list[str]:
+    """The staging directory and lock file of writers of ``target`` in ``parent``."""
+    return sorted(n for n in os.listdir(parent) if n.startswith(f".{target}.air-staging-"))
+
+
+def test_a_dead_writers_staging_is_never_listed_and_is_reclaimed(tmp_path: Path) -> None:
+    """Defect: a writer SIGKILLed mid-write (the storage agent, mid-report) left its
+    staging and lock file in the run's directory for good, and node storage listed
+    them: only the next writer of the same target removed them, and Ray Train never
+    writes a checkpoint's name twice. Listings leave every name the library makes out
+    and remove a dead writer's staging; a live writer's staging is left to it, and the
+    next writer of any target in the directory reclaims it once its writer is dead."""
+    n = 200
+    exp = tmp_path / "exp"
+    for name in ("checkpoint_1", "checkpoint_2"):
+        put_files(exp / name, old_files(n))
+    dead = Child("merge", str(exp / "checkpoint_1"), str(n), "--pause", "before-swap")
+    live = Child("merge", str(exp / "checkpoint_2"), str(n), "--pause", "before-swap")
+    try:
+        dead.wait_for("ready")
+        live.wait_for("ready")
+        assert len(staging_of(exp, "checkpoint_1")) == len(staging_of(exp, "checkpoint_2")) == 2
+        dead.kill()
+        listed = DiskStorage().fs_list(str(tmp_path), str(exp), False, False)
+        assert sorted(path for path, *_ in listed) == ["checkpoint_1", "checkpoint_2"]
+        assert staging_of(exp, "checkpoint_1") == []  # reclaimed by the listing
+        kept = staging_of(exp, "checkpoint_2")
+        assert len(kept) == 2  # a live writer's: left to it
+        infos = DiskStorage().fs_info(str(tmp_path), [str(exp / p) for p in kept])
+        assert [t for t, _, _ in infos] == [pafs.FileType.NotFound] * 2
+        recursive = DiskStorage().fs_list(str(tmp_path), str(exp), True, False)
+        assert not [path for path, *_ in recursive if ".air-" in path]
+        write_tree(*build_manifest({"f": b"1"}), exp / "checkpoint_3")
+        assert staging_of(exp, "checkpoint_2") == kept
+    finally:
+        live.kill()
+    write_tree(*build_manifest({"f": b"1"}), exp / "checkpoint_4")  # another target
+    assert leftovers(exp) == []
+    assert file_contents(exp / "checkpoint_2") == tree_of(old_files(n))
+
+
+TAGS, ROUNDS = ("t0", "t1", "t2"), 3
 TAGS, ROUNDS = ("t0", "t1", "t2"), 3
 
 
