@@ -226,13 +226,13 @@ TAGS, ROUNDS = ("t0", "t1", "t2"), 3
 TAGS, ROUNDS = ("t0", "t1", "t2"), 3
 
 
-def assert_all_merged(target: Path, keep: bool) -> None:
+def assert_all_merged(target: Path, keep: bool, tags: tuple[str, ...] = TAGS) -> None:
     """Every writer's last round is in, whole; ``common`` is one writer's."""
     got = file_contents(target)
     common = got.pop("common")
-    assert common in {race_files(tag, ROUNDS - 1)["common"] for tag in TAGS}
+    assert common in {race_files(tag, ROUNDS - 1)["common"] for tag in tags}
     expected: dict[str, bytes | str] = {"keep": b"mine"} if keep else {}
-    for tag in TAGS:
+    for tag in tags:
         last = race_files(tag, ROUNDS - 1)
         del last["common"]
         expected |= tree_of(last)
@@ -281,3 +281,57 @@ def test_concurrent_merges_in_processes_each_publish_whole(tmp_path: Path) -> No
         for child in children:
             child.finish()
     assert_all_merged(target, keep=False)
+
+
+def test_listings_and_writers_never_reclaim_a_live_writers_staging(tmp_path: Path) -> None:
+    """What reclaims dead writers' staging (every node storage listing, every
+    writer's clean-up of the parent) runs while writers in other processes and in
+    this one publish into the same directory: no live writer's staging, lock file or
+    publish lock is taken from it (each writer publishes every round, whole), and no
+    listing shows a name the library made."""
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    children = [Child("race", str(exp / "out"), tag, str(ROUNDS)) for tag in TAGS]
+    mine = ("m0", "m1")
+    manifests = {tag: [build_manifest(race_files(tag, r)) for r in range(ROUNDS)] for tag in mine}
+    errors: list[BaseException] = []
+    writing = threading.Event()
+
+    def write(tag: str) -> None:
+        try:
+            for manifest, chunks in manifests[tag]:
+                write_tree(manifest, chunks, exp / "mine")
+        except BaseException as e:
+            errors.append(e)
+
+    def list_while_writing() -> None:
+        try:
+            while writing.is_set():
+                listed = DiskStorage().fs_list(str(tmp_path), str(exp), True, False)
+                assert not [path for path, *_ in listed if ".air-" in path], listed
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(tag,)) for tag in mine]
+    listers = [threading.Thread(target=list_while_writing) for _ in range(2)]
+    try:
+        for child in children:
+            child.wait_for("ready")
+        writing.set()
+        for t in listers + threads:
+            t.start()
+        for child in children:
+            assert child.proc.stdin is not None
+            child.proc.stdin.write("go\n")
+            child.proc.stdin.flush()
+    finally:
+        for child in children:
+            child.finish()
+        for t in threads:
+            t.join(timeout=TIMEOUT)
+        writing.clear()
+        for t in listers:
+            t.join(timeout=TIMEOUT)
+    assert not errors, errors
+    assert_all_merged(exp / "out", keep=False)
+    assert_all_merged(exp / "mine", keep=False, tags=mine)
