@@ -25,8 +25,8 @@ import pyarrow.fs as pafs
 import pytest
 import ray
 from checkpoints import MiB, digest_tree, kill_and_wait, make_checkpoint, on
-from conftest import node_ids
-from gates import Gate, gated
+from conftest import eventually, node_ids
+from gates import Gate, HoldPackingAt, gated, hold_packing
 
 from air_transfer import (
     ChecksumError,
@@ -801,3 +801,48 @@ def test_without_a_cache_budget_every_reader_reads_the_disk(tmp_path: Path) -> N
         assert read(f, str(tmp_path / "ckpt.bin")) == body
     assert read_counters("node_a")["bytes_read"] - before["bytes_read"] == 2 * len(body)
     assert read_counters("node_a")["bytes_held"] == 0
+
+
+@ray.remote(num_cpus=0)
+def restore(f: pafs.FileSystem, path: str, local: str) -> dict[str, str]:
+    """What Ray Train's restore on another node does with a node-storage checkpoint."""
+    from air_transfer.train import download_directory
+
+    assert download_directory(f, path, local)
+    return digest_tree(local)
+
+
+def test_restores_at_the_same_time_share_one_pack_larger_than_the_budget(tmp_path: Path) -> None:
+    """Defect: a checkpoint larger than ``cache_bytes`` was packed once per reader,
+    even by simultaneous ones (4 restores of 2 GiB read 8 GiB from the storage disk
+    and spilled its store): the transfer just packed was evicted at once. Readers in
+    flight share one pack whatever its size; the budget bounds what is kept after."""
+    src = make_checkpoint(tmp_path / "ckpt", 6 * MiB)
+    size = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    f = storage_filesystem(
+        node_ids()["node_a"], CONFIG.replace(cache_bytes=MiB), root=str(tmp_path)
+    )
+    agent = node_agent(node_ids()["node_a"])
+    before = read_counters("node_a")
+    gate = Gate.options(**on("head")).remote()
+    hold_packing(agent, HoldPackingAt(2 * MiB, gate))
+    try:
+        first = restore.options(**on("node_b")).remote(f, str(src), str(tmp_path / "r0"))
+        ray.get(gate.wait_for_arrivals.remote(1), timeout=60)  # the first is mid-read
+        others = [
+            restore.options(**on(node)).remote(f, str(src), str(tmp_path / f"r{i}"))
+            for i, node in ((1, "head"), (2, "node_b"))
+        ]
+
+        def served() -> int:
+            return read_counters("node_a")["bytes_served"] - before["bytes_served"]
+
+        eventually(lambda: served() == 3 * size, "the other readers to get the transfer", 180)
+    finally:
+        ray.get(gate.open.remote())
+        hold_packing(agent, None)
+    assert ray.get([first, *others], timeout=120) == [digest_tree(src)] * 3
+    after = read_counters("node_a")
+    assert after["transfers_packed"] - before["transfers_packed"] == 1
+    assert after["bytes_read"] - before["bytes_read"] == size
+    assert after["transfer_readers"] == 0 and after["bytes_held"] <= MiB

@@ -128,26 +128,31 @@ class NodeAgent:
         in a list so that the caller borrows them rather than waiting for them."""
         return [self._files.refs(root, path, size, chunk_bytes, first, count, budget)]
 
-    def directory_transfer(
-        self, root: str, path: str, config: TransferConfig
-    ) -> list[ray.ObjectRef[Any]]:
+    def directory_transfer(self, root: str, path: str, config: TransferConfig) -> list[Any]:
         """A transfer of node-storage checkpoint directory ``path`` as it is now, owned
         by this agent and shared by readers (``disk_chunks.DirectoryTransfers``):
-        Ray Train's restores on other nodes; nested so the caller borrows it."""
-        return [self._directories.ref(root, path, config)]
+        Ray Train's restores on other nodes. ``[ref, lease]``: nested so the caller
+        borrows the ref; the lease goes back to ``release_directory_transfer``."""
+        return list(self._directories.ref(root, path, config))
+
+    def release_directory_transfer(self, lease: str) -> None:
+        """The reader holding ``lease`` (from ``directory_transfer``) is done."""
+        self._directories.release(lease)
 
     def read_counters(self) -> dict[str, int]:
         """What node storage cost this node: bytes read from disk and served (file
         reads and whole-directory transfers, a directory's bytes served once per
-        reader that asked for it), whole-directory transfers packed, checkpoints
-        stored."""
+        reader that asked for it) and held, whole-directory transfers packed and
+        their readers in flight, checkpoints stored."""
         counters = self._files.counters()
         directories = self._directories
         counters["bytes_read"] += directories.bytes_read
         counters["bytes_served"] += directories.bytes_served
+        counters["bytes_held"] += directories.bytes_held
         return {
             **counters,
             "transfers_packed": directories.started,
+            "transfer_readers": directories.readers(),
             "checkpoints_stored": self._stored,
         }
 
