@@ -66,14 +66,17 @@ class NodeAgent:
         return os.getpid()
 
     def read_counters(self) -> dict[str, int]:
-        """What node storage cost this node: bytes read from disk and served (file
-        chunks and whole-directory transfers), transfers packed, checkpoints stored."""
+        """What node storage cost this node: bytes read from disk, served and held
+        (file chunks and whole-directory transfers), transfers packed and their
+        readers in flight, checkpoints stored."""
         counters = self._files.counters()
         counters["bytes_read"] += self._directories.bytes_read
         counters["bytes_served"] += self._directories.bytes_served
+        counters["bytes_held"] += self._directories.bytes_held
         return {
             **counters,
             "transfers_packed": self._directories.started,
+            "transfer_readers": self._directories.readers(),
             "checkpoints_stored": self._stored,
         }
 
@@ -130,10 +133,13 @@ class NodeAgent:
         self._stored += 1
         return stored
 
-    def directory_transfer(
-        self, root: str, path: str, config: TransferConfig
-    ) -> list[ray.ObjectRef[Any]]:
-        return [self._directories.ref(root, path, config)]
+    def directory_transfer(self, root: str, path: str, config: TransferConfig) -> list[Any]:
+        """``[ref, lease]``: nested so the caller borrows the ref; the lease goes back
+        to ``release_directory_transfer`` when the reader is done."""
+        return list(self._directories.ref(root, path, config))
+
+    def release_directory_transfer(self, lease: str) -> None:
+        self._directories.release(lease)
 
     def file_chunks(
         self, root: str, path: str, size: int, chunk_bytes: int, first: int, count: int, budget: int

@@ -52,7 +52,9 @@ class TransferConfig:
             chunks of files read from it in its object store, up to this many bytes
             (least recently used first out, and after 30 s unused), so N readers of
             one checkpoint read it from disk once and Ray may serve them from any
-            node holding a copy. 0: none kept beyond the read that asked.
+            node holding a copy. 0: none kept beyond the read that asked. A
+            checkpoint directory restored by readers at the same time is shared by
+            all of them whatever its size; this bounds what is kept once they are done.
         progress: show a progress bar (bytes, rate, ETA) for each transfer that runs
             longer than a second: packing (``to_object_ref``, ``to_object_ref_async``)
             and reading (``to_directory``). ``True`` or ``False`` decides; ``None``

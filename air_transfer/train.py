@@ -12,6 +12,7 @@ its own storage: ``ray.train.report(..., checkpoint_upload_fn=checkpoint_upload_
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -121,8 +122,9 @@ def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) 
     ``local_path`` as Ray Train's restore does; False for anything else (Ray copies).
 
     On the storage node: a local copy. Elsewhere: the storage node's agent packs the
-    directory once for all readers (``disk_chunks.DirectoryTransfers``) and it is
-    written here as any transfer is: verified, ``O_DIRECT``, published whole.
+    directory once for all readers (``disk_chunks.DirectoryTransfers``: every reader
+    in flight shares the one pack, whatever its size) and it is written here as any
+    transfer is: verified, ``O_DIRECT``, published whole.
     """
     handler = node_storage_handler(filesystem)
     if handler is None:
@@ -135,10 +137,21 @@ def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) 
                 return False
             copy_tree(source, local_path, handler.config)
             return True
-        [ref] = handler.link.call(
+        [ref, lease] = handler.link.call(
             lambda agent: agent.directory_transfer(handler.root, local, handler.config)
         )
     except NotADirectoryError:
         return False  # one file: Ray's own copy
-    ChunkedCheckpoint.from_object_ref(ref).to_directory(local_path)
+    try:
+        ChunkedCheckpoint.from_object_ref(ref).to_directory(local_path)
+    finally:
+        _release(handler, lease)
     return True
+
+
+def _release(handler: NodeStorageHandler, lease: str) -> None:
+    """Tell the storage node's agent this restore is done with its transfer, so that
+    it is kept only within the budget again; an agent gone meanwhile took the lease
+    with it."""
+    with contextlib.suppress(ray.exceptions.RayError):
+        ray.get(handler.link.agent().release_directory_transfer(lease))

@@ -8,6 +8,7 @@ so that every call crosses nodes. File bodies span several chunks.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import io
@@ -24,7 +25,8 @@ import pyarrow.fs as pafs
 import pytest
 import ray
 from checkpoints import MiB, digest_tree, kill_and_wait, make_checkpoint, on
-from conftest import node_ids
+from conftest import eventually, node_ids
+from gates import Gate, HoldPackingAt, gated, hold_packing
 
 from air_transfer import (
     ChecksumError,
@@ -224,6 +226,72 @@ def test_copy_files_round_trip(fs: tuple[pafs.FileSystem, str], tmp_path: Path) 
     pafs.copy_files(str(src), f"{base}/ckpt", destination_filesystem=f, chunk_size=3 * MiB)
     pafs.copy_files(f"{base}/ckpt", str(tmp_path / "out"), source_filesystem=f)
     assert digest_tree(tmp_path / "out") == digest_tree(src) == digest_tree(f"{base}/ckpt")
+
+
+# -- names up to NAME_MAX -----------------------------------------------------------
+#: Names of 200..255 bytes, ASCII and multi-byte UTF-8 (2, 3 and 4 bytes a character).
+LONG_NAMES = [
+    *("n" * size for size in (200, 210, 211, 212, 255)),
+    "é" * 127 + "a",
+    "€" * 85,
+    "😀" * 63 + "abc",
+]
+
+
+def long_name_calls(f: pafs.FileSystem, base: str, name: str) -> list[tuple[str, Any]]:
+    """Every ``FileSystemHandler`` operation on entries named ``name``, under ``base``:
+    what each returned (paths relative to ``base``), or the error it raised."""
+    done: list[tuple[str, Any]] = []
+
+    def call(label: str, op: Callable[[], Any]) -> None:
+        try:
+            done.append((label, op()))
+        except OSError as e:
+            done.append((label, f"{type(e).__name__}: {e}"))
+
+    def infos(found: list[pafs.FileInfo]) -> list[tuple[str, Any, Any]]:
+        return sorted((i.path[len(base) :], i.type, i.size) for i in found)
+
+    def write(path: str, body: bytes, append: bool = False) -> None:
+        opener = f.open_append_stream if append else f.open_output_stream
+        with opener(path) as s:
+            s.write(body)
+
+    d, file_ = f"{base}/{name}", f"{base}/{name}/{name}"
+    call("create_dir", lambda: f.create_dir(f"{d}/{name}/{name}"))
+    call("delete_dir", lambda: f.delete_dir(f"{d}/{name}"))
+    call("open_output_stream", lambda: write(file_, BODY))
+    call("open_append_stream", lambda: write(file_, b"+", append=True))
+    call("get_file_info", lambda: infos(f.get_file_info([d, file_])))
+    call("open_input_stream", lambda: read(f, file_) == BODY + b"+")
+    call("open_input_file", lambda: f.open_input_file(file_).size())
+    call("copy_file", lambda: f.copy_file(file_, f"{d}/c"))
+    call("create_dir m", lambda: f.create_dir(f"{base}/m"))
+    call("move", lambda: f.move(f"{d}/c", f"{base}/m/{name}"))
+    call("selector", lambda: infos(f.get_file_info(pafs.FileSelector(base, recursive=True))))
+    call("delete_file", lambda: f.delete_file(file_))
+    call("create_dir again", lambda: f.create_dir(f"{d}/{name}"))
+    call("delete_dir_contents", lambda: f.delete_dir_contents(d))
+    call("delete_dir, the last", lambda: f.delete_dir(d))
+    call("delete_dir m", lambda: f.delete_dir(f"{base}/m"))
+    call("selector, at the end", lambda: infos(f.get_file_info(pafs.FileSelector(base))))
+    return done
+
+
+@pytest.mark.parametrize("name", LONG_NAMES, ids=lambda n: f"{len(n.encode())}B-{len(n)}chars")
+def test_names_up_to_255_bytes_work_as_on_local_filesystem(
+    fs: tuple[pafs.FileSystem, str], tmp_path: Path, name: str
+) -> None:
+    """Defect: names of 211-255 bytes could not be written through node storage (and
+    directories of 212-255 not deleted), which LocalFileSystem takes: the hidden
+    staging and trash names made from them added 44-45 bytes, past NAME_MAX."""
+    f, base = fs
+    (tmp_path / "ref").mkdir()
+    (Path(base) / "long").mkdir()
+    expected = long_name_calls(pafs.LocalFileSystem(), str(tmp_path / "ref"), name)
+    assert all(isinstance(v, bool | int | list) or v is None for _, v in expected), expected
+    assert long_name_calls(f, f"{base}/long", name) == expected
+    assert os.listdir(f"{base}/long") == []  # no staging or trash left
 
 
 # -- node storage only --------------------------------------------------------------
@@ -622,6 +690,47 @@ def test_the_agent_refuses_every_path_outside_the_root(
     assert (root / "d" / "f").read_bytes() == b"inside"
 
 
+def internal_names(top: Path) -> list[str]:
+    return sorted(p.name for p in top.rglob("*") if ".air-" in p.name)
+
+
+def test_a_storage_agent_killed_mid_report_leaves_nothing_listed_or_on_disk(
+    tmp_path: Path,
+) -> None:
+    """Defect: the storage agent SIGKILLed while it wrote a reported checkpoint left
+    its staging directory and lock file (``.checkpoint_*.air-staging-*``) in the
+    run's directory for good, and the filesystem listed them. Listings leave them
+    out; while the agent lives its staging is left to it, and the first listing
+    after its death removes both."""
+    src = make_checkpoint(tmp_path / "src", 6 * MiB)
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    ref = ChunkedCheckpoint.from_directory(str(src)).to_object_ref(config=CONFIG)
+    gate = Gate.options(**on("head")).remote()
+    f = storage_filesystem(node_ids()["node_a"], CONFIG, root=str(tmp_path))
+    agent = node_agent(node_ids()["node_a"])
+    pid = ray.get(agent.pid.remote())
+    checkpoint = gated(ChunkedCheckpoint.from_object_ref(ref), gate)
+    pending = agent.store_checkpoint.remote(checkpoint, f, str(exp / "checkpoint_000000"))
+    ray.get(gate.wait_for_arrivals.remote(1))  # the agent is mid-write
+
+    def listed() -> list[str]:
+        return [i.path for i in f.get_file_info(pafs.FileSelector(str(exp), recursive=True))]
+
+    staged = internal_names(exp)
+    assert len(staged) == 2, staged  # the staging directory and its lock file
+    assert listed() == [] and f.get_file_info(str(exp / staged[0])).type == pafs.FileType.NotFound
+    assert internal_names(exp) == staged  # the live writer's: left to it
+    kill_and_wait(agent, pid)
+    gate.open.remote()
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(pending)
+    with contextlib.suppress(ConnectionError):  # the agent is lost, then replaced
+        listed()
+    assert listed() == []
+    assert os.listdir(exp) == []
+
+
 def snapshot(top: Path) -> list[tuple[str, bytes]]:
     return sorted((str(p.relative_to(top)), p.read_bytes()) for p in top.rglob("*"))
 
@@ -695,3 +804,48 @@ def test_without_a_cache_budget_every_reader_reads_the_disk(tmp_path: Path) -> N
         assert read(f, str(tmp_path / "ckpt.bin")) == body
     assert read_counters("node_a")["bytes_read"] - before["bytes_read"] == 2 * len(body)
     assert read_counters("node_a")["bytes_held"] == 0
+
+
+@ray.remote(num_cpus=0)
+def restore(f: pafs.FileSystem, path: str, local: str) -> dict[str, str]:
+    """What Ray Train's restore on another node does with a node-storage checkpoint."""
+    from air_transfer.train import download_directory
+
+    assert download_directory(f, path, local)
+    return digest_tree(local)
+
+
+def test_restores_at_the_same_time_share_one_pack_larger_than_the_budget(tmp_path: Path) -> None:
+    """Defect: a checkpoint larger than ``cache_bytes`` was packed once per reader,
+    even by simultaneous ones (4 restores of 2 GiB read 8 GiB from the storage disk
+    and spilled its store): the transfer just packed was evicted at once. Readers in
+    flight share one pack whatever its size; the budget bounds what is kept after."""
+    src = make_checkpoint(tmp_path / "ckpt", 6 * MiB)
+    size = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    f = storage_filesystem(
+        node_ids()["node_a"], CONFIG.replace(cache_bytes=MiB), root=str(tmp_path)
+    )
+    agent = node_agent(node_ids()["node_a"])
+    before = read_counters("node_a")
+    gate = Gate.options(**on("head")).remote()
+    hold_packing(agent, HoldPackingAt(2 * MiB, gate))
+    try:
+        first = restore.options(**on("node_b")).remote(f, str(src), str(tmp_path / "r0"))
+        ray.get(gate.wait_for_arrivals.remote(1), timeout=60)  # the first is mid-read
+        others = [
+            restore.options(**on(node)).remote(f, str(src), str(tmp_path / f"r{i}"))
+            for i, node in ((1, "head"), (2, "node_b"))
+        ]
+
+        def served() -> int:
+            return read_counters("node_a")["bytes_served"] - before["bytes_served"]
+
+        eventually(lambda: served() == 3 * size, "the other readers to get the transfer", 180)
+    finally:
+        ray.get(gate.open.remote())
+        hold_packing(agent, None)
+    assert ray.get([first, *others], timeout=120) == [digest_tree(src)] * 3
+    after = read_counters("node_a")
+    assert after["transfers_packed"] - before["transfers_packed"] == 1
+    assert after["bytes_read"] - before["bytes_read"] == size
+    assert after["transfer_readers"] == 0 and after["bytes_held"] <= MiB

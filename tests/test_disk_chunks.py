@@ -1,6 +1,7 @@
 """The storage node's cache of file chunks (``storage.disk_chunks``) without Ray: each
 chunk of one version of a file is packed once, kept under the readers' byte budget,
-dropped when idle, and a new version of the file is packed anew."""
+dropped when idle, and a new version of the file is packed anew; a checkpoint
+directory's transfer is shared by every reader in flight, whatever its size."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from typing import Any
 
 import pytest
 
+from air_transfer.config import TransferConfig
 from air_transfer.core.packer import ChunkPacker
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.scan import Source
 from air_transfer.storage.server import chunk_cache as disk_chunks
-from air_transfer.storage.server.chunk_cache import FileChunks
+from air_transfer.storage.server.chunk_cache import DirectoryTransfers, FileChunks
 
 CHUNK = 1024
 
@@ -105,3 +107,67 @@ def test_paths_are_confined_to_the_root(stored: tuple[Path, bytes]) -> None:
     (root / "sub").mkdir()
     with pytest.raises(PermissionError):
         FileChunks(Packer()).refs(str(root / "sub"), "../f", len(body), CHUNK, 0, 1, 1 << 20)
+
+
+class Starts:
+    """Starts a directory transfer as the agent would, recording how many."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, source: Source, config: TransferConfig) -> tuple[Any, Any]:
+        self.count += 1
+        return f"transfer {self.count} of {source.root}", None
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "model.bin").write_bytes(os.urandom(5 * CHUNK))
+    return tmp_path
+
+
+def test_readers_in_flight_share_a_transfer_larger_than_the_budget(checkpoint: Path) -> None:
+    """Defect: a checkpoint larger than ``cache_bytes`` was packed once per reader,
+    even by readers at the same time (the transfer just inserted was evicted at once).
+    Readers in flight share one pack whatever its size; once the last is done, only
+    what the budget allows is kept."""
+    starts, root, config = Starts(), str(checkpoint), TransferConfig(cache_bytes=CHUNK)
+    transfers = DirectoryTransfers(starts)
+    first, a = transfers.ref(root, "ckpt", config)
+    second, b = transfers.ref(root, "ckpt", config)
+    transfers.release(a)
+    third, c = transfers.ref(root, "ckpt", config)  # b is still reading
+    assert first == second == third and starts.count == 1
+    assert transfers.bytes_held == 5 * CHUNK and transfers.readers() == 2
+    transfers.release(b)
+    transfers.release(c)
+    transfers.release(c)  # twice: nothing more
+    assert transfers.bytes_held == 0 and transfers.readers() == 0
+    transfers.ref(root, "ckpt", config)
+    assert starts.count == 2 and transfers.bytes_read == 10 * CHUNK
+
+
+def test_a_transfer_within_the_budget_is_kept_for_later_readers(checkpoint: Path) -> None:
+    starts, root, config = Starts(), str(checkpoint), TransferConfig(cache_bytes=8 * CHUNK)
+    transfers = DirectoryTransfers(starts)
+    _, lease = transfers.ref(root, "ckpt", config)
+    transfers.release(lease)
+    transfers.ref(root, "ckpt", config)
+    assert starts.count == 1 and transfers.bytes_served == 10 * CHUNK
+
+
+def test_a_reader_that_never_lets_go_is_taken_for_dead(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(disk_chunks.time, "monotonic", lambda: now[0])
+    starts, root, config = Starts(), str(checkpoint), TransferConfig(cache_bytes=CHUNK)
+    transfers = DirectoryTransfers(starts)
+    transfers.ref(root, "ckpt", config)  # and never released
+    now[0] += disk_chunks.KNOBS.read_lease_s - 1
+    transfers.ref(root, "ckpt", config)
+    assert starts.count == 1 and transfers.readers() == 2
+    now[0] += 2  # the first reader's lease is over; the second's holds the transfer
+    assert transfers.ref(root, "ckpt", config)[0] == "transfer 1 of " + str(checkpoint / "ckpt")
+    assert transfers.readers() == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import posixpath
 import subprocess
 import sys
 import threading
@@ -150,6 +151,27 @@ def test_abort_removes_only_staging_files(tmp_path: Path) -> None:
     with pytest.raises(PermissionError, match="not a staging file"):
         disk.fs_abort(root, str(tmp_path / "keep"))
     assert os.listdir(tmp_path) == ["keep"]
+
+
+@pytest.mark.parametrize(
+    "name", ["n" * 255, "é" * 127 + "a", "😀" * 63 + "abc"], ids=["ascii", "2-byte", "4-byte"]
+)
+def test_names_of_255_bytes_are_written_and_deleted(tmp_path: Path, name: str) -> None:
+    """Defect: the hidden staging and trash names made from a name added 44-45 bytes,
+    so that names of 211-255 bytes could not be written, nor directories of 212-255
+    deleted (ENAMETOOLONG), where a local filesystem takes them."""
+    disk, root, d = Disk(), str(tmp_path), str(tmp_path / name)
+    disk.fs_create_dir(root, f"{d}/{name}", True)
+    staging, _, _ = disk.fs_open_write(root, f"{d}/{name}/{name}", append=False)
+    assert len(os.fsencode(posixpath.basename(staging))) <= 255
+    disk.fs_commit(root, f"{d}/{name}/{name}", staging, 0, b"abc", chunk_checksum(b"abc"), 3)
+    disk.fs_copy_file(root, f"{d}/{name}/{name}", f"{d}/{name}/c")
+    assert Path(d, name, "c").read_bytes() == b"abc"
+    disk.fs_delete_dir_contents(root, d, False)
+    disk.fs_create_dir(root, f"{d}/{name}", False)
+    disk.fs_delete_dir(root, f"{d}/{name}")
+    disk.fs_delete_dir(root, d)
+    assert os.listdir(tmp_path) == []
 
 
 def test_the_root_itself_and_slash_are_protected(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 from trees import build_manifest, file_contents, leftovers
 from writer_child import merged_files, new_files, old_files, race_files
@@ -19,6 +20,7 @@ from writer_child import merged_files, new_files, old_files, race_files
 from air_transfer.core import merge
 from air_transfer.core.dirtree import DirCursor, Visit
 from air_transfer.core.writer import write_tree
+from air_transfer.storage.server.metadata import DiskStorage
 
 CHILD = Path(__file__).with_name("writer_child.py")
 TIMEOUT = 120.0
@@ -182,16 +184,58 @@ def test_staging_locked_by_a_writer_in_another_pid_namespace_is_kept(tmp_path: P
     assert leftovers(tmp_path) == []
 
 
+def staging_of(parent: Path, target: str) -> list[str]:
+    """The staging directory and lock file of writers of ``target`` in ``parent``."""
+    return sorted(n for n in os.listdir(parent) if n.startswith(f".{target}.air-staging-"))
+
+
+def test_a_dead_writers_staging_is_never_listed_and_is_reclaimed(tmp_path: Path) -> None:
+    """Defect: a writer SIGKILLed mid-write (the storage agent, mid-report) left its
+    staging and lock file in the run's directory for good, and node storage listed
+    them: only the next writer of the same target removed them, and Ray Train never
+    writes a checkpoint's name twice. Listings leave every name the library makes out
+    and remove a dead writer's staging; a live writer's staging is left to it, and the
+    next writer of any target in the directory reclaims it once its writer is dead."""
+    n = 200
+    exp = tmp_path / "exp"
+    for name in ("checkpoint_1", "checkpoint_2"):
+        put_files(exp / name, old_files(n))
+    dead = Child("merge", str(exp / "checkpoint_1"), str(n), "--pause", "before-swap")
+    live = Child("merge", str(exp / "checkpoint_2"), str(n), "--pause", "before-swap")
+    try:
+        dead.wait_for("ready")
+        live.wait_for("ready")
+        assert len(staging_of(exp, "checkpoint_1")) == len(staging_of(exp, "checkpoint_2")) == 2
+        dead.kill()
+        listed = DiskStorage().fs_list(str(tmp_path), str(exp), False, False)
+        assert sorted(path for path, *_ in listed) == ["checkpoint_1", "checkpoint_2"]
+        assert staging_of(exp, "checkpoint_1") == []  # reclaimed by the listing
+        kept = staging_of(exp, "checkpoint_2")
+        assert len(kept) == 2  # a live writer's: left to it
+        infos = DiskStorage().fs_info(str(tmp_path), [str(exp / p) for p in kept])
+        assert [t for t, _, _ in infos] == [pafs.FileType.NotFound] * 2
+        recursive = DiskStorage().fs_list(str(tmp_path), str(exp), True, False)
+        assert not [path for path, *_ in recursive if ".air-" in path]
+        write_tree(*build_manifest({"f": b"1"}), exp / "checkpoint_3")
+        assert staging_of(exp, "checkpoint_2") == kept
+    finally:
+        live.kill()
+    write_tree(*build_manifest({"f": b"1"}), exp / "checkpoint_4")  # another target
+    assert leftovers(exp) == []
+    assert file_contents(exp / "checkpoint_2") == tree_of(old_files(n))
+
+
+TAGS, ROUNDS = ("t0", "t1", "t2"), 3
 TAGS, ROUNDS = ("t0", "t1", "t2"), 3
 
 
-def assert_all_merged(target: Path, keep: bool) -> None:
+def assert_all_merged(target: Path, keep: bool, tags: tuple[str, ...] = TAGS) -> None:
     """Every writer's last round is in, whole; ``common`` is one writer's."""
     got = file_contents(target)
     common = got.pop("common")
-    assert common in {race_files(tag, ROUNDS - 1)["common"] for tag in TAGS}
+    assert common in {race_files(tag, ROUNDS - 1)["common"] for tag in tags}
     expected: dict[str, bytes | str] = {"keep": b"mine"} if keep else {}
-    for tag in TAGS:
+    for tag in tags:
         last = race_files(tag, ROUNDS - 1)
         del last["common"]
         expected |= tree_of(last)
@@ -321,3 +365,57 @@ def test_concurrent_writers_of_one_target_each_publish_a_whole_version(tmp_path:
     last = [tree_of(version(tag, WRITES - 1)) for tag in manifests]
     assert file_contents(target) in last
     assert leftovers(tmp_path) == []
+
+
+def test_listings_and_writers_never_reclaim_a_live_writers_staging(tmp_path: Path) -> None:
+    """What reclaims dead writers' staging (every node storage listing, every
+    writer's clean-up of the parent) runs while writers in other processes and in
+    this one publish into the same directory: no live writer's staging, lock file or
+    publish lock is taken from it (each writer publishes every round, whole), and no
+    listing shows a name the library made."""
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    children = [Child("race", str(exp / "out"), tag, str(ROUNDS)) for tag in TAGS]
+    mine = ("m0", "m1")
+    manifests = {tag: [build_manifest(race_files(tag, r)) for r in range(ROUNDS)] for tag in mine}
+    errors: list[BaseException] = []
+    writing = threading.Event()
+
+    def write(tag: str) -> None:
+        try:
+            for manifest, chunks in manifests[tag]:
+                write_tree(manifest, chunks, exp / "mine")
+        except BaseException as e:
+            errors.append(e)
+
+    def list_while_writing() -> None:
+        try:
+            while writing.is_set():
+                listed = DiskStorage().fs_list(str(tmp_path), str(exp), True, False)
+                assert not [path for path, *_ in listed if ".air-" in path], listed
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(tag,)) for tag in mine]
+    listers = [threading.Thread(target=list_while_writing) for _ in range(2)]
+    try:
+        for child in children:
+            child.wait_for("ready")
+        writing.set()
+        for t in listers + threads:
+            t.start()
+        for child in children:
+            assert child.proc.stdin is not None
+            child.proc.stdin.write("go\n")
+            child.proc.stdin.flush()
+    finally:
+        for child in children:
+            child.finish()
+        for t in threads:
+            t.join(timeout=TIMEOUT)
+        writing.clear()
+        for t in listers:
+            t.join(timeout=TIMEOUT)
+    assert not errors, errors
+    assert_all_merged(exp / "out", keep=False)
+    assert_all_merged(exp / "mine", keep=False, tags=mine)

@@ -117,9 +117,14 @@ class AgentClient:
         return ref
 
     def directory_transfer(self, root: str, path: str, config: TransferConfig) -> Ref:
-        """A transfer of the node-storage directory ``path``, shared by readers (the
-        checkpoint's ref, nested in a list so the caller borrows it)."""
+        """A transfer of the node-storage directory ``path``, shared by readers:
+        ``[checkpoint ref, lease]`` (nested, so the caller borrows the ref)."""
         ref: Ref = self.actor.directory_transfer.remote(root, path, config)
+        return ref
+
+    def release_directory_transfer(self, lease: str) -> ray.ObjectRef[None]:
+        """The reader holding ``lease`` (from ``directory_transfer``) is done with it."""
+        ref: ray.ObjectRef[None] = self.actor.release_directory_transfer.remote(lease)
         return ref
 
     def file_chunks(

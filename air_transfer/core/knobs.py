@@ -52,6 +52,10 @@ class Knobs:
     #: cache (``storage.disk_chunks``): readers of one checkpoint that start within
     #: it share its chunks; afterwards the store is not held for nobody.
     read_cache_idle_s: float = 30.0
+    #: A reader of a node-storage checkpoint that has not said it is done this long
+    #: after it last asked is taken for dead: what it read is then kept only within
+    #: the budget again. Restores of the largest checkpoints take minutes.
+    read_lease_s: float = 900.0
     #: ``streamed`` rather than ``chunked`` above this share of the packing node's
     #: free object store: chunked would start spilling (Ray spills at 0.8 full).
     stream_above_store_fraction: float = 0.8
@@ -78,8 +82,9 @@ class Knobs:
                 "knob pack_ring_buffers must be >= 3: the reader fills one buffer while "
                 "one waits in the hand-off and the caller holds one"
             )
-        if not self.read_cache_idle_s > 0:
-            raise ValueError(f"knob read_cache_idle_s must be > 0, got {self.read_cache_idle_s!r}")
+        for name in ("read_cache_idle_s", "read_lease_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"knob {name} must be > 0, got {getattr(self, name)!r}")
         if not 0 < self.stream_above_store_fraction <= 1:
             raise ValueError(
                 "knob stream_above_store_fraction must be in (0, 1], got "

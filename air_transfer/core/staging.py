@@ -10,6 +10,12 @@ are atomic) and on the same shared volume for every host that writes there:
 - ``.<name>.air-old-<id>``: the previous target, only for the moment of a swap on a
   filesystem without ``RENAME_EXCHANGE``.
 
+Node storage adds ``.<name>.air-upload-<id>`` (a file being uploaded) and
+``.<name>.air-trash-<id>`` (a directory being deleted). Every such name comes from
+``internal_name``, which digests a ``<name>`` of over 180 bytes so that the whole
+stays within ``NAME_MAX`` (255 bytes) whatever the target's name; ``is_internal``
+tells them from the user's names, for listings to leave out.
+
 **Liveness is a lock, never a pid**: a writer in another PID
 namespace (a container, another host on NFS) may carry any pid. A staging directory
 whose lock can be taken belongs to a dead writer and is removed. The locks are POSIX
@@ -43,7 +49,7 @@ import platform
 import re
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from air_transfer.core.dirtree import rmtree
 from air_transfer.errors import error_at
@@ -52,8 +58,21 @@ logger = logging.getLogger(__name__)
 
 _STAGING = ".air-staging-"
 _OLD = ".air-old-"
+_PUBLISH_LOCK = ".air-lock"
 _LOCK_SUFFIX = ".lock"
+#: Marks the staging file of an upload through node storage (``storage.disk_uploads``).
+UPLOAD_MARK = ".air-upload-"
+#: Marks a directory being deleted by node storage (``storage.disk``).
+TRASH_MARK = ".air-trash-"
+_MARKS = (_STAGING, _OLD, _PUBLISH_LOCK, UPLOAD_MARK, TRASH_MARK)
+#: A target name longer than this (bytes) is digested in the names made from it: the
+#: dot, the longest mark and suffix add at most 46 bytes, and a name may have 255.
+_LONG_NAME = 180
 _SUFFIX = re.compile(r"\d+-[0-9a-f]+")
+#: A writer's staging directory or its lock file: (stem, suffix).
+_STAGED = re.compile(r"(\..*)\.air-staging-(\d+-[0-9a-f]+)(?:\.lock)?", re.DOTALL)
+#: The previous target a swap set aside: (stem, suffix).
+_SET_ASIDE = re.compile(r"(\..*)\.air-old-(\d+-[0-9a-f]+)", re.DOTALL)
 #: Written into a staging lock file just before the swap: the staging is complete.
 SWAP_MARK = b"swap\n"
 
@@ -64,30 +83,39 @@ _OWN: set[str] = set()
 _OWN_GUARD = threading.Lock()
 
 
+def internal_name(name: str, mark: str, suffix: str = "") -> str:
+    """The hidden name ``.<name><mark><suffix>`` of something the library makes next
+    to ``name`` (``name`` digested if long: see the module)."""
+    return f"{_stem(name)}{mark}{suffix}"
+
+
+def is_internal(name: str) -> bool:
+    """Whether ``name`` is one that ``internal_name`` makes (listings leave it out)."""
+    return name.startswith(".") and any(mark in name for mark in _MARKS)
+
+
 class Site:
     """The hidden names next to one target (``parent/name``)."""
 
     def __init__(self, parent: str, name: str) -> None:
         self.parent, self.name = parent, name
-        # Long names would push ".<name>.air-staging-<id>.lock" past NAME_MAX (255).
-        stem = name if len(os.fsencode(name)) <= 180 else _digest(name)
         self.target = os.path.join(parent, name)
-        self._stem = f".{stem}"
+        self._stem = _stem(name)
 
     def staging_path(self, suffix: str) -> str:
-        return os.path.join(self.parent, f"{self._stem}{_STAGING}{suffix}")
+        return os.path.join(self.parent, internal_name(self.name, _STAGING, suffix))
 
     def lock_path(self, suffix: str) -> str:
         return self.staging_path(suffix) + _LOCK_SUFFIX
 
     def old_path(self, suffix: str) -> str:
-        return os.path.join(self.parent, f"{self._stem}{_OLD}{suffix}")
+        return os.path.join(self.parent, internal_name(self.name, _OLD, suffix))
 
     @contextlib.contextmanager
     def publish_lock(self) -> Iterator[None]:
         """Serialise publishing into this target: threads, processes, and hosts that
         share the volume."""
-        path = os.path.join(self.parent, f"{self._stem}.air-lock")
+        path = os.path.join(self.parent, internal_name(self.name, _PUBLISH_LOCK))
         with _process_mutex(path):
             fd = _acquire(path)
             try:
@@ -100,18 +128,23 @@ class Site:
 
     def clean_up(self) -> None:
         """What writers of this target that died left: finish or roll back their
-        swaps (under the publish lock, taken only if there is one), and remove their
-        staging (the lock of a dead writer is free: any pid, any host)."""
-        staged, old = self._scan()
-        if old:
+        swaps (under the publish lock, taken only if there is one); then remove the
+        staging of every dead writer in the parent, of this target or another
+        (``reclaim_dead``: Ray Train never writes a checkpoint's name twice)."""
+        if self._scan()[1]:
             with self.publish_lock():
                 self.recover_locked()
-        for suffix in staged - old - _own():
-            with _dead_lock(self.lock_path(suffix)) as fd:
-                if fd is not None:
-                    path = self.staging_path(suffix)
-                    logger.debug("removing the staging of a dead writer: %s", path)
-                    _remove(path)
+        try:
+            fd = os.open(self.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        try:
+            reclaim_dead(fd, self.parent, os.listdir(fd), self._remove)
+        finally:
+            os.close(fd)
+
+    def _remove(self, name: str) -> None:
+        _remove(os.path.join(self.parent, name))
 
     def recover_locked(self) -> None:
         """``recover``, the publish lock held: the target comes back complete, the
@@ -146,6 +179,46 @@ class Site:
                         if _SUFFIX.fullmatch(rest):
                             suffixes.add(rest)
         return found
+
+
+def reclaim_dead(
+    dir_fd: int, where: str, names: Iterable[str], remove: Callable[[str], None]
+) -> list[str]:
+    """Remove what dead writers left, whatever their target, from the open directory
+    ``dir_fd`` (at path ``where``) whose entries ``names`` were listed before this
+    call: each staging whose lock can be taken (the lock of a dead writer is free:
+    any pid, any host), then its lock file; and each free publish lock. Never a live
+    writer's (its lock is held, or it is of this process: ``_OWN``, ``_MUTEXES``),
+    nor a staging a swap left half done (an ``air-old`` of the same id: only the
+    target's next writer can settle it, ``Site.recover_locked``). ``remove(name)``
+    removes one staging directory. Returns the staging names removed."""
+    staged: set[tuple[str, str]] = set()
+    aside: set[tuple[str, str]] = set()
+    publish: list[str] = []
+    for name in names:
+        if found := _STAGED.fullmatch(name):
+            staged.add((found[1], found[2]))
+        elif found := _SET_ASIDE.fullmatch(name):
+            aside.add((found[1], found[2]))
+        elif name.startswith(".") and name.endswith(_PUBLISH_LOCK):
+            publish.append(name)
+    for name in publish:
+        with _unused_here(os.path.join(where, name)) as unused:
+            if unused:
+                with _dead_lock(name, dir_fd):
+                    pass  # taken (its holder is dead): unlinked on the way out
+    own = _own()  # after the listing: a writer of this process listed there is in it
+    removed = []
+    for stem, suffix in sorted(staged - aside):
+        if suffix in own:
+            continue
+        name = f"{stem}{_STAGING}{suffix}"
+        with _dead_lock(name + _LOCK_SUFFIX, dir_fd) as fd:
+            if fd is not None:
+                logger.debug("removing the staging of a dead writer: %s", name)
+                remove(name)
+                removed.append(name)
+    return removed
 
 
 class Staging:
@@ -298,6 +371,32 @@ def _process_mutex(path: str) -> Iterator[None]:
                 del _MUTEXES[key]
 
 
+@contextlib.contextmanager
+def _unused_here(path: str) -> Iterator[bool]:
+    """Whether no thread of this process uses the publish lock ``path``; while True,
+    none can start to (they wait on its process mutex, held here): a remover may
+    judge the lock without dropping the lock of a publisher of this process."""
+    key = os.path.realpath(path)
+    with _MUTEXES_GUARD:
+        if key in _MUTEXES:
+            mutex = None
+        else:
+            mutex = _MUTEXES[key] = _Mutex()
+            mutex.users = 1
+            mutex.lock.acquire()
+    if mutex is None:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        with _MUTEXES_GUARD:
+            mutex.users -= 1
+            if not mutex.users:
+                del _MUTEXES[key]
+        mutex.lock.release()
+
+
 def _acquire(path: str) -> int:
     """Open (creating) and lock ``path``; retry until the locked file is the one at
     ``path`` (a releaser unlinks it while holding the lock)."""
@@ -331,32 +430,32 @@ def _lockf(fd: int, how: int, path: str) -> None:
         raise error_at(e, path, hint) from e
 
 
-def _names(path: str, fd: int) -> bool:
+def _names(path: str, fd: int, dir_fd: int | None = None) -> bool:
     try:
-        st = os.stat(path)
+        st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return False
     held = os.fstat(fd)
     return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
-def _unlink_lock(path: str, fd: int) -> None:
+def _unlink_lock(path: str, fd: int, dir_fd: int | None = None) -> None:
     """Unlink a lock file while holding it, then let go of it."""
     try:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+            os.unlink(path, dir_fd=dir_fd)
     finally:
         os.close(fd)
 
 
 @contextlib.contextmanager
-def _dead_lock(path: str) -> Iterator[int | None]:
-    """Take the staging lock file ``path`` if its writer is gone: yields None while
-    the writer lives (the lock is taken), else the held descriptor, or -1 if the lock
-    file is gone too. On a clean exit the lock file is removed. (Never opened for a
-    staging of this process: see ``_OWN``.)"""
+def _dead_lock(path: str, dir_fd: int | None = None) -> Iterator[int | None]:
+    """Take the staging lock file ``path`` (in the directory ``dir_fd``, if given) if
+    its writer is gone: yields None while the writer lives (the lock is taken), else
+    the held descriptor, or -1 if the lock file is gone too. On a clean exit the lock
+    file is removed. (Never opened for a staging of this process: see ``_OWN``.)"""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
     except FileNotFoundError:
         yield -1
         return
@@ -368,7 +467,7 @@ def _dead_lock(path: str) -> Iterator[int | None]:
             raise
         yield None
         return
-    if not _names(path, fd):  # its owner (or a remover) unlinked it: gone as well
+    if not _names(path, fd, dir_fd):  # its owner (or a remover) unlinked it: gone too
         os.close(fd)
         yield -1
         return
@@ -377,7 +476,7 @@ def _dead_lock(path: str) -> Iterator[int | None]:
     except BaseException:
         os.close(fd)
         raise
-    _unlink_lock(path, fd)
+    _unlink_lock(path, fd, dir_fd)
 
 
 def _remove(path: str) -> None:
@@ -397,6 +496,10 @@ def _own() -> set[str]:
 def _disown(suffix: str) -> None:
     with _OWN_GUARD:
         _OWN.discard(suffix)
+
+
+def _stem(name: str) -> str:
+    return f".{name if len(os.fsencode(name)) <= _LONG_NAME else _digest(name)}"
 
 
 def _digest(name: str) -> str:

@@ -12,6 +12,11 @@ An entry is dropped when the budget needs room (least recently used first) or wh
 nobody asked for it for ``KNOBS.read_cache_idle_s``; readers holding its ref keep
 the object alive until they let go, as Ray does for any object.
 
+Whole checkpoint directories (``DirectoryTransfers``, Ray Train's restores) are
+packed as one transfer each, and a transfer stays, whatever its size, while a
+reader that asked for it is still reading (``Leases``): restores at the same time
+share one pack, and the budget bounds only what is kept once they are done.
+
 The counters (``counters()``) say how many bytes were read from disk and served, so
 tests and the bench can check "read once".
 """
@@ -24,8 +29,9 @@ import posixpath
 import stat
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,26 +185,80 @@ def _plans(
 StartTransfer = Callable[[Source, TransferConfig], tuple[Any, Any]]
 
 
+class Leases:
+    """The readers in flight, each holding a lease on the key of what it reads, so
+    that what they read is shared however large it is: the byte budget bounds what
+    is kept for readers to come, not what readers in flight share. A reader that has
+    not let go ``KNOBS.read_lease_s`` after it last asked is taken for dead. Not
+    thread-safe: its owner's lock guards it."""
+
+    def __init__(self) -> None:
+        self._leases: dict[str, tuple[Hashable, float]] = {}
+        self._readers: Counter[Hashable] = Counter()
+
+    def take(self, key: Hashable, now: float) -> str:
+        # Unique across agents: a reader may hand a lease back to a replaced agent.
+        lease = uuid.uuid4().hex
+        self._leases[lease] = (key, now)
+        self._readers[key] += 1
+        return lease
+
+    def drop(self, lease: str) -> Hashable | None:
+        """Let go of ``lease`` (unknown or expired: nothing); its key."""
+        found = self._leases.pop(lease, None)
+        if found is None:
+            return None
+        key = found[0]
+        self._readers[key] -= 1
+        if not self._readers[key]:
+            del self._readers[key]
+        return key
+
+    def held(self, key: Hashable) -> bool:
+        return key in self._readers
+
+    def expire(self, now: float) -> None:
+        for lease, (_, taken) in list(self._leases.items()):
+            if now - taken >= KNOBS.read_lease_s:
+                self.drop(lease)
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+
+@dataclass
+class _Transfer:
+    ref: Any  # the checkpoint's ref
+    size: int  # file bytes
+    used: float  # time.monotonic() of the last request or release
+
+
 class DirectoryTransfers:
     """Whole checkpoint directories of node storage, each version packed once as a
     transfer the agent owns and shared by every reader that asks for it while it is
-    held: the same budget and idleness rules as ``FileChunks``. Ray Train's restores
-    on other nodes ask for these (``train``), so N workers restoring one checkpoint
-    read it from the storage node's disk once."""
+    held. Ray Train's restores on other nodes ask for these (``train``), so N
+    workers restoring one checkpoint read it from the storage node's disk once.
+
+    A transfer stays while a reader that asked for it is still reading (``Leases``;
+    ``release`` when done), whatever its size: readers at the same time share one
+    pack. Beyond that, the same budget and idleness rules as ``FileChunks``."""
 
     def __init__(self, start: StartTransfer) -> None:
         self._start = start
         self._lock = threading.Lock()
-        self._held: OrderedDict[Any, tuple[Any, int, float]] = OrderedDict()
-        self._bytes = 0
+        self._held: OrderedDict[Hashable, _Transfer] = OrderedDict()
+        self._leases = Leases()
+        self._budget = 0  # the cache_bytes of the last reader that asked
+        self.bytes_held = 0  # file bytes of the transfers held
         self.started = 0  # transfers packed (tests, the bench)
         self.bytes_read = 0  # file bytes of the transfers packed: each read once
         self.bytes_served = 0  # file bytes of every transfer handed to a reader
         self._reaper: threading.Thread | None = None
 
-    def ref(self, root: str, path: str, config: TransferConfig) -> Any:
+    def ref(self, root: str, path: str, config: TransferConfig) -> tuple[Any, str]:
         """The ref of a transferred checkpoint of directory ``path`` (confined to
-        ``root``) as it is now."""
+        ``root``) as it is now, and this reader's lease on it, to ``release`` once
+        the checkpoint is read."""
         real = at(root, path, lambda w: _directory(w.fd, w.name, w.real, path))
         scanned = scan(Source(pafs.LocalFileSystem(), real), config.follow_symlinks)
         key = (real, config, scanned.entries, scanned.stamps)
@@ -211,27 +271,41 @@ class DirectoryTransfers:
                 self._reaper.start()
             self._expire(now)
             held = self._held.get(key)
-            if held is not None:
+            if held is None:
+                ref, _ = self._start(Source(pafs.LocalFileSystem(), real), config)
+                held = self._held[key] = _Transfer(ref, sum(f.size for f in scanned.files), now)
+                self.started += 1
+                self.bytes_read += held.size
+                self.bytes_held += held.size
+            else:
                 self._held.move_to_end(key)
-                self._held[key] = (held[0], held[1], now)
-                self.bytes_served += held[1]
-                return held[0]
-            ref, _ = self._start(Source(pafs.LocalFileSystem(), real), config)
-            size = sum(f.size for f in scanned.files)
-            self.started += 1
-            self.bytes_read += size
-            self.bytes_served += size
-            self._held[key] = (ref, size, now)
-            self._bytes += size
-            while self._bytes > config.cache_bytes and self._held:
-                _, (_, dropped, _) = self._held.popitem(last=False)
-                self._bytes -= dropped
-            return ref
+                held.used = now
+            self.bytes_served += held.size
+            lease = self._leases.take(key, now)
+            self._budget = config.cache_bytes
+            self._shrink()
+            return held.ref, lease
+
+    def release(self, lease: str) -> None:
+        """The reader holding ``lease`` is done: its transfer is kept now only within
+        the budget (once no other reader holds it)."""
+        with self._lock:
+            key = self._leases.drop(lease)
+            if key in self._held:
+                self._held[key].used = time.monotonic()
+            self._shrink()
+
+    def readers(self) -> int:
+        """Readers in flight (leases held)."""
+        with self._lock:
+            return len(self._leases)
 
     def clear(self) -> None:
+        """Drop every transfer and lease (readers keep the refs they hold)."""
         with self._lock:
             self._held.clear()
-            self._bytes = 0
+            self._leases = Leases()
+            self.bytes_held = 0
 
     def _reap(self) -> None:
         while True:
@@ -240,10 +314,22 @@ class DirectoryTransfers:
                 self._expire(time.monotonic())
 
     def _expire(self, now: float) -> None:
-        for key, (_, size, used) in list(self._held.items()):
-            if now - used >= KNOBS.read_cache_idle_s:
-                del self._held[key]
-                self._bytes -= size
+        self._leases.expire(now)
+        for key, held in list(self._held.items()):
+            if now - held.used >= KNOBS.read_cache_idle_s and not self._leases.held(key):
+                self._drop(key)
+        self._shrink()
+
+    def _shrink(self) -> None:
+        """Drop the least recently used transfers no reader holds, down to the budget."""
+        for key in list(self._held):
+            if self.bytes_held <= self._budget:
+                return
+            if not self._leases.held(key):
+                self._drop(key)
+
+    def _drop(self, key: Hashable) -> None:
+        self.bytes_held -= self._held.pop(key).size
 
 
 def _directory(fd: int, name: str, real: str, path: str) -> str:

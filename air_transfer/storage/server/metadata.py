@@ -39,6 +39,7 @@ from air_transfer.core.confine import (
     oserror,
     storage_path,
 )
+from air_transfer.core.staging import is_internal
 from air_transfer.storage.server.tree import (
     NOT_FOUND,
     STAGING_MARK,
@@ -64,7 +65,9 @@ class DiskStorage:
     ) -> list[tuple[str, int, int | None, int | None]]:
         """``(relative path, type, size, mtime_ns)`` of what is under ``base``."""
         try:
-            found, links = at(root, base, lambda w: list_tree(open_listable(w), recursive))
+            if internal(root, base):
+                raise oserror(FileNotFoundError, errno.ENOENT, base)
+            found, links = at(root, base, lambda w: list_tree(open_listable(w), recursive, w.real))
         except NotADirectoryError as e:
             raise oserror(NotADirectoryError, errno.ENOTDIR, base, ": cannot list it") from e
         except FileNotFoundError:
@@ -167,8 +170,19 @@ class DiskStorage:
         at(root, src, move, follow=False)
 
 
+def internal(root: str, path: str) -> bool:
+    """Whether ``path`` names something the library made (staging, a lock, trash) or
+    lies inside one: listings and infos do not show those (``staging.is_internal``)."""
+    top, full = storage_path("/", root), storage_path(root, path)
+    rel = full[len(top) :] if top != "/" else full
+    return any(is_internal(part) for part in rel.split("/"))
+
+
 def info(root: str, path: str) -> Info:
-    """What ``path`` is now (following a symlink inside the root)."""
+    """What ``path`` is now (following a symlink inside the root); not found for the
+    names the library makes (``internal``)."""
+    if internal(root, path):
+        return NOT_FOUND
 
     def look(w: Where) -> Info:
         try:

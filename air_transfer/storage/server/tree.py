@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
+import posixpath
 import stat
 import uuid
 from dataclasses import dataclass, field
@@ -24,12 +26,13 @@ import pyarrow.fs as pafs
 
 from air_transfer.cluster.agent_client import Info
 from air_transfer.core.confine import Raced, Where, open_listable, oserror
+from air_transfer.core.staging import TRASH_MARK as TRASH_MARK  # marks a directory being deleted
+from air_transfer.core.staging import UPLOAD_MARK, internal_name, is_internal, reclaim_dead
+
+logger = logging.getLogger(__name__)
 
 #: Marks the staging files of uploads in progress (``disk_uploads``).
-STAGING_MARK = ".air-upload-"
-#: Marks a directory being deleted: renamed to such a name first, so that it vanishes
-#: at once and exactly one of several concurrent deletions succeeds.
-TRASH_MARK = ".air-trash-"
+STAGING_MARK = UPLOAD_MARK
 #: How often a directory that keeps filling up while it is removed is emptied again.
 ROUNDS = 4
 
@@ -38,13 +41,10 @@ NOT_FOUND: Info = (pafs.FileType.NotFound, None, None)
 UNKNOWN: Info = (pafs.FileType.Unknown, None, None)
 
 
-def hidden(name: str) -> bool:
-    """Whether listings leave ``name`` out (staging files, trash)."""
-    return STAGING_MARK in name or TRASH_MARK in name
-
-
 def hidden_name(name: str, mark: str) -> str:
-    return f".{name}{mark}{uuid.uuid4().hex}"
+    """A fresh hidden name for something made next to ``name`` (within NAME_MAX,
+    whatever the length of ``name``: ``staging.internal_name``)."""
+    return internal_name(name, mark, uuid.uuid4().hex)
 
 
 def to_info(st: os.stat_result) -> Info:
@@ -56,17 +56,19 @@ def to_info(st: os.stat_result) -> Info:
 
 
 def list_tree(
-    top: int, recursive: bool
+    top: int, recursive: bool, real: str
 ) -> tuple[list[tuple[str, int, int | None, int | None]], list[int]]:
     """``(relative path, type, size, mtime_ns)`` of what is under the open directory
-    ``top`` (closed here), and the indices of the symlinks among them: they carry
-    ``UNKNOWN`` here, for the caller to resolve within the root. Symlinked
-    directories are not descended into (a link to an ancestor would loop)."""
+    ``top`` (closed here; its real path is ``real``), and the indices of the symlinks
+    among them: they carry ``UNKNOWN`` here, for the caller to resolve within the
+    root. Symlinked directories are not descended into (a link to an ancestor would
+    loop). The names the library makes (staging, locks, trash) are left out, and what
+    dead writers left in a directory listed is removed (``reclaim``)."""
     out: list[tuple[str, int, int | None, int | None]] = []
     links: list[int] = []
     stack = [_Frame(-1, "", top)]
     try:
-        stack[0].subdirs = _scan(top, "", recursive, out, links)
+        stack[0].subdirs = _scan(top, real, "", recursive, out, links)
         while stack:
             frame = stack[-1]
             if not frame.subdirs:
@@ -76,7 +78,7 @@ def list_tree(
             fd = _open_or_none(frame.fd, name, unlink_other=False)
             if fd is not None:
                 stack.append(_Frame(frame.fd, f"{frame.name}{name}/", fd))
-                stack[-1].subdirs = _scan(fd, stack[-1].name, recursive, out, links)
+                stack[-1].subdirs = _scan(fd, real, stack[-1].name, recursive, out, links)
     finally:
         for frame in stack:
             os.close(frame.fd)
@@ -148,17 +150,20 @@ class _Frame:
 
 def _scan(
     fd: int,
+    real: str,
     rel: str,
     recursive: bool,
     out: list[tuple[str, int, int | None, int | None]],
     links: list[int],
 ) -> list[str]:
-    """Append the entries of directory ``fd`` to ``out``; return its subdirectories
-    (if ``recursive``)."""
+    """Append the entries of directory ``fd`` (``rel`` under ``real``) to ``out``;
+    return its subdirectories (if ``recursive``)."""
     subdirs = []
+    internal = []
     with os.scandir(fd) as it:
         for d in it:
-            if hidden(d.name):
+            if is_internal(d.name):
+                internal.append(d.name)
                 continue
             try:
                 st = d.stat(follow_symlinks=False)
@@ -171,7 +176,26 @@ def _scan(
             out.append((f"{rel}{d.name}", *to_info(st)))
             if recursive and stat.S_ISDIR(st.st_mode):
                 subdirs.append(d.name)
+    if internal:
+        reclaim(fd, posixpath.join(real, rel), internal)
     return subdirs
+
+
+def reclaim(fd: int, real: str, names: list[str]) -> None:
+    """Remove the staging (and lock files) that dead writers left among ``names``,
+    entries of the open directory ``fd`` at ``real`` (``staging.reclaim_dead``: never
+    a live writer's). A failure is logged: a later listing tries again."""
+
+    def remove(name: str) -> None:
+        try:
+            remove_tree(Where(fd, name, name))
+        except OSError as e:
+            logger.warning("could not remove %s, left by a writer that died: %s", name, e)
+
+    try:
+        reclaim_dead(fd, real, names, remove)
+    except OSError as e:
+        logger.warning("could not reclaim the staging of dead writers: %s", e)
 
 
 def _open_or_none(parent: int, name: str, unlink_other: bool) -> int | None:
