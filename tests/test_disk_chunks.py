@@ -13,7 +13,7 @@ import pytest
 
 from air_transfer.core.layout import Source
 from air_transfer.core.packing import ChunkPacker, ChunkPlan
-from air_transfer.storage import disk_chunks
+from air_transfer.storage.server import chunk_cache
 from air_transfer.storage.server.chunk_cache import FileChunks
 
 CHUNK = 1024
@@ -83,10 +83,10 @@ def test_idle_chunks_are_let_go(
 ) -> None:
     root, body = stored
     now = [1000.0]
-    monkeypatch.setattr(disk_chunks.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(chunk_cache.time, "monotonic", lambda: now[0])
     cache = FileChunks(Packer())
     cache.refs(str(root), "f", len(body), CHUNK, 0, 6, 1 << 20)
-    now[0] += disk_chunks.KNOBS.read_cache_idle_s + 1
+    now[0] += chunk_cache.KNOBS.read_cache_idle_s + 1
     cache.refs(str(root), "f", len(body), CHUNK, 0, 1, 1 << 20)  # expires the rest first
     assert cache.counters()["bytes_held"] == CHUNK
 

@@ -22,7 +22,7 @@ from air_transfer.core.confine import checked_path, storage_path
 from air_transfer.core.direct_io import MIN_DIRECT_FILE_BYTES
 from air_transfer.core.manifest import chunk_checksum
 from air_transfer.errors import ChecksumError
-from air_transfer.storage import disk_uploads
+from air_transfer.storage.server import uploads as disk_uploads
 from air_transfer.storage.server.metadata import STAGING_MARK, DiskStorage
 from air_transfer.storage.server.reads import read_chunks
 from air_transfer.storage.server.uploads import DiskUploads
