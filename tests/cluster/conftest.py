@@ -1,122 +1,40 @@
-"""Mock multi-node clusters (``ray.cluster_utils.Cluster``: real raylets on one
-machine) shared by the tests of a module, and the checks every cluster test gets.
-
-Nodes are told apart by custom resources (``node_a``, ``node_b``); the driver runs on
-the head. Object stores are small so that spilling and streaming limits are reached
-with a few hundred MB.
-"""
+"""Fixtures of the cluster tier: a two-node mock cluster shared by the tests of a
+module (``tests.support.cluster``), the check every test on it gets, and node
+storage on one of its nodes."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import os
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
-import ray
 from ray.cluster_utils import Cluster
 
-from air_transfer.cluster._ray import object_store_free_bytes
-from air_transfer.cluster.nodes import NAMESPACE, agent_name
-
-sys.path.insert(0, os.path.dirname(__file__))
-
-# Ray Train's controller polls its workers every 2 s, and a run ends (and a report
-# made right after another returns) only at a poll: poll every 0.2 s in the tests'
-# Train runs. Set before any Ray starts here, so every Ray process inherits it.
-os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
-
-MiB = 1024 * 1024
-STORE_BYTES = 128 * MiB
-
-
-def start_cluster(*node_names: str, system_config: dict[str, object] | None = None) -> Cluster:
-    if ray.is_initialized():
-        ray.shutdown()
-    head: dict[str, object] = {
-        "num_cpus": 1,
-        "resources": {"head": 1},
-        "object_store_memory": STORE_BYTES,
-        "include_dashboard": False,
-    }
-    if system_config:
-        head["_system_config"] = system_config
-    cluster = Cluster(initialize_head=True, head_node_args=head)
-    for name in node_names:
-        cluster.add_node(num_cpus=1, resources={name: 1}, object_store_memory=STORE_BYTES)
-    cluster.wait_for_nodes()
-    ray.init(
-        address=cluster.address,
-        logging_level="ERROR",
-        runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(__file__)}},
-    )
-    return cluster
+from air_transfer import storage_filesystem
+from tests.support.cluster import chunks_back_to_baseline, node_ids, two_node_cluster
+from tests.support.node_storage import CONFIG
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     """Head (driver) plus nodes ``node_a`` and ``node_b``."""
-    c = start_cluster("node_a", "node_b")
-    yield c
-    ray.shutdown()
-    c.shutdown()
-
-
-def node_ids() -> dict[str, str]:
-    """Custom resource name ("head", "node_a", ...) -> node id, for live nodes."""
-    out = {}
-    for node in ray.nodes():
-        if node["Alive"]:
-            for name in node["Resources"]:
-                if name == "head" or name.startswith("node_"):
-                    out[name] = node["NodeID"]
-    return out
-
-
-def eventually(check: Callable[[], bool], what: str, limit_s: float = 30) -> None:
-    """Wait for something Ray does asynchronously (freeing objects, reporting
-    resources), with a deadline instead of a fixed sleep."""
-    deadline = time.monotonic() + limit_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {limit_s} s")
-        gc.collect()
-        time.sleep(0.1)
-
-
-def release_read_caches() -> None:
-    """Node agents keep the chunks of node-storage files read recently (by design:
-    ``TransferConfig.cache_bytes``); a test's reads should not count against the next."""
-    for node_id in node_ids().values():
-        try:
-            agent = ray.get_actor(agent_name(node_id), namespace=NAMESPACE)
-        except ValueError:
-            continue
-        with contextlib.suppress(ray.exceptions.RayActorError):
-            ray.get(agent.clear_read_cache.remote())
+    yield from two_node_cluster()
 
 
 @pytest.fixture(autouse=True)
-def no_chunks_left_pinned(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After each test, every node's object store returns to its baseline: nothing a
-    test transferred stays pinned once its checkpoints and refs are gone."""
-    if not ray.is_initialized():
-        yield
-        return
-    before = {name: object_store_free_bytes(nid) for name, nid in node_ids().items()}
-    yield
-    gc.collect()
-    release_read_caches()
+def no_chunks_left_pinned() -> Iterator[None]:
+    """After each test, every node's object store returns to its baseline."""
+    yield from chunks_back_to_baseline()
 
-    def back_to_baseline() -> bool:
-        live = node_ids()
-        return all(
-            name not in live or (object_store_free_bytes(live[name]) or 0) >= free - 4 * MiB
-            for name, free in before.items()
-            if free is not None
-        )
 
-    eventually(back_to_baseline, "freeing every chunk after the test")
+@pytest.fixture
+def node_fs(tmp_path: Path) -> tuple[pafs.FileSystem, Path]:
+    """Node storage on ``node_a`` rooted at ``root`` (holding ``d/f``, and ``link``
+    pointing at the directory above, which holds ``secret``)."""
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f").write_bytes(b"inside")
+    (tmp_path / "secret").write_bytes(b"outside")
+    (root / "link").symlink_to(tmp_path)
+    return storage_filesystem(node_ids()["node_a"], CONFIG, root=str(root)), root

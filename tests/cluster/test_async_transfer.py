@@ -18,9 +18,6 @@ from typing import Any
 
 import pytest
 import ray
-from checkpoints import MiB, digest_tree, make_checkpoint, on
-from conftest import node_ids
-from gates import Gate, HoldPackingAt, hold_packing
 
 from air_transfer import (
     CheckpointLostError,
@@ -30,6 +27,9 @@ from air_transfer import (
 )
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.transfer.future import TransferFuture
+from tests.support.checkpoints import MiB, digest_tree, make_checkpoint, on
+from tests.support.cluster import node_ids
+from tests.support.gates import Gate, HoldPackingAt, hold_packing
 
 pytestmark = pytest.mark.usefixtures("cluster")
 CHUNK = 1 * MiB

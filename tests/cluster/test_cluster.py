@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import itertools
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 import ray
-from checkpoints import (
+
+from air_transfer import CheckpointLostError, ChunkedCheckpoint, TransferConfig
+from air_transfer.cluster.nodes import NAMESPACE, agent_name, shutdown_agents
+from tests.support.checkpoints import (
     MiB,
     Producer,
     consume_checkpoint,
@@ -20,10 +22,8 @@ from checkpoints import (
     make_checkpoint,
     on,
 )
-from conftest import STORE_BYTES, node_ids
-
-from air_transfer import CheckpointLostError, ChunkedCheckpoint, TransferConfig
-from air_transfer.cluster.nodes import NAMESPACE, agent_name, shutdown_agents
+from tests.support.cluster import STORE_BYTES, node_ids
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("cluster")
 STRATEGIES = ["inline", "chunked", "streamed"]
@@ -114,12 +114,16 @@ def test_shutdown_agents_makes_node_owned_checkpoints_unreadable(
     assert shutdown_agents() >= 1
     # The store drops a dead owner's objects soon after: measured 1.7-4.5 s on a 2-core
     # machine, 30 to 220 reads; so a deadline, not a number of reads.
-    deadline = time.monotonic() + 60
+    attempts = itertools.count()
+
+    def read_and_discard() -> bool:
+        out = tmp_path / f"o{next(attempts)}"
+        restored.to_directory(out)
+        shutil.rmtree(out)
+        return False  # until the read raises
+
     with pytest.raises(CheckpointLostError, match="air-transfer-agent"):
-        for attempt in itertools.count():
-            restored.to_directory(tmp_path / f"o{attempt}")
-            shutil.rmtree(tmp_path / f"o{attempt}")
-            assert time.monotonic() < deadline, "node-owned chunks still readable after 60 s"
+        eventually(read_and_discard, "node-owned chunks to become unreadable", 60)
 
 
 def test_streamed_checkpoint_larger_than_the_object_store(tmp_path: Path) -> None:

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 import ray
-from checkpoints import (
+
+from air_transfer import ChunkedCheckpoint, TransferConfig
+from tests.support.checkpoints import (
     Consumer,
     MiB,
     Producer,
@@ -19,9 +21,7 @@ from checkpoints import (
     make_checkpoint,
     on,
 )
-from gates import Gate, gated
-
-from air_transfer import ChunkedCheckpoint, TransferConfig
+from tests.support.gates import Gate, gated
 
 pytestmark = pytest.mark.usefixtures("cluster")
 CONFIG = TransferConfig(chunk_bytes=MiB, window=4, strategy="chunked")

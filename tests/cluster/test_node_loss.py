@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import ray
-from checkpoints import Consumer, MiB, Producer, make_checkpoint, on
-from conftest import node_ids, start_cluster
-from gates import Gate, gated
 
 from air_transfer import CheckpointLostError, TransferConfig
+from tests.support.checkpoints import Consumer, MiB, Producer, make_checkpoint, on
+from tests.support.cluster import node_ids, start_cluster
+from tests.support.gates import Gate, gated
 
 
 @pytest.fixture(scope="module")

@@ -26,11 +26,11 @@ from typing import Any
 import pyarrow.fs as pafs
 import pytest
 import ray
-from checkpoints import MiB, on
-from conftest import node_ids
-from gates import Gate
 
 from air_transfer import TransferConfig, storage_filesystem
+from tests.support.checkpoints import MiB, on
+from tests.support.cluster import node_ids
+from tests.support.gates import Gate
 
 pytestmark = pytest.mark.usefixtures("cluster")
 CONFIG = TransferConfig(chunk_bytes=MiB, window=3)

@@ -1,23 +1,20 @@
 """``python -m benchmarks bench``: a smoke run of every contender on tiny checkpoints
-(in a subprocess, with its own Ray), and unit tests of the parts that decide without
-running anything. No timing is asserted: only that the report is complete and every
-transfer that ran came back byte-identical."""
+(in a subprocess, with its own Ray). No timing is asserted: only that the report is
+complete and every transfer that ran came back byte-identical. The parts that decide
+without running anything are tested in ``tests/unit/test_benchmarks.py``."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from air_transfer.config import GiB, MiB, TransferConfig
 from air_transfer.transfer.strategies import strategies
 from benchmarks import bench
-from benchmarks.__main__ import main
+from tests.support.procs import REPO_ROOT, child_env
 
 RESULT_KEYS = {
     "contender", "size_gb", "layout", "status", "reason", "seconds", "median_s", "min_s",
@@ -25,25 +22,25 @@ RESULT_KEYS = {
     "call_median_s", "call_max_s", "pack_s", "unpack_s", "producer_peak_private_mib",
     "consumer_peak_private_mib", "agent_peak_private_mib", "object_store_peak_mib", "verified",
 }  # fmt: skip
-#: Ray Train's controller polls its workers every 2 s by default, and a Train run
-#: ends (and a report made right after another returns) only at a poll; the smoke
-#: runs poll faster so that three short Train runs stay short.
-FAST_TRAIN_POLL = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
 
 
-def run_bench_cli(
-    tmp: Path, *flags: str, env: dict[str, str] | None = None
-) -> tuple[dict, subprocess.CompletedProcess]:
-    """Run the bench as a subprocess (so its Ray never meets one this process has)."""
+def run_bench_cli(tmp: Path, *flags: str) -> tuple[dict, subprocess.CompletedProcess]:
+    """Run the bench as a subprocess (so its Ray never meets one this process has; its
+    Train runs poll as fast as the tests' own, ``tests/conftest.py``)."""
     report = tmp / "bench.json"
     cmd = [
         sys.executable, "-m", "benchmarks", "bench", "--sizes", "0.004", "--repeats", "1",
         "--json", str(report), "--plot", str(tmp / "bench.png"),
         "--data-dir", str(tmp / "data"), "--num-cpus", "2", "--clean", "--no-prefault", *flags,
     ]  # fmt: skip
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=child_env(),
+        cwd=REPO_ROOT,
+    )
     assert proc.returncode == 0, f"bench failed:\n{proc.stdout}\n{proc.stderr}"
     return json.loads(report.read_text()), proc
 
@@ -141,7 +138,7 @@ def test_train_mode_reports_and_restores_verified_against_both_floors(tmp_path: 
     checkpoint verified, each Train row held against its floor."""
     from benchmarks.bench.train_path import ROWS
 
-    report, proc = run_bench_cli(tmp_path, "--train", "--no-warmup", env=FAST_TRAIN_POLL)
+    report, proc = run_bench_cli(tmp_path, "--train", "--no-warmup")
     assert report["mode"] == "train"
     rows = {r["contender"]: r for r in report["results"]}
     assert list(rows) == list(ROWS)
@@ -173,116 +170,3 @@ def test_readers_mode_reads_the_storage_disk_once(tmp_path: Path) -> None:
         assert len(r["reader_seconds"]) == r["readers"] and r["ratio_to_one"] > 0
     assert one["served_ratio"] == [1.0] and both["served_ratio"] == [2.0]
     assert "read_x" in proc.stdout and "n-readers" in proc.stdout
-
-
-def test_cp_direct_copies_large_files_exactly_around_the_page_cache(tmp_path: Path) -> None:
-    """``cp-direct``'s copy function: a file big enough for ``O_DIRECT`` (with a tail
-    that is not a whole block) and a small one come out identical, mode and mtime
-    included; the smoke runs' checkpoints are too small to take the direct path."""
-    from air_transfer.core.direct_io import MIN_DIRECT_FILE_BYTES, should_write_direct
-    from benchmarks.bench.endpoint import copy_direct
-
-    src = tmp_path / "src"
-    src.mkdir()
-    big = os.urandom(MIN_DIRECT_FILE_BYTES + 4097)
-    (src / "model.bin").write_bytes(big)
-    (src / "config.json").write_bytes(b"{}")
-    os.chmod(src / "model.bin", 0o640)
-    os.utime(src / "model.bin", ns=(1_600_000_000_123_456_789,) * 2)
-    assert should_write_direct(len(big))
-    out = tmp_path / "out"
-    shutil.copytree(src, out, symlinks=True, copy_function=copy_direct)
-    assert (out / "model.bin").read_bytes() == big
-    assert (out / "config.json").read_bytes() == b"{}"
-    st = os.stat(out / "model.bin")
-    assert (st.st_mode & 0o777, st.st_mtime_ns) == (0o640, 1_600_000_000_123_456_789)
-
-
-# -- deciding without running ------------------------------------------------------------
-
-
-def test_blob_prediction_is_eight_times_the_checkpoint() -> None:
-    config = TransferConfig()
-    assert bench.predicted_peak_bytes("blob", 10**9, config) == 8 * 10**9
-    assert bench.predicted_peak_bytes("tune", 10**9, config) == 6 * 10**9
-    assert bench.predicted_peak_bytes("cp", 10**12, config) == 0
-    assert bench.predicted_peak_bytes("cp-direct", 10**12, config) == 0
-
-
-def test_huge_blob_is_skipped_with_a_reason() -> None:
-    reason = bench.skip_reason("blob", 10**13, TransferConfig(), 24 * GiB, 2 * GiB)
-    assert reason is not None
-    assert "predicted peak memory" in reason and "'blob'" in reason and "GiB" in reason
-    row = bench.skipped("blob", "big", 10_000.0, 10**13, reason)
-    assert row["status"] == "skipped" and row["reason"] == reason and not row["verified"]
-
-
-def test_chunked_is_bounded_by_the_object_store_not_the_checkpoint() -> None:
-    config = TransferConfig()
-    assert bench.skip_reason("chunked", 10**13, config, 24 * GiB, 2 * GiB, 4 * GiB) is None
-    assert bench.skip_reason("tune", 10**13, config, 24 * GiB, 2 * GiB, 4 * GiB)
-
-
-def test_inline_is_skipped_above_its_limit() -> None:
-    config = TransferConfig()
-    assert bench.skip_reason("inline", config.inline_limit, config, 24 * GiB, GiB) is None
-    reason = bench.skip_reason("inline", config.inline_limit + 1, config, 24 * GiB, GiB)
-    assert reason and "inline_limit" in reason
-
-
-def test_every_registered_strategy_is_a_contender() -> None:
-    assert set(strategies) <= set(bench.all_contenders())
-    assert "raw" not in bench.default_contenders(cross_node=False)
-    assert "raw" in bench.default_contenders(cross_node=True)
-    for name in bench.all_contenders():
-        assert callable(bench.contender_function(name))
-
-
-@pytest.mark.parametrize("layout", bench.LAYOUTS)
-def test_layout_plan_adds_up(layout: str) -> None:
-    size = 3 * MiB + 12345
-    files, _ = bench.layout_plan(layout, size, 8 * 1024)
-    total = sum(n for _, n in files)
-    assert total == size if layout != "small" else abs(total - size) <= 8 * 1024
-    assert len({path for path, _ in files}) == len(files)
-
-
-def test_tree_digest_finds_a_changed_byte(tmp_path: Path) -> None:
-    a = bench.make_checkpoint(str(tmp_path), "mixed", 200_000, 4096)
-    assert bench.make_checkpoint(str(tmp_path), "mixed", 200_000, 4096) == a  # cached
-    expected = bench.tree_digest(a)
-    assert bench.first_difference(expected, bench.tree_digest(a)) is None
-    with open(os.path.join(a, "model.bin"), "r+b") as f:
-        first = f.read(1)
-        f.seek(0)
-        f.write(bytes([first[0] ^ 1]))
-    assert "model.bin" in bench.first_difference(expected, bench.tree_digest(a))
-    os.rmdir(os.path.join(a, "logs"))
-    assert "'logs' is missing" in bench.first_difference(expected, bench.tree_digest(a))
-    assert bench.clean_data_dir(str(tmp_path)) == [os.path.basename(a)]
-
-
-def test_linearity_compares_largest_with_the_size_nearest_half_a_gb() -> None:
-    def row(size: float, rate: float, status: str = "ok") -> dict:
-        return {"contender": "c", "layout": "big", "size_gb": size, "s_per_gb": rate,
-                "status": status}  # fmt: skip
-
-    rows = [row(0.1, 1.0), row(0.5, 2.0), row(4, 3.0), row(8, None, "skipped")]
-    assert bench.linearity(rows)["big"]["c"] == {
-        "ratio": 1.5, "largest_size_gb": 4, "reference_size_gb": 0.5,
-    }  # fmt: skip
-    assert bench.linearity([row(1, 1.0)])["big"]["c"] is None
-
-
-def test_help_explains_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["bench", "--help"])
-    assert exit_info.value.code == 0
-    text = capsys.readouterr().out
-    for flag in (
-        "--sizes", "--layout", "--small-file-kib", "--small-files", "--repeats",
-        "--contenders", "--chunk-mib", "--window", "--cross-node", "--data-dir", "--clean",
-        "--json", "--plot", "--no-warmup", "--drop-caches", "--num-cpus", "--object-store-mb",
-        "--no-prefault", "--memory-margin-gb", "--no-direct-io", "--train", "--readers",
-    ):  # fmt: skip
-        assert flag in text

@@ -3,14 +3,11 @@ cluster), checked by its output and by what it left in the storage directory."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from benchmarks.__main__ import build_parser
+from tests.support.procs import REPO_ROOT, child_env
 
 
 def test_demo_reports_checkpoints_to_the_driver_node_and_restores_them(tmp_path: Path) -> None:
@@ -19,9 +16,14 @@ def test_demo_reports_checkpoints_to_the_driver_node_and_restores_them(tmp_path:
         sys.executable, "-m", "benchmarks", "demo", "--size-mb", "6", "--reports", "3",
         "--workers", "1", "--chunk-mb", "1", "--storage", str(storage),
     ]  # fmt: skip
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=child_env(),
+        cwd=REPO_ROOT,
+    )
     assert proc.returncode == 0, f"demo failed:\n{proc.stdout}\n{proc.stderr}"
     out = proc.stdout
     assert out.count("upload") == 3 and out.count("(deleted: num_to_keep)") == 1, out
@@ -31,10 +33,3 @@ def test_demo_reports_checkpoints_to_the_driver_node_and_restores_them(tmp_path:
     for checkpoint in kept:
         assert str(checkpoint) in out
         assert (checkpoint / "model-rank0.bin").stat().st_size == 6 * 1024 * 1024
-
-
-def test_demo_flags() -> None:
-    opts = build_parser().parse_args(["demo", "--workers", "1"])
-    assert (opts.size_mb, opts.reports, opts.workers, opts.storage) == (256, 3, 1, None)
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["demo", "--size-mb", "0"])

@@ -19,14 +19,14 @@ import pyarrow.fs as pafs
 import pytest
 import ray.train
 import ray.tune
-from checkpoints import MiB, digest_tree
-from conftest import node_ids
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
-from train_fns import train_loop, tune_trainable
 
 import air_transfer
 from air_transfer import TransferConfig
 from air_transfer.storage.client.handler import node_storage_handler
+from tests.support.checkpoints import MiB, digest_tree
+from tests.support.cluster import node_ids
+from tests.support.train_fns import train_loop, tune_trainable
 
 pytestmark = pytest.mark.usefixtures("cluster")
 CONFIG = TransferConfig(chunk_bytes=MiB, window=4)
@@ -178,7 +178,7 @@ def storage_counters() -> dict[str, int]:
 
 
 def test_reports_go_through_one_chunked_transfer_each(tmp_path: Path, fs: pafs.FileSystem) -> None:
-    """Issue 14: a worker's ``report`` into node storage is not pyarrow's file-by-file
+    """A worker's ``report`` into node storage is not pyarrow's file-by-file
     copy (every byte through a Python ``bytes``) but one transfer per checkpoint,
     written by the storage node's agent (``TrainStorageHandler``'s hooks)."""
     before = storage_counters()["checkpoints_stored"]

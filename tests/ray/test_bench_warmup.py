@@ -9,10 +9,9 @@ import pytest
 import ray
 
 from air_transfer.cluster.nodes import node_agent
-from air_transfer.config import MiB, TransferConfig
+from air_transfer.config import TransferConfig
 from benchmarks.bench import endpoint
 from benchmarks.bench.endpoint import Ends
-from benchmarks.bench.runner import warmup_size
 from benchmarks.bench.sampler import object_store_used
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -69,9 +68,3 @@ def test_warm_store_maps_the_store_into_the_agent_that_packs(ends: Ends) -> None
     agent = int(ray.get(node_agent(ends.producer_node).pid.remote()))
     ends.warm_store()
     assert shared_bytes(agent) >= 0.6 * node_store_bytes()
-
-
-def test_warmup_trip_is_two_chunks_but_never_above_the_smallest_checkpoint() -> None:
-    config = TransferConfig(chunk_bytes=32 * MiB)
-    assert warmup_size(config, 10**9) == 64 * MiB  # fresh chunk buffers met untimed
-    assert warmup_size(config, 4 * 10**6) == 4 * 10**6  # what 'inline' can carry too

@@ -1,25 +1,17 @@
-"""Transfer metrics (issue 13, "nothing to monitor"), read back the way a Ray user
-reads them: from the Prometheus endpoint of the local Ray's metrics agent, which must
-move by exactly the bytes and chunks of each transfer."""
+"""Transfer metrics, read back the way a Ray user reads them: from the Prometheus
+endpoint of the local Ray's metrics agent (``tests.support.metrics``), which must move
+by exactly the bytes and chunks of each transfer."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import ray
-from prometheus_client.parser import text_string_to_metric_families
-from rewriters import RewriteOnce, install_in_agent
 
 from air_transfer import (
     CheckpointLostError,
@@ -38,14 +30,16 @@ from air_transfer.storage.client.same_node import SameNodeWriter, copy_tree
 from air_transfer.storage.client.streams import open_reader
 from air_transfer.storage.client.uploads import ChunkWriter
 from air_transfer.storage.server.uploads import DiskUploads
+from tests.support.metrics import P, baseline, key, scrape, start_ray, wait_for_counts
+from tests.support.rewriters import RewriteOnce, install_in_agent
+from tests.support.waiting import eventually
 
-P = "ray_air_transfer_"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _source(root: Path, sizes: list[int]) -> tuple[Path, int]:
+    root.mkdir()
+    for i, size in enumerate(sizes):
+        (root / f"part-{i}.bin").write_bytes(os.urandom(size))
+    return root, sum(sizes)
 
 
 @pytest.fixture(scope="module")
@@ -54,88 +48,6 @@ def endpoint() -> Iterator[str]:
     Prometheus endpoint; its URL."""
     yield start_ray()
     ray.shutdown()
-
-
-def start_ray() -> str:
-    """(Re)start the local Ray with a Prometheus endpoint; its URL."""
-    if ray.is_initialized():
-        ray.shutdown()
-    port = _free_port()
-    ray.init(
-        address="local",
-        num_cpus=2,
-        object_store_memory=512 * 1024 * 1024,
-        include_dashboard=False,
-        logging_level="ERROR",
-        _metrics_export_port=port,
-        _system_config={"metrics_report_interval_ms": 100},
-        runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(__file__)}},
-    )
-    return f"http://127.0.0.1:{port}/metrics"
-
-
-def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Sample name -> [(labels, value)] of every air-transfer series at ``url``."""
-    try:
-        text = urllib.request.urlopen(url, timeout=10).read().decode()
-    except OSError:  # the agent is still starting
-        return {}
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name.startswith(P):
-                samples.setdefault(s.name, []).append((s.labels, s.value))
-    return samples
-
-
-def total(samples: dict[str, Any], name: str, **labels: str) -> float:
-    """The sum over every series (process) of ``name`` with ``labels``."""
-    return sum(
-        value
-        for series_labels, value in samples.get(P + name, [])
-        if all(series_labels.get(k) == v for k, v in labels.items())
-    )
-
-
-def wait_for_counts(
-    url: str, before: dict[str, Any], expected: dict[tuple[str, tuple[tuple[str, str], ...]], float]
-) -> None:
-    """Wait (30 s at most) until every ``(name, labels)`` has grown by exactly its
-    expected amount since ``before``; fail naming what did not."""
-    deadline = time.monotonic() + 30
-    while True:
-        now = scrape(url)
-        grown = {
-            key: total(now, key[0], **dict(key[1])) - total(before, key[0], **dict(key[1]))
-            for key in expected
-        }
-        if grown == expected:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"metrics grew by {grown}, expected {expected}")
-        time.sleep(0.1)
-
-
-def key(name: str, **labels: str) -> tuple[str, tuple[tuple[str, str], ...]]:
-    return name, tuple(sorted(labels.items()))
-
-
-def baseline(url: str, ready: Callable[[dict[str, Any]], bool] = lambda s: True) -> dict[str, Any]:
-    deadline = time.monotonic() + 30
-    while True:
-        samples = scrape(url)
-        if samples is not None and ready(samples):
-            return samples
-        if time.monotonic() > deadline:
-            raise AssertionError("no metrics endpoint")
-        time.sleep(0.1)
-
-
-def _source(root: Path, sizes: list[int]) -> tuple[Path, int]:
-    root.mkdir()
-    for i, size in enumerate(sizes):
-        (root / f"part-{i}.bin").write_bytes(os.urandom(size))
-    return root, sum(sizes)
 
 
 @pytest.mark.parametrize("strategy", ["inline", "chunked", "streamed"])
@@ -292,15 +204,16 @@ def test_lost_transfers_counted(endpoint: str, tmp_path: Path) -> None:
     restored = ray.get(producer.share.remote(str(src), config))
     before = baseline(endpoint)
     ray.kill(producer)
-    deadline = time.monotonic() + 60
-    while True:  # Ray frees a dead owner's objects within a second or two
+
+    def lost() -> bool:  # Ray frees a dead owner's objects within a second or two
         try:
             restored.to_directory(tmp_path / "out")
         except CheckpointLostError:
-            break
-        assert time.monotonic() < deadline, "chunks of a dead owner still readable"
+            return True
         shutil.rmtree(tmp_path / "out")
-        time.sleep(0.1)
+        return False
+
+    eventually(lost, "the chunks of a dead owner to become unreadable", timeout_s=60)
     wait_for_counts(
         endpoint,
         before,
@@ -378,29 +291,6 @@ def test_node_storage_counts_what_it_moves(endpoint: str, tmp_path: Path) -> Non
             key("failed_transfers_total", phase="upload", error="OSError", **tags): 1,
         },
     )
-
-
-def test_recording_outside_ray_never_starts_ray(tmp_path: Path) -> None:
-    """Regression: a transfer recorded in a process without a Ray session (a Train
-    copy through ``same_node.copy_tree`` in a plain script) started a local Ray
-    instance to make its metrics. A subprocess: this module's Ray is running."""
-    src, _ = _source(tmp_path / "src", [100 * KiB])
-    code = f"""
-import ray
-from air_transfer import TransferConfig
-from air_transfer.observe import telemetry
-from air_transfer.storage.client.same_node import copy_tree
-copy_tree({str(src)!r}, {str(tmp_path / "out")!r}, TransferConfig(), "upload")
-telemetry.Transfer("read", strategy="x", total=1, desc="x").start().finish()
-assert not ray.is_initialized(), "Ray was started"
-print("ok")
-"""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
-    )
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
-    assert (tmp_path / "out" / "part-0.bin").read_bytes() == (src / "part-0.bin").read_bytes()
 
 
 def test_metrics_follow_a_new_ray_session(endpoint: str, tmp_path: Path) -> None:

@@ -1,15 +1,12 @@
-"""Progress bars (issue 13, "silence on long transfers"): when a transfer shows one
-(config, environment, terminal), that the bar counts the transfer's bytes, that a
-Ray worker's bar goes through Ray's ``tqdm_ray`` to the driver, and that with
-progress off nothing is made at all."""
+"""Progress bars on long transfers: that a bar counts the transfer's bytes, that a Ray
+worker's bar goes through Ray's ``tqdm_ray`` to the driver, and that with progress off
+nothing is made at all. When a bar is shown at all is in ``tests/unit/test_progress_when.py``."""
 
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,75 +21,8 @@ from air_transfer.cluster.nodes import node_agent
 from air_transfer.config import KiB
 from air_transfer.core.knobs import Knobs
 from air_transfer.observe import progress, telemetry
-
-# -- when: config > AIR_TRANSFER_PROGRESS > terminal ------------------------------------
-
-
-class _Stderr(io.StringIO):
-    def __init__(self, tty: bool) -> None:
-        super().__init__()
-        self.tty = tty
-
-    def isatty(self) -> bool:
-        return self.tty
-
-
-@pytest.mark.parametrize("tty", [True, False], ids=["tty", "no-tty"])
-@pytest.mark.parametrize("env", [None, "1", "0"], ids=["no-env", "env-on", "env-off"])
-@pytest.mark.parametrize("setting", [None, True, False], ids=["auto", "on", "off"])
-def test_progress_precedence(
-    monkeypatch: pytest.MonkeyPatch, tty: bool, env: str | None, setting: bool | None
-) -> None:
-    """An explicit ``TransferConfig.progress`` wins, then the environment variable,
-    then whether stderr is a terminal."""
-    monkeypatch.setattr("sys.stderr", _Stderr(tty))
-    if env is None:
-        monkeypatch.delenv(progress.ENV_VAR, raising=False)
-    else:
-        monkeypatch.setenv(progress.ENV_VAR, env)
-    expected = setting if setting is not None else (env == "1" if env is not None else tty)
-    assert progress.progress_enabled(TransferConfig(progress=setting).progress) is expected
-
-
-def test_auto_on_a_real_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Automatic means a real pseudo-terminal on stderr turns bars on, a file not."""
-    monkeypatch.delenv(progress.ENV_VAR, raising=False)
-    leader, follower = os.openpty()
-    try:
-        with open(follower, "w", closefd=False) as tty:
-            monkeypatch.setattr("sys.stderr", tty)
-            assert progress.progress_enabled(None)
-    finally:
-        os.close(leader)
-        os.close(follower)
-    with open(os.devnull, "w") as null:
-        monkeypatch.setattr("sys.stderr", null)
-        assert not progress.progress_enabled(None)
-
-
-@pytest.mark.parametrize("value", ["TRUE", " on ", "yes"])
-def test_env_words_for_on(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
-    monkeypatch.setattr("sys.stderr", _Stderr(False))
-    monkeypatch.setenv(progress.ENV_VAR, value)
-    assert progress.progress_enabled(None)
-
-
-def test_env_value_not_understood_is_ignored_with_a_warning(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr("sys.stderr", _Stderr(True))
-    monkeypatch.setenv(progress.ENV_VAR, "sometimes")
-    assert progress.progress_enabled(None)  # the terminal decides
-    assert "ignoring AIR_TRANSFER_PROGRESS='sometimes'" in caplog.text
-
-
-def test_config_progress_validated_and_not_part_of_the_cut() -> None:
-    with pytest.raises(TypeError, match=r"TransferConfig.progress must be True, False or None"):
-        TransferConfig(progress="yes")  # type: ignore[arg-type]
-    # It changes nothing about how a checkpoint is cut or carried: no repacking.
-    assert TransferConfig(progress=True) == TransferConfig()
-    assert TransferConfig().replace(progress=False).progress is False
-
+from tests.support.terminal import FakeStderr
+from tests.support.waiting import eventually
 
 # -- what a bar shows ----------------------------------------------------------------------
 
@@ -244,7 +174,7 @@ def test_async_packing_bar_runs_on_a_thread(tmp_path: Path, made: _Made, held_pa
     held_packing(4 * config.chunk_bytes)
     future = ChunkedCheckpoint.from_directory(src).to_object_ref_async(config)
     future.result(timeout=60)
-    _wait_for(lambda: not _progress_threads(), "the packing bar's thread to end")
+    eventually(lambda: not _progress_threads(), "the packing bar's thread to end")
     (pack,) = made.named("to_object_ref src")
     assert (pack.n, pack.total) == (total, total)
 
@@ -270,7 +200,7 @@ def test_progress_off_makes_nothing(
 ) -> None:
     """Off (by the config, or by the variable where the config says nothing, even on
     a terminal): no bar object, no watching thread."""
-    monkeypatch.setattr("sys.stderr", _Stderr(True))
+    monkeypatch.setattr("sys.stderr", FakeStderr(True))
     built: list[object] = []
     real_bar = telemetry.Bar
 
@@ -351,7 +281,7 @@ def test_worker_bars_go_through_tqdm_ray_to_the_driver(
             for s in states
         )
 
-    _wait_for(final, "the worker's closed bar to reach the driver")
+    eventually(final, "the worker's closed bar to reach the driver")
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -359,14 +289,6 @@ def test_worker_bars_go_through_tqdm_ray_to_the_driver(
 
 def _progress_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "air-transfer-progress"]
-
-
-def _wait_for(condition: Any, what: str, limit_s: float = 30.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(autouse=True)

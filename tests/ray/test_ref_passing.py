@@ -1,4 +1,4 @@
-"""Every way a Ray user passes the ref of a transferred checkpoint around (issue 13):
+"""Every way a Ray user passes the ref of a transferred checkpoint around:
 a top-level task argument, nested in a list, ``ray.get`` in the driver, an actor
 method argument, a task's return value, and a restored checkpoint passed on again,
 each for the sync ``to_object_ref()`` and the async ``to_object_ref_async().ref``.
@@ -175,7 +175,7 @@ def assert_top_level(result: dict[str, Any], src: Path) -> None:
 def test_top_level_task_argument(src: Path, tmp_path: Path, share: Share) -> None:
     """``consume.remote(ref)``: Ray hands the task the checkpoint; it is a
     ``ray.train.Checkpoint`` as is, and ``from_object_ref(arg)`` works on it.
-    (Issue 13: the task used to receive a TransferHandle and ``from_object_ref``
+    (Defect: the task used to receive a TransferHandle and ``from_object_ref``
     raised ``TypeError: from_object_ref expects a ray.ObjectRef, got TransferHandle``.)"""
     ref = share(ChunkedCheckpoint.from_directory(src))
     assert_top_level(ray.get(task_top_level.remote(ref, str(tmp_path / "out"))), src)

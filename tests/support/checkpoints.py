@@ -7,9 +7,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import psutil
 import ray
 
 from air_transfer import ChunkedCheckpoint, TransferConfig
+from tests.support.waiting import eventually
 
 MiB = 1024 * 1024
 
@@ -93,9 +95,6 @@ class Consumer:
 def kill_and_wait(actor: Any, pid: int | None = None) -> None:
     """Kill an actor and return once its process is gone (ray.kill is asynchronous).
     Pass ``pid`` (asked beforehand) for an actor that is busy in a call."""
-    import psutil
-    from conftest import eventually
-
     if pid is None:
         pid = ray.get(actor.pid.remote())
     ray.kill(actor)

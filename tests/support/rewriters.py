@@ -1,18 +1,28 @@
 """Ways a training loop rewrites a checkpoint file while it is packed, and the
 test-only ``packing._after_span_read`` hook that does it between a span's read and
 the fstat after it, so the interleaving is deterministic (in the driver, or installed
-in a node agent with ``install_in_agent``)."""
+in a node agent with ``install_in_agent``); the source the torn-pack tests rewrite,
+and reading it in this process."""
 
 from __future__ import annotations
 
 import os
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
+
+from air_transfer.config import KiB
 from air_transfer.core import packing
+from air_transfer.core.layout import Scan, Source, scan
+from air_transfer.core.packing import read_chunks
 
 HOW = ("in-place", "utime-reset", "rename")
+#: The chunk size of the torn-pack tests, and the error a rewrite of ``w.bin`` gets.
+CHUNK = 4 * KiB
+CHANGED = r"w\.bin' changed after the directory was scanned"
 
 
 def rewrite(path: str, how: str) -> None:
@@ -63,3 +73,33 @@ def install_in_agent(agent: Any, hook: Any) -> None:
     import ray
 
     ray.get(agent.__ray_call__.remote(_set_hook, hook))
+
+
+def make_source(tmp_path: Path) -> Path:
+    """Three files; ``w.bin`` spans chunks 1 to 9 and is the one rewritten."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(3 * KiB))
+    (src / "w.bin").write_bytes(os.urandom(32 * KiB + 5))
+    (src / "z.bin").write_bytes(os.urandom(2 * KiB))
+    return src
+
+
+def local_scan(root: Path) -> tuple[Source, Scan]:
+    """The local directory ``root`` as a source, and its scan."""
+    source = Source(pafs.LocalFileSystem(), str(root))
+    return source, scan(source)
+
+
+def read_all(source: Source, scanned: Scan, chunk_bytes: int = CHUNK) -> bytes:
+    """Every chunk of ``scanned``, read (and checked) in this process."""
+    return b"".join(
+        bytes(view)
+        for _, view in read_chunks(
+            source,
+            scanned.files,
+            scanned.stamps,
+            chunk_bytes,
+            lambda i, n: memoryview(bytearray(n)),
+        )
+    )

@@ -14,7 +14,8 @@ from typing import Any
 import ray
 import ray.train
 import ray.tune
-from checkpoints import digest_tree, make_checkpoint
+
+from tests.support.checkpoints import digest_tree, make_checkpoint
 
 
 def _step_checkpoint(step: int, size: int) -> tuple[str, dict[str, str]]:

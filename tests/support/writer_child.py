@@ -1,12 +1,13 @@
 """A writer in a process of its own, for test_writer_crash.py: killed mid-publish,
 racing other writers, or holding a staging lock as a writer in another container.
+Run from the repository root:
 
-    python writer_child.py merge TARGET N [--pause POINT] [--no-exchange]
-    python writer_child.py race TARGET TAG ROUNDS      (waits for a line on stdin)
-    python writer_child.py hold LOCKFILE               (until stdin closes)
+    python -m tests.support.writer_child merge TARGET N [--pause POINT] [--no-exchange]
+    python -m tests.support.writer_child race TARGET TAG ROUNDS   (waits for a line on stdin)
+    python -m tests.support.writer_child hold LOCKFILE            (until stdin closes)
 
 With ``--pause``, the writer prints ``ready`` at POINT of its publish and stops
-there until it is killed. Trees come from ``crash_trees`` so that the test knows
+there until it is killed. The trees are the functions below, so that the test knows
 exactly what the old and the new merged tree hold.
 """
 
@@ -32,10 +33,9 @@ if __name__ == "__main__":
     _package.__path__ = list(_spec.submodule_search_locations)
     sys.modules["air_transfer"] = _package
 
-from trees import build_manifest
-
 from air_transfer.core import staging
 from air_transfer.core.writer import write_tree
+from tests.support.trees import build_manifest
 
 PAUSES = ("before-swap", "after-swap", "between-renames")
 

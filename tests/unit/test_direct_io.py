@@ -15,8 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_writer import local_pack, no_staging_left
-from trees import assert_same_tree, build_manifest, leftovers, write_file
 
 from air_transfer import ChecksumError, TransferConfig
 from air_transfer.core import direct_io
@@ -28,6 +26,8 @@ from air_transfer.core.direct_io import (
     should_write_direct,
 )
 from air_transfer.core.writer import write_tree
+from tests.support.packs import local_pack, no_staging_left
+from tests.support.trees import assert_same_tree, build_manifest, leftovers, write_file
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="O_DIRECT is Linux")
 
@@ -89,7 +89,7 @@ def test_a_filesystem_that_refuses_direct_writes_gets_page_cache_writes(
     assert (tmp_path / "f").read_bytes() == data
     assert not writer.direct
     assert calls[:2] == [0, 0]  # the refused write was retried, not skipped
-    # The fallback is not silent (issue 11): a warning names the file.
+    # The fallback is not silent: a warning names the file.
     assert any(
         "refused O_DIRECT" in r.getMessage() and str(tmp_path / "f") in r.getMessage()
         for r in caplog.records
@@ -106,7 +106,7 @@ def test_a_failed_write_is_raised_naming_the_file(
     monkeypatch.setattr(direct_io.os, "pwrite", full_disk)
     with pytest.raises(OSError, match=r"No space .*writing it after \d+ bytes") as raised:
         write_pieces(tmp_path / "f", bytes(10 * BUFFER), [])
-    # issue 10, item 9: the errno survives the hand-off from the writing thread
+    # the errno survives the hand-off from the writing thread
     assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(tmp_path / "f"))
     # the failed writer stopped its thread and closed its file by itself
     assert not [t for t in threading.enumerate() if t.name.startswith("air-transfer direct")]
@@ -224,7 +224,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 @linux_only
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "page-cache"])
 def test_a_full_disk_raises_enospc_naming_the_file(small_disk: Path, direct: bool) -> None:
-    """Issue 10, item 9: ENOSPC arrived as an OSError with errno None with direct_io,
+    """ENOSPC arrived as an OSError with errno None with direct_io,
     and without a path without it."""
     size = MIN_DIRECT_FILE_BYTES + 1  # 16 MiB: past the 4 MiB disk, and direct
     manifest, chunks = build_manifest({"big.bin": bytes(size)}, chunk_bytes=4 << 20)
@@ -239,7 +239,7 @@ def test_a_full_disk_raises_enospc_naming_the_file(small_disk: Path, direct: boo
 @linux_only
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "page-cache"])
 def test_a_file_size_limit_raises_efbig_naming_the_file(tmp_path: Path, direct: bool) -> None:
-    """Item 9 without privileges: RLIMIT_FSIZE makes writes fail with EFBIG (once
+    """The same without privileges: RLIMIT_FSIZE makes writes fail with EFBIG (once
     SIGXFSZ is ignored), on both write paths."""
     size = MIN_DIRECT_FILE_BYTES + 1
     manifest, chunks = build_manifest({"big.bin": bytes(size)}, chunk_bytes=4 << 20)

@@ -12,7 +12,7 @@ from air_transfer.core.links import MAXSYMLINKS, escaping_links
 @pytest.mark.parametrize(
     ("links", "escaping"),
     [
-        ({"s": ".", "l": "s/.."}, ["l"]),  # issue 10 item 3: each fine alone
+        ({"s": ".", "l": "s/.."}, ["l"]),  # each fine alone, not together
         ({"current": ".", "l": "current/.."}, ["l"]),
         ({"d/l": "..", "x": "d/l/.."}, ["x"]),  # ".." after a link: its target's parent
         ({"d/l": "..", "x": "d/l/d"}, []),
@@ -38,7 +38,7 @@ def test_only_the_links_asked_about() -> None:
 @pytest.mark.parametrize("shape", ["doubling", "chain", "deep"])
 def test_resolution_is_linear(shape: str) -> None:
     """100,000 links whose resolutions build on each other: under a few seconds (a
-    recursive resolver without memo takes days on the doubling chain, issue 10 item 4)."""
+    recursive resolver without memo takes days on the doubling chain)."""
     n = 100_000
     if shape == "doubling":
         links = {"l0": "."} | {f"l{k}": f"l{k - 1}/l{k - 1}" for k in range(1, n)}

@@ -1,5 +1,6 @@
-"""Ray's private API lives in one module, ``air_transfer.cluster._ray``: every private name it
-uses still exists in the installed Ray, and no other module reaches for one."""
+"""Ray's private API lives in one module, ``air_transfer.cluster._ray``: every private
+name it uses still exists in the installed Ray, and no other module of the package
+reaches for one (no Ray instance: the Train hooks are installed in fresh interpreters)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
+import air_transfer
 from air_transfer.cluster import _ray
+from tests.support.procs import REPO_ROOT, child_env
 
-PACKAGE = Path(_ray.__file__).parent
+#: The whole package (``_ray``'s own folder, ``cluster/``, is only one of its layers).
+PACKAGE = Path(air_transfer.__file__).parent
 #: What a use of Ray's private API looks like in source.
 PRIVATE_USE = re.compile(
     r"ray\._private|ray\.tune\.utils\.file_transfer|_generator_backpressure|"
@@ -47,13 +51,13 @@ def test_no_other_module_uses_rays_private_api() -> None:
 
 
 def _run(code: str, **env: str) -> str:
-    import os
     import subprocess
     import sys
 
     done = subprocess.run(
         [sys.executable, "-c", code],
-        env={**os.environ, **env},
+        env=child_env(**env),
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=120,

@@ -12,21 +12,24 @@ import time
 from pathlib import Path
 
 import pytest
-from trees import build_manifest, file_contents, leftovers
-from writer_child import merged_files, new_files, old_files, race_files
 
 from air_transfer.core.writer import write_tree
+from tests.support.procs import REPO_ROOT, child_env
+from tests.support.trees import build_manifest, file_contents, leftovers
+from tests.support.waiting import eventually
+from tests.support.writer_child import merged_files, new_files, old_files, race_files
 
-CHILD = Path(__file__).with_name("writer_child.py")
 TIMEOUT = 120.0
 
 
 class Child:
-    """A writer_child.py process and the lines it prints."""
+    """A ``tests.support.writer_child`` process and the lines it prints."""
 
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(CHILD), *args],
+            [sys.executable, "-m", "tests.support.writer_child", *args],
+            cwd=REPO_ROOT,
+            env=child_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -103,7 +106,7 @@ def assert_one_tree(got: dict[str, bytes | str], old: dict, new: dict) -> str:
 
 
 def test_a_merge_killed_mid_publish_leaves_the_old_or_the_new_tree(tmp_path: Path) -> None:
-    """Issue 10, item 8: 20,000 files, the writer SIGKILLed the moment the target
+    """20,000 files, the writer SIGKILLed the moment the target
     changes. It used to hold 19,995 old and 5 new files; now the whole new tree is in
     place when anything is, and the next writer removes what the dead one left."""
     n = 20_000
@@ -113,10 +116,14 @@ def test_a_merge_killed_mid_publish_leaves_the_old_or_the_new_tree(tmp_path: Pat
     inode = os.stat(watched).st_ino
     child = Child("merge", str(target), str(n))
     child.wait_for("writing")
-    deadline = time.monotonic() + TIMEOUT
-    while child.proc.poll() is None and os.stat(watched).st_ino == inode:
-        assert time.monotonic() < deadline, "the merge never changed the target"
-        os.sched_yield()  # the child needs the CPU more
+    # Polled without a pause (the kill must come the moment the target changes),
+    # yielding the CPU to the child, which needs it more.
+    eventually(
+        lambda: child.proc.poll() is not None or os.stat(watched).st_ino != inode,
+        "the merge to change the target",
+        TIMEOUT,
+        interval_s=0,
+    )
     child.kill()
     old, new = tree_of(old_files(n)), tree_of(merged_files(n))
     assert assert_one_tree(file_contents(target), old, new) == "new"
@@ -159,7 +166,7 @@ def test_a_writer_killed_at_each_step_of_the_swap(
 
 
 def test_staging_locked_by_a_writer_in_another_pid_namespace_is_kept(tmp_path: Path) -> None:
-    """Issue 10, item 7: a live writer whose pid is not visible here (a container,
+    """A live writer whose pid is not visible here (a container,
     another host on NFS) holds its staging's lock: another writer must not remove its
     staging; once the lock is free, the next writer does."""
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
