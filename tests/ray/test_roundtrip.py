@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import ray
 from ray.train import Checkpoint
-from trees import assert_same_tree, rich_tree, tree_listing
 
 from air_transfer import ChunkedCheckpoint, TransferConfig, strategies
 from air_transfer.config import KiB
+from tests.support.direct import direct_writers, skip_unless_o_direct
+from tests.support.trees import assert_same_tree, rich_tree, tree_listing
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -258,7 +259,9 @@ def test_existing_target_is_merged(tmp_path: Path, strategy: str) -> None:
 @pytest.mark.parametrize("strategy_name", ["chunked", "streamed"])
 def test_large_files_written_around_the_page_cache(tmp_path: Path, strategy_name: str) -> None:
     """The consumer writes 16 MiB+ files with O_DIRECT (the default) through
-    page-aligned bounce buffers, odd tails included."""
+    page-aligned bounce buffers, odd tails included. (It passed before when the
+    writes silently fell back to the page cache.)"""
+    skip_unless_o_direct(tmp_path)
     src = tmp_path / "src"
     (src / "shards").mkdir(parents=True)
     rng = random.Random(5)
@@ -269,8 +272,14 @@ def test_large_files_written_around_the_page_cache(tmp_path: Path, strategy_name
     ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config=config)
 
     @ray.remote
-    def consume(refs: list, target: str) -> str:
-        return ChunkedCheckpoint.from_object_ref(refs[0]).to_directory(target)
+    def consume(refs: list, target: str) -> list[tuple[str, bool]]:
+        """Restores in a worker; the files it wrote direct, with whether they stayed so."""
+        from air_transfer.core import writer
 
-    ray.get(consume.remote([ref], str(tmp_path / "out")))
+        with direct_writers(writer) as writers:
+            ChunkedCheckpoint.from_object_ref(refs[0]).to_directory(target)
+        return [(os.path.basename(w.path), w.direct) for w in writers]
+
+    went_direct = ray.get(consume.remote([ref], str(tmp_path / "out")))
     assert_same_tree(src, tmp_path / "out")
+    assert sorted(went_direct) == [("0.bin", True), ("model.bin", True)]

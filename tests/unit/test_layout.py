@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -153,15 +154,24 @@ def test_read_ahead_yields_the_stream_in_order(tmp_path: Path) -> None:
 
 
 def test_read_ahead_stops_cleanly_when_abandoned(tmp_path: Path) -> None:
+    """A caller that stops after the first of ten chunks: closing the generator ends
+    the read-ahead thread (it was waiting to hand over the next chunk) promptly."""
     (tmp_path / "a").write_bytes(os.urandom(10_000))
     source, s = _local(tmp_path)
+    before = set(threading.enumerate())
     gen = read_chunks_ahead(source, s.files, s.stamps, 1024)
     next(gen)
-    gen.close()  # joins the reader thread; would hang if it ignored the stop
+    (reader,) = [t for t in threading.enumerate() if t not in before]
+    assert reader.name == "air-transfer-pack" and reader.is_alive()
+    closer = threading.Thread(target=gen.close, daemon=True)
+    closer.start()
+    closer.join(timeout=30)
+    assert not closer.is_alive(), "closing the generator hung: the reader ignored the stop"
+    assert not reader.is_alive(), "the read-ahead thread outlived the generator"
 
 
 def test_a_1200_level_tree_scans_without_recursion(tmp_path: Path) -> None:
-    """Deep trees (issue 10 item 6): the walk was one Python frame per level."""
+    """Deep trees: the walk was one Python frame per level."""
     depth = 1200
     assert depth > sys.getrecursionlimit()
     deepest = str(tmp_path)
