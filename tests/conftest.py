@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +29,22 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 # rather than relying on the tests package being importable there.
 ray.cloudpickle.register_pickle_by_value(strategies_for_tests)
 register_strategy(strategies_for_tests.BytesChunksStrategy)
+
+
+TIERS = ("unit", "ray", "cluster", "e2e")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Refuse to run while a test module lies outside the tiers: the README's command
+    names the tier folders, so such a module would silently never run."""
+    here = Path(__file__).parent
+    stray = [p for p in here.glob("*/**/test_*.py") if p.relative_to(here).parts[0] not in TIERS]
+    stray += [*here.glob("test_*.py"), *Path(REPO_ROOT, "integration_tests").glob("test_*.py")]
+    if stray:
+        names = ", ".join(sorted(str(p.relative_to(REPO_ROOT)) for p in stray))
+        raise pytest.UsageError(
+            f"test modules outside the tiers tests/{{{','.join(TIERS)}}}: {names}"
+        )
 
 
 @pytest.fixture(scope="module")
