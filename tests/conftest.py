@@ -1,34 +1,57 @@
-"""Shared fixtures: one local Ray per test session, and the test-only strategy
-registered so that every contract test runs over it as well."""
+"""Fixtures for every tier: one local Ray per test module (``ray_local``), the
+strategy registry restored after a test, and the test-only strategy registered so
+that every contract test runs over it as well."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
 import ray.cloudpickle
-import strategies_for_tests
 
 from air_transfer import register_strategy
+from air_transfer.core import proven_read
 from air_transfer.transfer.strategies import registry
+from tests.support import strategies_for_tests
+from tests.support.procs import REPO_ROOT
 
 # Ray Train's controller polls its workers every 2 s, and a run ends (and a report
 # made right after another returns) only at a poll: poll every 0.2 s in the tests'
-# Train runs. Set before any Ray starts here, so every Ray process inherits it.
+# Train runs. Set before any Ray starts here, so every Ray process (and every child
+# process: the bench's and the demo's) inherits it.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 # Workers unpickle the strategy stored in a transfer handle: ship its code by value
-# rather than relying on the tests directory being importable there.
+# rather than relying on the tests package being importable there.
 ray.cloudpickle.register_pickle_by_value(strategies_for_tests)
 register_strategy(strategies_for_tests.BytesChunksStrategy)
+
+
+TIERS = ("unit", "ray", "cluster", "e2e")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Refuse to run while a test module lies outside the tiers: the README's command
+    names the tier folders, so such a module would silently never run."""
+    here = Path(__file__).parent
+    stray = [p for p in here.glob("*/**/test_*.py") if p.relative_to(here).parts[0] not in TIERS]
+    stray += [*here.glob("test_*.py"), *Path(REPO_ROOT, "integration_tests").glob("test_*.py")]
+    if stray:
+        names = ", ".join(sorted(str(p.relative_to(REPO_ROOT)) for p in stray))
+        raise pytest.UsageError(
+            f"test modules outside the tiers tests/{{{','.join(TIERS)}}}: {names}"
+        )
 
 
 @pytest.fixture(scope="module")
 def ray_local() -> Iterator[None]:
     """A local Ray shared by the tests of one module (starting Ray costs seconds;
-    per module, so that integration tests can start their own cluster)."""
+    per module, so that other modules can start their own cluster). Its workers
+    import ``tests.support`` (and, in a checkout, ``air_transfer``) from the root."""
     if not ray.is_initialized():
         ray.init(
             # "local": always a fresh instance, never a cluster that happens to be
@@ -38,7 +61,7 @@ def ray_local() -> Iterator[None]:
             object_store_memory=512 * 1024 * 1024,
             include_dashboard=False,
             logging_level="ERROR",
-            runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(__file__)}},
+            runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT}},
         )
     yield
     ray.shutdown()
@@ -55,3 +78,10 @@ def registry_restored() -> Iterator[None]:
     registry._registry.update(classes)
     registry._size_rules.clear()
     registry._size_rules.update(rules)
+
+
+@pytest.fixture
+def in_driver(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any], None]:
+    """Install a packing hook (``proven_read._after_span_read``, see
+    ``tests.support.rewriters``) in this process, undone after the test."""
+    return lambda hook: monkeypatch.setattr(proven_read, "_after_span_read", hook)

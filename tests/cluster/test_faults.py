@@ -1,0 +1,99 @@
+"""Failures in the middle of a transfer: each leaves the target absent or untouched
+(no staging left behind), raises a typed error with the Ray exception as its cause,
+and never hangs. A Gate stops the reader after its first chunk, so the fault lands
+mid-transfer every time, without sleeps."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import ray
+
+from air_transfer import ChunkedCheckpoint, TransferConfig
+from tests.support.checkpoints import (
+    Consumer,
+    MiB,
+    Producer,
+    digest_tree,
+    kill_and_wait,
+    make_checkpoint,
+    on,
+)
+from tests.support.gates import Gate, gated
+
+pytestmark = pytest.mark.usefixtures("cluster")
+CONFIG = TransferConfig(chunk_bytes=MiB, window=4, strategy="chunked")
+
+
+def staging_dirs(parent: Path) -> list[str]:
+    return [p for p in os.listdir(parent) if ".air-staging-" in p]
+
+
+@pytest.mark.parametrize("strategy", ["chunked", "streamed"])
+def test_consumer_killed_mid_write_then_retry(tmp_path: Path, strategy: str) -> None:
+    src = make_checkpoint(tmp_path / "src", 8 * MiB)
+    restored = ChunkedCheckpoint.from_object_ref(
+        ChunkedCheckpoint.from_directory(src).to_object_ref(
+            config=CONFIG.replace(strategy=strategy)
+        )
+    )
+    gate = Gate.remote()
+    consumer = Consumer.options(**on("node_b")).remote()
+    pid = ray.get(consumer.pid.remote())
+    target = tmp_path / "out"
+    pending = consumer.write.remote(gated(restored, gate), str(target))
+    ray.get(gate.wait_for_arrivals.remote(1))  # first chunk written into staging
+    # the staging directory, and the lock file its writer holds
+    assert len(staging_dirs(tmp_path)) == 2 and not target.exists()
+    kill_and_wait(consumer, pid)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(pending)
+    assert not target.exists()  # never half-written
+
+    retry = Consumer.options(**on("node_b")).remote()
+    assert ray.get(retry.write.remote(restored, str(target))) == digest_tree(src)
+    assert staging_dirs(tmp_path) == []  # the dead writer's staging was cleaned up
+    ray.kill(retry)
+    ray.kill(gate)
+
+
+def test_two_consumers_writing_one_target_at_once(tmp_path: Path) -> None:
+    """Two different checkpoints with the same file names, published into the same
+    directory at the same moment: the result is one of them whole, never a mix."""
+    first = make_checkpoint(tmp_path / "first", 6 * MiB, seed=1)
+    second = make_checkpoint(tmp_path / "second", 6 * MiB, seed=2)
+    expected = {"first": digest_tree(first), "second": digest_tree(second)}
+    gate = Gate.remote()
+    target = tmp_path / "out"
+    pending = []
+    for node, src in (("node_a", first), ("node_b", second)):
+        ckpt = ChunkedCheckpoint.from_object_ref(
+            ChunkedCheckpoint.from_directory(src).to_object_ref(config=CONFIG)
+        )
+        consumer = Consumer.options(**on(node)).remote()
+        pending.append(consumer.write.remote(gated(ckpt, gate), str(target)))
+    ray.get(gate.wait_for_arrivals.remote(2))  # both mid-write, in their own staging
+    gate.open.remote()
+    ray.get(pending)
+    assert digest_tree(target) in (expected["first"], expected["second"])
+    assert staging_dirs(tmp_path) == []
+    ray.kill(gate)
+
+
+def test_producer_killed_before_the_consumer_reads(tmp_path: Path) -> None:
+    src = make_checkpoint(tmp_path / "src", 4 * MiB)
+    caller, node = (Producer.options(**on("node_a")).remote() for _ in range(2))
+    [by_caller] = ray.get(caller.share_restored.remote(str(src), CONFIG))
+    [by_node] = ray.get(node.share_restored.remote(str(src), CONFIG.replace(owner="node")))
+    kill_and_wait(caller)
+    kill_and_wait(node)
+    consumer = Consumer.options(**on("node_b")).remote()
+    with pytest.raises(ray.exceptions.RayTaskError) as info:
+        ray.get(consumer.write.remote(by_caller, str(tmp_path / "lost")))
+    assert type(info.value.cause).__name__ == "CheckpointLostError"
+    assert "owner='node'" in str(info.value.cause)
+    assert not (tmp_path / "lost").exists() and staging_dirs(tmp_path) == []
+    assert ray.get(consumer.write.remote(by_node, str(tmp_path / "kept"))) == digest_tree(src)
+    ray.kill(consumer)

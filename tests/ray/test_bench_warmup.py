@@ -1,0 +1,70 @@
+"""The bench's store warm-up: each endpoint process maps most of the object store
+once, untimed, and leaves nothing behind in it (a real local Ray, no timing)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import ray
+
+from air_transfer.cluster.nodes import node_agent
+from air_transfer.config import TransferConfig
+from benchmarks.bench import endpoint
+from benchmarks.bench.endpoint import Ends
+from benchmarks.bench.sampler import object_store_used
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def node_store_bytes() -> int:
+    (node,) = [n for n in ray.nodes() if n["Alive"]]
+    return int(node["Resources"]["object_store_memory"])
+
+
+@pytest.fixture(scope="module")
+def ends() -> Iterator[Ends]:
+    pair = Ends.start(TransferConfig(), cross_node=False)
+    yield pair
+    pair.kill()
+
+
+def test_fill_puts_the_fraction_of_the_store_in_whole_pieces(ends: Ends) -> None:
+    refs = ray.get(ends.producer.fill_store.remote(0.5))
+    piece = endpoint.STORE_PIECE_BYTES
+    target = int(node_store_bytes() * 0.5)
+    assert len(refs) == target // piece > 0
+    assert all(len(ray.get(r)) == piece for r in refs[:2])
+
+
+def test_touch_reads_one_byte_in_every_page(ends: Ends) -> None:
+    refs = ray.get(ends.producer.fill_store.remote(0.25))
+    pages = ray.get(ends.consumer.touch_store.remote(refs))
+    # Every piece is all ones: one byte summed per 4 KiB page of every piece.
+    assert pages == len(refs) * endpoint.STORE_PIECE_BYTES // endpoint.PAGE_BYTES
+
+
+def test_warm_store_leaves_the_store_as_it_found_it(ends: Ends) -> None:
+    before = object_store_used()
+    ends.warm_store()
+    assert object_store_used() <= before + endpoint.STORE_PIECE_BYTES
+
+
+def shared_bytes(pid: int) -> int:
+    """``RssShmem`` of ``pid``: the object-store pages it has mapped (the store is a
+    shared-memory file)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssShmem:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no RssShmem in /proc/{pid}/status")
+
+
+def test_warm_store_maps_the_store_into_the_agent_that_packs(ends: Ends) -> None:
+    """The node's agent packs every chunk (``to_object_ref`` submits the packing to
+    it), so its first writes to the store's pages are the ones that fault: the
+    warm-up maps most of the store into it too, not only into the producer and
+    consumer (the warm-up once skipped it, and the first trip paid for it)."""
+    agent = int(ray.get(node_agent(ends.producer_node).pid.remote()))
+    ends.warm_store()
+    assert shared_bytes(agent) >= 0.6 * node_store_bytes()

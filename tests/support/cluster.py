@@ -1,0 +1,106 @@
+"""Mock multi-node clusters (``ray.cluster_utils.Cluster``: real raylets on one
+machine) for the cluster and end-to-end tiers, and the check that every test on one
+gets: nothing it transferred stays pinned in an object store.
+
+Nodes are told apart by custom resources (``node_a``, ``node_b``); the driver runs on
+the head. Object stores are small so that spilling and streaming limits are reached
+with a few hundred MB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+
+import ray
+from ray.cluster_utils import Cluster
+
+from air_transfer.cluster._ray import object_store_free_bytes
+from air_transfer.cluster.nodes import NAMESPACE, agent_name
+from tests.support.procs import REPO_ROOT
+from tests.support.waiting import eventually
+
+MiB = 1024 * 1024
+STORE_BYTES = 128 * MiB
+
+
+def start_cluster(*node_names: str, system_config: dict[str, object] | None = None) -> Cluster:
+    """A head (the driver's node, resource ``head``) plus one node per name, each
+    with that name as a resource; the driver connected, its workers importing
+    ``tests.support``."""
+    if ray.is_initialized():
+        ray.shutdown()
+    head: dict[str, object] = {
+        "num_cpus": 1,
+        "resources": {"head": 1},
+        "object_store_memory": STORE_BYTES,
+        "include_dashboard": False,
+    }
+    if system_config:
+        head["_system_config"] = system_config
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    for name in node_names:
+        cluster.add_node(num_cpus=1, resources={name: 1}, object_store_memory=STORE_BYTES)
+    cluster.wait_for_nodes()
+    ray.init(
+        address=cluster.address,
+        logging_level="ERROR",
+        runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT}},
+    )
+    return cluster
+
+
+def two_node_cluster() -> Iterator[Cluster]:
+    """The body of the ``cluster`` fixtures: head (driver) plus ``node_a`` and
+    ``node_b``, shut down after the module."""
+    c = start_cluster("node_a", "node_b")
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def node_ids() -> dict[str, str]:
+    """Custom resource name ("head", "node_a", ...) -> node id, for live nodes."""
+    out = {}
+    for node in ray.nodes():
+        if node["Alive"]:
+            for name in node["Resources"]:
+                if name == "head" or name.startswith("node_"):
+                    out[name] = node["NodeID"]
+    return out
+
+
+def release_read_caches() -> None:
+    """Node agents keep the chunks of node-storage files read recently (by design:
+    ``TransferConfig.cache_bytes``); a test's reads should not count against the next."""
+    for node_id in node_ids().values():
+        try:
+            agent = ray.get_actor(agent_name(node_id), namespace=NAMESPACE)
+        except ValueError:
+            continue
+        with contextlib.suppress(ray.exceptions.RayActorError):
+            ray.get(agent.clear_read_cache.remote())
+
+
+def chunks_back_to_baseline() -> Iterator[None]:
+    """The body of the autouse ``no_chunks_left_pinned`` fixtures: after the test,
+    every node's object store returns to its baseline (nothing a test transferred
+    stays pinned once its checkpoints and refs are gone)."""
+    if not ray.is_initialized():
+        yield
+        return
+    before = {name: object_store_free_bytes(nid) for name, nid in node_ids().items()}
+    yield
+    gc.collect()
+    release_read_caches()
+
+    def back_to_baseline() -> bool:
+        live = node_ids()
+        return all(
+            name not in live or (object_store_free_bytes(live[name]) or 0) >= free - 4 * MiB
+            for name, free in before.items()
+            if free is not None
+        )
+
+    eventually(back_to_baseline, "freeing every chunk after the test")

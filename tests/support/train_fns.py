@@ -1,0 +1,77 @@
+"""Training functions for the Ray Train / Tune tests: each step writes a checkpoint
+(one big file and a few small ones, different bytes per step), reports it with the
+digests of its files, and on resume reports what it restored."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import ray
+import ray.train
+import ray.tune
+
+from tests.support.checkpoints import digest_tree, make_checkpoint
+
+
+def _step_checkpoint(step: int, size: int) -> tuple[str, dict[str, str]]:
+    d = tempfile.mkdtemp(prefix=f"step{step}-")
+    make_checkpoint(Path(d), size, seed=step)
+    (Path(d) / "state.json").write_text(json.dumps({"step": step}))
+    return d, digest_tree(d)
+
+
+def _restored(checkpoint: Any) -> tuple[int, dict[str, Any]]:
+    """The step to start from and what to report about the restored checkpoint."""
+    if checkpoint is None:
+        return 0, {}
+    with checkpoint.as_directory() as d:
+        step = json.loads((Path(d) / "state.json").read_text())["step"]
+        digests = digest_tree(d)
+    info = {"restored_step": step, "restored_digests": digests, "restored_path": checkpoint.path}
+    return step + 1, info
+
+
+def _fail_once(config: dict[str, Any], step: int) -> None:
+    marker = config.get("fail_marker")
+    if config.get("fail_after") == step and marker and not os.path.exists(marker):
+        Path(marker).write_text("failed once")
+        raise RuntimeError(f"injected failure after step {step}")
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """A Ray Train worker loop: ``config`` has ``steps``, ``size``, ``mode`` ("SYNC" or
+    "ASYNC"), optionally ``fail_after``/``fail_marker`` and ``upload_fn``."""
+    start, restored = _restored(ray.train.get_checkpoint())
+    node = ray.get_runtime_context().get_node_id()
+    mode = ray.train.CheckpointUploadMode[config.get("mode", "SYNC")]
+    for step in range(start, config["steps"]):
+        d, digests = _step_checkpoint(step, config["size"])
+        metrics = {"step": step, "node": node, "digests": digests, **restored}
+        ray.train.report(
+            metrics,
+            checkpoint=ray.train.Checkpoint.from_directory(d),
+            checkpoint_upload_mode=mode,
+            checkpoint_upload_fn=config.get("upload_fn"),
+        )
+        if mode == ray.train.CheckpointUploadMode.SYNC:
+            shutil.rmtree(d)
+        restored = {}
+        _fail_once(config, step)
+
+
+def tune_trainable(config: dict[str, Any]) -> None:
+    """The same loop as a Ray Tune function trainable."""
+    start, restored = _restored(ray.tune.get_checkpoint())
+    node = ray.get_runtime_context().get_node_id()
+    for step in range(start, config["steps"]):
+        d, digests = _step_checkpoint(step, config["size"])
+        metrics = {"step": step, "node": node, "digests": digests, **restored}
+        ray.tune.report(metrics, checkpoint=ray.tune.Checkpoint.from_directory(d))
+        shutil.rmtree(d)
+        restored = {}
+        _fail_once(config, step)

@@ -1,0 +1,97 @@
+"""Ray's private API lives in one module, ``air_transfer.cluster._ray``: every private
+name it uses still exists in the installed Ray, and no other module of the package
+reaches for one (no Ray instance: the Train hooks are installed in fresh interpreters)."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+import air_transfer
+from air_transfer.cluster import _ray
+from tests.support.procs import REPO_ROOT, child_env
+
+#: The whole package (``_ray``'s own folder, ``cluster/``, is only one of its layers).
+PACKAGE = Path(air_transfer.__file__).parent
+#: What a use of Ray's private API looks like in source.
+PRIVATE_USE = re.compile(
+    r"ray\._private|ray\.tune\.utils\.file_transfer|_generator_backpressure|"
+    r"_get_temporary_checkpoint_dir|\._uuid\b|\._actor_id\b|\._PackActor\b|"
+    r"_force_on_node|_unpack_from_actor"
+)
+
+
+@pytest.mark.parametrize(
+    ("module", "name"), _ray.PRIVATE_NAMES, ids=[f"{m}:{n}" for m, n in _ray.PRIVATE_NAMES]
+)
+def test_each_private_name_exists_in_the_installed_ray(module: str, name: str) -> None:
+    owner = importlib.import_module(module)
+    assert functools.reduce(getattr, name.split("."), owner) is not None
+
+
+def test_the_backpressure_option_is_one_ray_accepts() -> None:
+    from ray._common.ray_option_utils import task_options
+
+    assert _ray.BACKPRESSURE_OPTION in task_options
+
+
+def test_no_other_module_uses_rays_private_api() -> None:
+    offenders = [
+        f"{path.relative_to(PACKAGE)}:{n}: {line.strip()}"
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "_ray.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if PRIVATE_USE.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert offenders == []
+
+
+def _run(code: str, **env: str) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=child_env(**env),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+TRAIN_HOOKS = """
+from ray.train import _checkpoint
+from ray.train.v2._internal.execution import storage
+from air_transfer.cluster import _ray
+before = (storage.StorageContext.persist_current_checkpoint, _checkpoint._download_from_fs_path)
+installed = _ray.install_train_hooks(lambda fs, path, ckpt: None, lambda fs, path, local: False)
+after = (storage.StorageContext.persist_current_checkpoint, _checkpoint._download_from_fs_path)
+print(installed, before == after)
+"""
+
+
+def test_train_hooks_can_be_turned_off() -> None:
+    """``AIR_TRANSFER_TRAIN_HOOKS=0`` leaves Ray Train's own copies untouched."""
+    assert _run(TRAIN_HOOKS, AIR_TRANSFER_TRAIN_HOOKS="0") == "False True"
+    assert _run(TRAIN_HOOKS) == "True False"
+
+
+def test_train_hooks_leave_every_other_filesystem_to_ray(tmp_path: Path) -> None:
+    """Installed, the download wrapper asks the hook, which declines for a local
+    filesystem, and Ray's own copy runs: the directory arrives."""
+    (tmp_path / "src" / "sub").mkdir(parents=True)
+    (tmp_path / "src" / "sub" / "f").write_bytes(b"data")
+    code = TRAIN_HOOKS + (
+        "import pyarrow.fs as pafs\n"
+        f"_checkpoint._download_from_fs_path(pafs.LocalFileSystem(), {str(tmp_path / 'src')!r}, "
+        f"{str(tmp_path / 'out')!r})\n"
+    )
+    assert _run(code) == "True False"
+    assert (tmp_path / "out" / "sub" / "f").read_bytes() == b"data"
