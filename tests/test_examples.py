@@ -29,7 +29,7 @@ def load(name: str) -> ModuleType:
 
 
 def test_examples_are_all_tested() -> None:
-    tested = {"evaluate_each_epoch", "train_without_shared_storage", "custom_strategy"}
+    tested = {"evaluate_each_epoch", "train_without_shared_storage", "custom_strategy", "torch_dcp"}
     assert {p.stem for p in EXAMPLES.glob("*.py")} == tested
 
 
@@ -48,6 +48,21 @@ def test_train_without_shared_storage_resumes_after_a_failure(tmp_path: Path) ->
     # The checkpoint landed on the driver node's disk, under the storage path.
     checkpoint = Path(out["checkpoint_path"])
     assert checkpoint.is_relative_to(storage) and (checkpoint / "weights.bin").is_file()
+    assert not ray.is_initialized(), "main() left the cluster it started running"
+
+
+# Also before any ray_local test: it starts its own three-node cluster.
+def test_torch_dcp_resumes_after_a_failure(tmp_path: Path) -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+    storage = tmp_path / "storage"
+    out = load("torch_dcp").main(steps=3, width=128, storage_path=str(storage))
+    assert out["step"] == 2
+    assert out["resumed_from"] == 2, "the run did not resume after the checkpoint of step 1"
+    assert out["node"] != out["driver_node"], "the worker ran on the driver's node"
+    assert out["checkpoint_files"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert out["loaded_step"] == 2 and out["loaded_model_matches"]
+    assert Path(out["checkpoint_path"]).is_relative_to(storage)
     assert not ray.is_initialized(), "main() left the cluster it started running"
 
 
