@@ -225,3 +225,35 @@ def test_a_save_that_fails_on_another_node_leaves_nothing_in_storage(
     error = ray.get(ranks[0].run.remote(fail_while_saving, path, fs))
     assert "injected failure while writing" in error
     assert os.listdir(path) == []
+
+
+def read_range(fs: pafs.FileSystem, path: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+    """Each ``(offset, length)`` of ``path``, read with one ``read_at`` on one open file."""
+    with fs.open_input_file(path) as f:
+        return [bytes(f.read_at(n, offset)) for offset, n in ranges]
+
+
+def test_a_byte_range_read_fetches_only_the_chunks_that_hold_it(
+    ranks: list[Any], fs: pafs.FileSystem, tmp_path: Path
+) -> None:
+    """What DCP's restores rest on: a read after a seek moves the chunks of its
+    range, not a window of chunks after them (a stream that goes on reading past
+    them is read ahead again, as before)."""
+    from air_transfer.storage.streams import read_chunk_bytes
+
+    chunk = read_chunk_bytes(CONFIG)
+    body = os.urandom(16 * chunk)
+    (tmp_path / "f").write_bytes(body)
+    path, a = str(tmp_path / "f"), ranks[0]
+    cases = [
+        ([(5 * chunk + 10, 100)], chunk),  # inside one chunk
+        ([(5 * chunk - 10, 100)], 2 * chunk),  # across a boundary
+        ([(chunk + 10, 100), (7 * chunk, 2 * chunk)], 3 * chunk),  # two, a gap between
+        ([(0, len(body))], len(body)),  # the whole file
+    ]
+    for ranges, moved in cases:
+        release_read_caches()
+        before = served()
+        got = ray.get(a.run.remote(read_range, fs, path, ranges))
+        assert got == [body[o : o + n] for o, n in ranges]
+        assert served() - before == moved, ranges
