@@ -116,6 +116,9 @@ def test_a_failed_run_resumes_bit_identical_with_async_saves(
     assert Path(f"{marker}.0").exists() and Path(f"{marker}.1").exists()
     resumed = history(result)
     assert sorted(resumed) == list(range(STEPS))
+    for checkpoint, _ in result.best_checkpoints:  # each async save was complete when reported
+        names = {p.name for p in Path(checkpoint.path).iterdir()}
+        assert names == {".metadata", "__0_0.distcp", "__1_0.distcp"}
     assert resumed[2]["restored_step"] == 1
     assert resumed[2]["restored_digests"] == [reference[1]["digest"]] * 2
     for step in range(STEPS):
