@@ -13,9 +13,10 @@ from typing import Any
 
 from air_transfer.core.knobs import KNOBS
 
-#: A function that yields ``(chunk_index, chunk_view)`` from a given chunk index on,
-#: already verified.
-ChunkOpener = Callable[[int], Iterator[tuple[int, memoryview]]]
+#: ``(first, last)``: a generator of ``(chunk_index, chunk_view)`` from chunk ``first``
+#: on, already verified. ``last`` is the chunk where the read that opened it ends: an
+#: opener may wait until the reader asks for more before fetching beyond it.
+ChunkOpener = Callable[[int, int], Iterator[tuple[int, memoryview]]]
 
 
 class ChunkFileReader(io.RawIOBase):
@@ -23,7 +24,8 @@ class ChunkFileReader(io.RawIOBase):
 
     Sequential reads pull chunks from one generator; a seek to another chunk starts a
     new generator there, so reading a 100 GB checkpoint's last file does not fetch
-    the 100 GB before it.
+    the 100 GB before it. The generator is told where the read that started it ends,
+    so a read of a byte range (torch DCP's) need not fetch ahead of it.
     """
 
     def __init__(
@@ -87,9 +89,10 @@ class ChunkFileReader(io.RawIOBase):
         if size == 0 or self._pos >= self._size:
             return b""
         absolute = self._start + self._pos
-        view = self._chunk_at(absolute // self._chunk_bytes)
+        n = min(size, self._size - self._pos)
+        view = self._chunk_at(absolute // self._chunk_bytes, self._last(absolute, n))
         inner = absolute - self._index * self._chunk_bytes
-        n = min(size, len(view) - inner, self._size - self._pos)
+        n = min(n, len(view) - inner)
         self._pos += n
         return view[inner : inner + n]
 
@@ -101,7 +104,7 @@ class ChunkFileReader(io.RawIOBase):
         done = 0
         while done < want:
             absolute = self._start + self._pos
-            view = self._chunk_at(absolute // self._chunk_bytes)
+            view = self._chunk_at(absolute // self._chunk_bytes, self._last(absolute, want - done))
             inner = absolute - self._index * self._chunk_bytes
             n = min(want - done, len(view) - inner)
             out[done : done + n] = view[inner : inner + n]
@@ -109,11 +112,15 @@ class ChunkFileReader(io.RawIOBase):
             self._pos += n
         return done
 
-    def _chunk_at(self, index: int) -> memoryview:
+    def _last(self, absolute: int, n: int) -> int:
+        """The chunk holding the last of ``n`` bytes from stream offset ``absolute``."""
+        return (absolute + max(n, 1) - 1) // self._chunk_bytes
+
+    def _chunk_at(self, index: int, last: int) -> memoryview:
         if index == self._index and self._view is not None:
             return self._view
         if self._chunks is None or index != self._index + 1:
-            self._restart(index)
+            self._restart(index, last)
         assert self._chunks is not None
         try:
             self._index, self._view = next(self._chunks)
@@ -121,10 +128,10 @@ class ChunkFileReader(io.RawIOBase):
             raise OSError(f"chunk stream ended before the end of {self.name!r}") from None
         return self._view
 
-    def _restart(self, index: int) -> None:
+    def _restart(self, index: int, last: int) -> None:
         if self._chunks is not None:
             self._chunks.close()  # type: ignore[attr-defined]
-        self._chunks = self._open_chunks(index)
+        self._chunks = self._open_chunks(index, last)
         self._view = None
 
     def close(self) -> None:

@@ -158,7 +158,7 @@ class TransferHandle:
         cb = self.manifest.chunk_bytes
         last = (offset + entry.size - 1) // cb + 1 if entry.size else 0
 
-        def open_chunks(first: int) -> Iterator[tuple[int, memoryview]]:
+        def open_chunks(first: int, _last: int) -> Iterator[tuple[int, memoryview]]:
             return self.verified_chunks(first, max(last, first))
 
         raw = ChunkFileReader(entry.path, entry.size, offset, cb, open_chunks)

@@ -25,10 +25,14 @@ MiB = 1024 * 1024
 STORE_BYTES = 128 * MiB
 
 
-def start_cluster(*node_names: str, system_config: dict[str, object] | None = None) -> Cluster:
+def start_cluster(
+    *node_names: str,
+    system_config: dict[str, object] | None = None,
+    node_resources: dict[str, float] | None = None,
+) -> Cluster:
     """A head (the driver's node, resource ``head``) plus one node per name, each
-    with that name as a resource; the driver connected, its workers importing
-    ``tests.support``."""
+    with that name as a resource and ``node_resources`` (e.g. a resource that only
+    workers ask for); the driver connected, its workers importing ``tests.support``."""
     if ray.is_initialized():
         ray.shutdown()
     head: dict[str, object] = {
@@ -41,7 +45,8 @@ def start_cluster(*node_names: str, system_config: dict[str, object] | None = No
         head["_system_config"] = system_config
     cluster = Cluster(initialize_head=True, head_node_args=head)
     for name in node_names:
-        cluster.add_node(num_cpus=1, resources={name: 1}, object_store_memory=STORE_BYTES)
+        resources = {name: 1.0, **(node_resources or {})}
+        cluster.add_node(num_cpus=1, resources=resources, object_store_memory=STORE_BYTES)
     cluster.wait_for_nodes()
     ray.init(
         address=cluster.address,

@@ -10,5 +10,5 @@ EXAMPLES = Path(REPO_ROOT) / "examples"
 
 
 def test_examples_are_all_tested() -> None:
-    tested = {"evaluate_each_epoch", "train_without_shared_storage", "custom_strategy"}
+    tested = {"evaluate_each_epoch", "train_without_shared_storage", "custom_strategy", "torch_dcp"}
     assert {p.stem for p in EXAMPLES.glob("*.py")} == tested

@@ -6,7 +6,9 @@ agent by name, runs one disk operation per call, and turns Ray's wrappers back i
 the OSError the agent raised. A read asks the agent for the refs of the file's
 chunks (``disk_chunks``: packed once, confined to the storage root, shared by every
 reader) and fetches ``window`` of them ahead, handing pyarrow views of the chunks
-themselves; a seek to another chunk starts from there. Writes: ``chunk_writer``.
+themselves; a seek to another chunk starts from there, fetching only the chunks of
+the read that sought until the reader goes on past them (a byte-range read costs
+its own chunks, not a window of them). Writes: ``chunk_writer``.
 Memory stays at a few chunks whatever the file size.
 """
 
@@ -109,7 +111,9 @@ def open_reader(link: AgentLink, path: str, local: str, size: int) -> ChunkFileR
     pyarrow (which accepts any buffer) copies each byte once, into its destination.
     """
     cb = read_chunk_bytes(link.config)
-    return ChunkFileReader(path, size, 0, cb, lambda first: _chunks(link, local, size, first))
+    return ChunkFileReader(
+        path, size, 0, cb, lambda first, last: _chunks(link, local, size, first, last)
+    )
 
 
 def read_chunk_bytes(config: TransferConfig) -> int:
@@ -120,12 +124,17 @@ def read_chunk_bytes(config: TransferConfig) -> int:
     return min(max(cb, KNOBS.storage_read_chunk_bytes), 2 * cb)
 
 
-def _chunks(link: AgentLink, local: str, size: int, first: int) -> Iterator[tuple[int, memoryview]]:
-    """Chunks ``first``.. of the file at ``local``, each verified, with
-    ``config.window`` fetched ahead: the storage agent packs each chunk once and
+def _chunks(
+    link: AgentLink, local: str, size: int, first: int, last: int
+) -> Iterator[tuple[int, memoryview]]:
+    """Chunks ``first``.. of the file at ``local``, each verified: first those up to
+    ``last`` (what the read that opened the stream needs: a byte range, as torch DCP
+    reads, costs only its chunks), then, once the reader asks for more, the rest
+    with ``config.window`` fetched ahead. The storage agent packs each chunk once and
     shares it between readers (``disk_chunks``)."""
-    cb, window = read_chunk_bytes(link.config), link.config.window
-    index = first
+    cb = read_chunk_bytes(link.config)
+    end = -(-size // cb)
+    mid = max(first, min(last + 1, end))
     transfer = Transfer(
         "download",
         strategy=NODE_STORAGE,
@@ -134,39 +143,47 @@ def _chunks(link: AgentLink, local: str, size: int, first: int) -> Iterator[tupl
         progress=link.config.progress,
     )
     with transfer, link.errors():
-        for chunk, checksum in fetch_in_order(_chunk_refs(link, local, size, first), window):
-            if isinstance(checksum, BaseException):  # packing failed: the file changed
-                raise SourceChangedError(
-                    errno.ESTALE,
-                    f"changed while being read (on node {link.node_id}, chunk {index}): "
-                    f"{checksum}; read it again",
-                    local,
-                ) from None
-            view = memoryview(chunk).cast("B")
-            if link.config.verify and chunk_checksum(view) != checksum:
-                raise ChecksumError(
-                    errno.EBADMSG,
-                    f"chunk {index} of {local!r} from node {link.node_id} does not match "
-                    "the checksum it was packed with; read it again",
-                    local,
-                )
-            transfer.advance(len(view))
-            if link.config.verify:
-                metrics.chunks_verified(1, NODE_STORAGE)
-            yield index, view
-            index += 1
-            if index * cb >= size:
-                return
+        for start, stop in ((first, mid), (mid, end)):
+            if start >= stop:
+                continue
+            pairs = fetch_in_order(_chunk_refs(link, local, size, start, stop), link.config.window)
+            for index, (chunk, checksum) in enumerate(pairs, start):
+                view = _verified(link, local, index, chunk, checksum)
+                transfer.advance(len(view))
+                yield index, view
 
 
-def _chunk_refs(link: AgentLink, local: str, size: int, first: int) -> Iterator[list[Any]]:
-    """``[chunk ref, checksum ref]`` of each chunk from ``first``, asked of the agent
-    a batch of ``2 x window`` at a time, as the reader gets to them."""
+def _verified(link: AgentLink, local: str, index: int, chunk: Any, checksum: Any) -> memoryview:
+    """Chunk ``index`` of ``local`` as bytes, checked against its checksum."""
+    if isinstance(checksum, BaseException):  # packing failed: the file changed
+        raise SourceChangedError(
+            errno.ESTALE,
+            f"changed while being read (on node {link.node_id}, chunk {index}): "
+            f"{checksum}; read it again",
+            local,
+        ) from None
+    view = memoryview(chunk).cast("B")
+    if link.config.verify:
+        if chunk_checksum(view) != checksum:
+            raise ChecksumError(
+                errno.EBADMSG,
+                f"chunk {index} of {local!r} from node {link.node_id} does not match "
+                "the checksum it was packed with; read it again",
+                local,
+            )
+        metrics.chunks_verified(1, NODE_STORAGE)
+    return view
+
+
+def _chunk_refs(
+    link: AgentLink, local: str, size: int, first: int, stop: int
+) -> Iterator[list[Any]]:
+    """``[chunk ref, checksum ref]`` of chunks ``first``..``stop - 1``, asked of the
+    agent a batch of ``2 x window`` at a time, as the reader gets to them."""
     cb = read_chunk_bytes(link.config)
     batch = 2 * link.config.window
-    last = -(-size // cb)
-    for index in range(first, last, batch):
-        count = min(batch, last - index)
+    for index in range(first, stop, batch):
+        count = min(batch, stop - index)
         call = link.agent().file_chunks(
             link.root, local, size, cb, index, count, link.config.cache_bytes
         )
