@@ -18,14 +18,14 @@ import ray
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from tests.support.cluster import node_ids, release_read_caches
-from tests.support.dcp_fns import MiB, Rank, gang, owned, sharded_state, tensor, zeroed
 from ray.train import Checkpoint
 
 import air_transfer
 from air_transfer import ChecksumError, TransferConfig
-from air_transfer.dcp import NodeStorageReader, NodeStorageWriter
 from air_transfer.cluster.nodes import node_agent
+from air_transfer.dcp import NodeStorageReader, NodeStorageWriter
+from tests.support.cluster import node_ids, release_read_caches
+from tests.support.dcp_fns import MiB, Rank, gang, owned, sharded_state, tensor, zeroed
 
 pytestmark = [
     pytest.mark.usefixtures("cluster"),

@@ -19,13 +19,13 @@ from typing import Any
 import pyarrow.fs as pafs
 import pytest
 import ray.train
-from tests.support.cluster import node_ids, start_cluster
-from tests.support.dcp_fns import MiB, dcp_train_loop, torch_save_loop
 from ray.cluster_utils import Cluster
 from ray.train.torch import TorchTrainer
 
 import air_transfer
 from air_transfer import TransferConfig
+from tests.support.cluster import node_ids, start_cluster
+from tests.support.dcp_fns import MiB, dcp_train_loop, torch_save_loop
 
 CONFIG = TransferConfig(chunk_bytes=MiB, window=4)
 STEPS = 4
