@@ -278,13 +278,17 @@ class _Mutex:
         self.users = 0
 
 
-_MUTEXES: dict[str, _Mutex] = {}
+_MUTEXES: dict[tuple[int, int, str], _Mutex] = {}
 _MUTEXES_GUARD = threading.Lock()
 
 
 @contextlib.contextmanager
 def _process_mutex(path: str) -> Iterator[None]:
-    key = os.path.realpath(path)
+    # The directory itself (device, inode), not its path: the writers of one target
+    # may name it differently (a symlink on the way, a /proc/self/fd path).
+    parent, name = os.path.split(path)
+    st = os.stat(parent)
+    key = (st.st_dev, st.st_ino, name)
     with _MUTEXES_GUARD:
         mutex = _MUTEXES.setdefault(key, _Mutex())
         mutex.users += 1
@@ -302,7 +306,8 @@ def _acquire(path: str) -> int:
     """Open (creating) and lock ``path``; retry until the locked file is the one at
     ``path`` (a releaser unlinks it while holding the lock)."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        # Never through a symlink: one planted there would have the lock made outside.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         if _lock_still_named(fd, path):
             return fd
 
@@ -333,7 +338,7 @@ def _lockf(fd: int, how: int, path: str) -> None:
 
 def _names(path: str, fd: int) -> bool:
     try:
-        st = os.stat(path)
+        st = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
         return False
     held = os.fstat(fd)
@@ -356,9 +361,14 @@ def _dead_lock(path: str) -> Iterator[int | None]:
     file is gone too. On a clean exit the lock file is removed. (Never opened for a
     staging of this process: see ``_OWN``.)"""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         yield -1
+        return
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        yield None  # a symlink, not a writer's lock file: left alone
         return
     try:
         _lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, path)

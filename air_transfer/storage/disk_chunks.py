@@ -19,7 +19,6 @@ tests and the bench can check "read once".
 from __future__ import annotations
 
 import errno
-import os
 import posixpath
 import stat
 import threading
@@ -37,7 +36,8 @@ from air_transfer.knobs import KNOBS
 from air_transfer.layout import Source, Stamp, scan
 from air_transfer.manifest import Entry
 from air_transfer.packing import ChunkPlan, plan_chunks
-from air_transfer.storage.confine import at, oserror
+from air_transfer.storage.confine import Where, at, oserror
+from air_transfer.storage.confined import ConfinedSource, lstat_resolved
 
 #: Submits packing tasks for ``plans`` of ``source``: (chunk refs, checksum refs).
 Submit = Callable[[Source, Iterable[ChunkPlan]], tuple[list[Any], list[Any]]]
@@ -81,7 +81,7 @@ class FileChunks:
         a reader opened it at that size. Packing proves every byte against the file's
         stamp taken here, so a chunk is of this version or its checksum is an error.
         """
-        st, real = at(root, path, lambda w: (os.stat(w.name, dir_fd=w.fd), w.real))
+        st, real = at(root, path, lambda w: (lstat_resolved(w), w.real))
         if not stat.S_ISREG(st.st_mode):
             raise oserror(IsADirectoryError, errno.EISDIR, path, ": not a regular file")
         if st.st_size != size:
@@ -109,7 +109,8 @@ class FileChunks:
             missing = [i for i in wanted if i not in found]
             if missing:
                 parent, name = posixpath.split(real)
-                source = Source(pafs.LocalFileSystem(), parent)
+                # Read confined too: by this path again, and proven to be this inode.
+                source = ConfinedSource(pafs.LocalFileSystem(), parent, storage_root=root)
                 plans = _plans(name, size, stamp, chunk_bytes, missing)
                 chunks, checksums = self._submit(source, plans)
                 for index, plan, chunk, checksum in zip(
@@ -199,8 +200,10 @@ class DirectoryTransfers:
     def ref(self, root: str, path: str, config: TransferConfig) -> Any:
         """The ref of a transferred checkpoint of directory ``path`` (confined to
         ``root``) as it is now."""
-        real = at(root, path, lambda w: _directory(w.fd, w.name, w.real, path))
-        scanned = scan(Source(pafs.LocalFileSystem(), real), config.follow_symlinks)
+        real = at(root, path, lambda w: _directory(w, path))
+        # Scanned and packed confined (``storage.confined``), not by this path again.
+        source = ConfinedSource(pafs.LocalFileSystem(), real, storage_root=root)
+        scanned = scan(source, config.follow_symlinks)
         key = (real, config, scanned.entries, scanned.stamps)
         now = time.monotonic()
         with self._lock:
@@ -216,7 +219,7 @@ class DirectoryTransfers:
                 self._held[key] = (held[0], held[1], now)
                 self.bytes_served += held[1]
                 return held[0]
-            ref, _ = self._start(Source(pafs.LocalFileSystem(), real), config)
+            ref, _ = self._start(source, config)
             size = sum(f.size for f in scanned.files)
             self.started += 1
             self.bytes_read += size
@@ -246,7 +249,7 @@ class DirectoryTransfers:
                 self._bytes -= size
 
 
-def _directory(fd: int, name: str, real: str, path: str) -> str:
-    if not stat.S_ISDIR(os.stat(name, dir_fd=fd).st_mode):
+def _directory(w: Where, path: str) -> str:
+    if not stat.S_ISDIR(lstat_resolved(w).st_mode):
         raise oserror(NotADirectoryError, errno.ENOTDIR, path, ": not a checkpoint directory")
-    return real
+    return w.real
