@@ -73,6 +73,10 @@ class Source:
         """The local entry ``relpath``, symlinks followed."""
         return os.stat(self.local_path(relpath))
 
+    def realpath(self, relpath: str = "") -> str:
+        """The real path of the local ``relpath`` ("": the root)."""
+        return os.path.realpath(self.local_path(relpath) if relpath else self.root)
+
 
 class Stamp(NamedTuple):
     """What can be cheaply observed of a file's version: if none of it changed, its
@@ -176,7 +180,7 @@ def _scan_local(source: Source, follow_symlinks: bool) -> tuple[list[Entry], dic
         fd = source.open_dir()
     except NotADirectoryError:
         raise NotADirectoryError(f"checkpoint source {root!r} is not a directory") from None
-    real_root = os.path.realpath(root)
+    real_root = source.realpath()
     entries: list[Entry] = []
     stamps: dict[str, Stamp] = {}
     # Depth-first with an explicit stack (no recursion: trees may be thousands of
@@ -231,7 +235,7 @@ def _scan_local(source: Source, follow_symlinks: bool) -> tuple[list[Entry], dic
             except OSError as e:
                 raise _named(e, root, rel) from None
             if stat.S_ISLNK(lst.st_mode):
-                resolved = os.path.realpath(source.local_path(rel))
+                resolved = source.realpath(rel)
                 inside = resolved == real_root or resolved.startswith(real_root + os.sep)
                 if inside:
                     if os.path.isabs(target) or not _stays_inside(rel, target):

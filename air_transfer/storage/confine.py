@@ -92,10 +92,23 @@ def checked_path(root: str, path: str) -> str:
     now: a check at the time of the call only (an early refusal, or a choice), never
     a licence to act on the path later; ``at`` and ``storage.confined`` act race-free."""
     lexical = storage_path(root, path)
-    real = os.path.realpath(lexical)
+    real = resolve(lexical)
     if not inside(real_root(root), real):
         raise _escapes(root, path, real)
     return lexical
+
+
+def resolve(path: str) -> str:
+    """``os.path.realpath(path)``, again while a symlink on the way changes under it
+    (its ``readlink`` then finds no link: EINVAL, ENOENT); OSError ELOOP if it keeps
+    changing."""
+    for _ in range(ATTEMPTS):
+        try:
+            return os.path.realpath(path)
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOENT):
+                raise
+    raise oserror(OSError, errno.ELOOP, path, " (a path that kept changing)")
 
 
 def inside(root: str, path: str) -> bool:
@@ -189,10 +202,10 @@ def naming(path: str) -> Iterator[None]:
 
 def _components(root: str, top: str, lexical: str, follow: bool, path: str) -> list[str]:
     if follow:
-        real = os.path.realpath(lexical)
+        real = resolve(lexical)
     else:
         parent, name = posixpath.split(lexical)
-        real = posixpath.join(os.path.realpath(parent), name)
+        real = posixpath.join(resolve(parent), name)
     if not inside(top, real):
         raise _escapes(root, path, real)
     return [p for p in real[len(top) :].split("/") if p]

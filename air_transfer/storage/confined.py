@@ -44,6 +44,7 @@ from air_transfer.storage.confine import (
     is_symlink,
     open_file,
     open_listable,
+    resolve,
     storage_path,
 )
 
@@ -64,6 +65,9 @@ class ConfinedSource(Source):
 
     def stat(self, relpath: str) -> os.stat_result:
         return at(self.storage_root, self._path(relpath), lstat_resolved)
+
+    def realpath(self, relpath: str = "") -> str:
+        return resolve(self._path(relpath))  # what a link names: a string, nothing read
 
     def _path(self, relpath: str) -> str:
         return self.local_path(relpath) if relpath else self.root
