@@ -109,7 +109,7 @@ def upload_directory(filesystem: pafs.FileSystem, path: str, checkpoint: Checkpo
     if not os.path.isdir(source):
         return None
     if ray.is_initialized() and handler.node_id == this_node_id():
-        copy_tree(source, checked_path(handler.root, path), handler.config, "upload")
+        copy_tree(source, path, handler.config, "upload", root=handler.root)
     else:
         future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(handler.config)
         handler.link.call(lambda agent: agent.store_checkpoint(future.ref, filesystem, path))
@@ -132,10 +132,9 @@ def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) 
     local = storage_path(handler.root, path)
     try:
         if ray.is_initialized() and handler.node_id == this_node_id():
-            source = checked_path(handler.root, local)
-            if not os.path.isdir(source):
-                return False
-            copy_tree(source, local_path, handler.config)
+            if not os.path.isdir(checked_path(handler.root, local)):
+                return False  # which copy: ours reads confined, whatever changes now
+            copy_tree(local, local_path, handler.config, root=handler.root)
             return True
         [ref, lease] = handler.link.call(
             lambda agent: agent.directory_transfer(handler.root, local, handler.config)

@@ -9,7 +9,8 @@ from the root one component at a time with ``O_NOFOLLOW``; the operation itself 
 that last name relative to the open directory (the ``*at`` system calls: ``dir_fd=``),
 never following a symlink there either. A component that became a symlink since the
 resolution makes the walk fail, and the path is resolved again from the start (a few
-times; then ``ELOOP``, as for a symlink loop).
+times; then ``ELOOP``, as for a symlink loop). Whole checkpoint directories, scanned
+and packed or written, are confined on the same basis (``confined``).
 
 Residual window: a directory already opened this way that someone renames out of the
 root (which takes write access both inside the root and at the destination) keeps
@@ -88,13 +89,26 @@ def real_root(root: str) -> str:
 
 def checked_path(root: str, path: str) -> str:
     """``storage_path``, whose real location (symlinks resolved) is inside ``root``
-    now. For a caller that hands the path on (the storage sink's writer): the check
-    holds at the time of the call only; ``at`` is the race-free way."""
+    now: a check at the time of the call only (an early refusal, or a choice), never
+    a licence to act on the path later; ``at`` and ``storage.confined`` act race-free."""
     lexical = storage_path(root, path)
-    real = os.path.realpath(lexical)
+    real = resolve(lexical)
     if not inside(real_root(root), real):
         raise _escapes(root, path, real)
     return lexical
+
+
+def resolve(path: str) -> str:
+    """``os.path.realpath(path)``, again while a symlink on the way changes under it
+    (its ``readlink`` then finds no link: EINVAL, ENOENT); OSError ELOOP if it keeps
+    changing."""
+    for _ in range(ATTEMPTS):
+        try:
+            return os.path.realpath(path)
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOENT):
+                raise
+    raise oserror(OSError, errno.ELOOP, path, " (a path that kept changing)")
 
 
 def inside(root: str, path: str) -> bool:
@@ -188,10 +202,10 @@ def naming(path: str) -> Iterator[None]:
 
 def _components(root: str, top: str, lexical: str, follow: bool, path: str) -> list[str]:
     if follow:
-        real = os.path.realpath(lexical)
+        real = resolve(lexical)
     else:
         parent, name = posixpath.split(lexical)
-        real = posixpath.join(os.path.realpath(parent), name)
+        real = posixpath.join(resolve(parent), name)
     if not inside(top, real):
         raise _escapes(root, path, real)
     return [p for p in real[len(top) :].split("/") if p]

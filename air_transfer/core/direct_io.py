@@ -64,13 +64,27 @@ class DirectFileWriter:
     network and FUSE filesystems), the file quietly continues through the page cache.
     """
 
-    def __init__(self, path: str, buffer_bytes: int = BOUNCE_BYTES, depth: int = 3) -> None:
+    def __init__(
+        self, path: str, buffer_bytes: int = BOUNCE_BYTES, depth: int = 3, fd: int | None = None
+    ) -> None:
+        """``fd``: the file ``path`` already open for writing (the writer takes it
+        over and truncates it), where opening it by path again would not be safe."""
         if buffer_bytes <= 0 or buffer_bytes % ALIGN:  # checked before the file is made
+            if fd is not None:
+                os.close(fd)
             raise ValueError(
                 f"bounce buffer size {buffer_bytes} must be a positive multiple of {ALIGN}"
             )
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        if fd is None:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        else:
+            try:
+                os.ftruncate(fd, 0)
+            except OSError as e:
+                os.close(fd)
+                raise error_at(e, path, "truncating it") from e
+        self.fd = fd
         try:
             self.direct = _enable_direct(self.fd)
         except OSError as e:

@@ -41,23 +41,26 @@ _LINK_REFUSED = frozenset({errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNO
 def check_merge(manifest: Manifest, target: str) -> None:
     """Refuse, before anything is written, a merge into ``target`` that would change a
     path's kind (FileExistsError) or leave a link leading out of it (ManifestError)."""
-    _check_links(manifest, target, _walk(manifest, target, None))
+    _check_links(manifest, target, _walk(manifest, target, None)[0])
 
 
 def build_merged(manifest: Manifest, target: str, staging: str) -> None:
     """Bring every entry of ``target`` that ``manifest`` does not replace into
     ``staging`` (which holds the manifest's entries), then check the merged tree as
     ``check_merge`` does. The staging root takes the target root's mode."""
-    _check_links(manifest, target, _walk(manifest, target, staging))
-    os.chmod(staging, stat.S_IMODE(os.stat(target).st_mode))
+    links, mode = _walk(manifest, target, staging)
+    _check_links(manifest, target, links)
+    os.chmod(staging, stat.S_IMODE(mode))
 
 
-def _walk(manifest: Manifest, target: str, staging: str | None) -> dict[str, str]:
-    """Walk ``target`` (mirroring it into ``staging`` if given); returns its links."""
+def _walk(manifest: Manifest, target: str, staging: str | None) -> tuple[dict[str, str], int]:
+    """Walk ``target`` (mirroring it into ``staging`` if given); returns its links, and
+    the mode of the directory walked (not of whatever ``target`` names by then)."""
     links: dict[str, str] = {}
     with DirCursor(target) as there, contextlib.ExitStack() as stack:
         here = stack.enter_context(DirCursor(staging)) if staging is not None else None
-        device = os.fstat(there.fd).st_dev
+        top = os.fstat(there.fd)
+        device = top.st_dev
         for v in walk(there):
             entry = manifest.entry(v.relpath) if v.relpath in manifest else None
             if v.kind == "symlink":
@@ -68,7 +71,7 @@ def _walk(manifest: Manifest, target: str, staging: str | None) -> dict[str, str
                 raise _mount_inside(os.path.join(target, *v.relpath.split("/")))
             if here is not None:
                 _mirror(v, entry is None, there, here)
-    return links
+    return links, top.st_mode
 
 
 def _mirror(v: Visit, keep: bool, there: DirCursor, here: DirCursor) -> None:

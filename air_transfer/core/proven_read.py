@@ -180,7 +180,7 @@ def current_stamps(source: Source, files: Sequence[Entry]) -> list[Stamp]:
         where = f"{source.root.rstrip('/')}/{f.path}"
         if source.is_local:
             try:
-                st = os.stat(source.local_path(f.path))
+                st = source.stat(f.path)
             except FileNotFoundError as e:
                 raise _vanished(where) from e
             now = Stamp.of_stat(st)

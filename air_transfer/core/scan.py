@@ -10,6 +10,7 @@ inode and device mean nothing on another host): reads are proven against them
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import stat
@@ -20,7 +21,7 @@ from typing import Any, NamedTuple
 import pyarrow.fs as pafs
 
 from air_transfer.core.entry import Entry
-from air_transfer.errors import ManifestError
+from air_transfer.errors import ManifestError, SourceChangedError
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,20 @@ class Source:
         if self.is_local:
             return open(self.local_path(relpath), "rb", buffering=0)
         return self.filesystem.open_input_stream(posixpath.join(self.root, relpath))
+
+    def open_dir(self, relpath: str = "") -> int:
+        """A descriptor of the local directory ``relpath`` ("": the root), symlinks
+        followed; the caller closes it. (Overridden where the source is confined.)"""
+        path = self.local_path(relpath) if relpath else self.root
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def stat(self, relpath: str) -> os.stat_result:
+        """The local entry ``relpath``, symlinks followed."""
+        return os.stat(self.local_path(relpath))
+
+    def realpath(self, relpath: str = "") -> str:
+        """The real path of the local ``relpath`` ("": the root)."""
+        return os.path.realpath(self.local_path(relpath) if relpath else self.root)
 
 
 class Stamp(NamedTuple):
@@ -93,89 +108,165 @@ def scan(source: Source, follow_symlinks: bool = False) -> Scan:
     ``follow_symlinks`` asks to pack what it points to.
     """
     if source.is_local:
-        entries, stamps = _scan_local(source.root, follow_symlinks)
+        entries, stamps = _scan_local(source, follow_symlinks)
     else:
         entries, stamps = _scan_pyarrow(source)
     files = tuple(e for e in entries if e.kind == "file")
     return Scan(tuple(entries), files, tuple(stamps[f.path] for f in files))
 
 
-def _scan_local(root: str, follow_symlinks: bool) -> tuple[list[Entry], dict[str, Stamp]]:
-    st = os.stat(root)  # FileNotFoundError names the path
-    if not stat.S_ISDIR(st.st_mode):
-        raise NotADirectoryError(f"checkpoint source {root!r} is not a directory")
-    real_root = os.path.realpath(root)
+#: Opening a directory seen by ``lstat`` during the walk: never through a symlink.
+_SUBDIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _scan_local(source: Source, follow_symlinks: bool) -> tuple[list[Entry], dict[str, Stamp]]:
+    """The walk holds one directory open at a time and looks at each entry relative
+    to it (``dir_fd``, never following a symlink unless it decides to), so what it
+    lists is the tree it opened even while a directory on the way is swapped for a
+    symlink; it goes back up through ``..``, checking it is where it came from."""
+    root = source.root
+    try:
+        fd = source.open_dir()
+    except NotADirectoryError:
+        raise NotADirectoryError(f"checkpoint source {root!r} is not a directory") from None
+    real_root = source.realpath()
     entries: list[Entry] = []
     stamps: dict[str, Stamp] = {}
     # Depth-first with an explicit stack (no recursion: trees may be thousands of
-    # levels deep). A frame is a directory's sorted listing still to visit, its
-    # relative path and its (dev, ino): `visiting` holds the frames' keys, i.e. the
-    # directories on the current path, so a followed link back up one is a loop.
-    stack: list[tuple[Iterator[os.DirEntry[str]], str, tuple[int, int]]] = []
+    # levels deep). A frame is a directory's sorted names still to visit, its
+    # relative path, its (dev, ino), and whether it was entered through a symlink
+    # (its ``..`` is then not the directory above it): `visiting` holds the frames'
+    # keys, i.e. the directories on the current path, so a followed link back up
+    # one is a loop.
+    stack: list[tuple[Iterator[str], str, tuple[int, int], bool]] = []
     visiting: set[tuple[int, int]] = set()
 
-    def enter(dir_path: str, rel_dir: str, key: tuple[int, int]) -> None:
-        with os.scandir(dir_path) as it:
-            names = sorted(it, key=lambda d: d.name)
-        stack.append((iter(names), rel_dir, key))
-        visiting.add(key)
-
-    enter(root, "", (st.st_dev, st.st_ino))
-    while stack:
-        listing, rel_dir, dir_key = stack[-1]
-        d = next(listing, None)
-        if d is None:
-            stack.pop()
-            visiting.discard(dir_key)
-            continue
-        rel = f"{rel_dir}/{d.name}" if rel_dir else d.name
-        lst = os.lstat(d.path)
-        if stat.S_ISLNK(lst.st_mode):
-            target = os.readlink(d.path)
-            resolved = os.path.realpath(d.path)
-            inside = resolved == real_root or resolved.startswith(real_root + os.sep)
-            if inside:
-                if os.path.isabs(target) or not _stays_inside(rel, target):
-                    # Absolute (or roundabout) links into the tree are stored
-                    # relative, so they still point inside on the consumer.
-                    parent = os.path.join(real_root, *rel.split("/")[:-1])
-                    target = os.path.relpath(resolved, parent).replace(os.sep, "/")
-                entries.append(Entry(rel, "symlink", 0, 0o777, lst.st_mtime_ns, target))
-                continue
-            if not follow_symlinks:
-                raise ManifestError(
-                    f"symlink {os.path.join(root, rel)!r} -> {target!r} points "
-                    f"outside the checkpoint {root!r}; remove it, make it relative "
-                    "inside the checkpoint, or pass "
-                    "TransferConfig(follow_symlinks=True) to pack its target"
-                )
-            try:
-                lst = os.stat(d.path)
-            except FileNotFoundError as e:
-                raise ManifestError(
-                    f"symlink {os.path.join(root, rel)!r} -> {target!r} is dangling "
-                    "and points outside the checkpoint"
-                ) from e
-        if stat.S_ISDIR(lst.st_mode):
-            key = (lst.st_dev, lst.st_ino)
+    def enter(sub: int, rel_dir: str, linked: bool) -> os.stat_result:
+        """List the directory open as ``sub`` and make it the current one."""
+        nonlocal fd
+        try:
+            st = os.fstat(sub)
+            key = (st.st_dev, st.st_ino)
             if key in visiting:
                 raise ManifestError(
-                    f"directory {os.path.join(root, rel)!r} is reached again through "
+                    f"directory {os.path.join(root, rel_dir)!r} is reached again through "
                     "a symlink (a loop)"
                 )
-            entries.append(Entry(rel, "dir", 0, stat.S_IMODE(lst.st_mode), lst.st_mtime_ns))
-            enter(d.path, rel, key)
-        elif stat.S_ISREG(lst.st_mode):
-            entries.append(
-                Entry(rel, "file", lst.st_size, stat.S_IMODE(lst.st_mode), lst.st_mtime_ns)
-            )
-            stamps[rel] = Stamp.of_stat(lst)
-        else:
-            raise ManifestError(
-                f"{os.path.join(root, rel)!r} is neither a file, a directory nor a "
-                "symlink (a socket, FIFO or device) and cannot be checkpointed"
-            )
+            names = sorted(os.listdir(sub))
+        except BaseException:
+            if sub != fd:
+                os.close(sub)
+            raise
+        if sub != fd:
+            os.close(fd)
+            fd = sub
+        stack.append((iter(names), rel_dir, key, linked))
+        visiting.add(key)
+        return st
+
+    try:
+        enter(fd, "", False)
+        while stack:
+            listing, rel_dir, dir_key, linked = stack[-1]
+            name = next(listing, None)
+            if name is None:
+                stack.pop()
+                visiting.discard(dir_key)
+                if stack:
+                    up = _back_up(source, fd, stack[-1][1], stack[-1][2], linked)
+                    os.close(fd)
+                    fd = up
+                continue
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            try:
+                lst = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                target = os.readlink(name, dir_fd=fd) if stat.S_ISLNK(lst.st_mode) else ""
+            except OSError as e:
+                raise _named(e, root, rel) from None
+            if stat.S_ISLNK(lst.st_mode):
+                resolved = source.realpath(rel)
+                inside = resolved == real_root or resolved.startswith(real_root + os.sep)
+                if inside:
+                    if os.path.isabs(target) or not _stays_inside(rel, target):
+                        # Absolute (or roundabout) links into the tree are stored
+                        # relative, so they still point inside on the consumer.
+                        parent = os.path.join(real_root, *rel.split("/")[:-1])
+                        target = os.path.relpath(resolved, parent).replace(os.sep, "/")
+                    entries.append(Entry(rel, "symlink", 0, 0o777, lst.st_mtime_ns, target))
+                    continue
+                if not follow_symlinks:
+                    raise ManifestError(
+                        f"symlink {os.path.join(root, rel)!r} -> {target!r} points "
+                        f"outside the checkpoint {root!r}; remove it, make it relative "
+                        "inside the checkpoint, or pass "
+                        "TransferConfig(follow_symlinks=True) to pack its target"
+                    )
+                try:
+                    lst = source.stat(rel)
+                except FileNotFoundError as e:
+                    raise ManifestError(
+                        f"symlink {os.path.join(root, rel)!r} -> {target!r} is dangling "
+                        "and points outside the checkpoint"
+                    ) from e
+                if stat.S_ISDIR(lst.st_mode):
+                    lst = enter(source.open_dir(rel), rel, True)
+                    entries.append(_dir_entry(rel, lst))
+                    continue
+            elif stat.S_ISDIR(lst.st_mode):
+                try:
+                    sub = os.open(name, _SUBDIR, dir_fd=fd)
+                except NotADirectoryError as e:  # a symlink (or a file) now
+                    raise _swapped(root, rel) from e
+                except OSError as e:
+                    if e.errno != errno.ELOOP:
+                        raise _named(e, root, rel) from None
+                    raise _swapped(root, rel) from e
+                entries.append(_dir_entry(rel, enter(sub, rel, False)))
+                continue
+            if stat.S_ISREG(lst.st_mode):
+                entries.append(
+                    Entry(rel, "file", lst.st_size, stat.S_IMODE(lst.st_mode), lst.st_mtime_ns)
+                )
+                stamps[rel] = Stamp.of_stat(lst)
+            else:
+                raise ManifestError(
+                    f"{os.path.join(root, rel)!r} is neither a file, a directory nor a "
+                    "symlink (a socket, FIFO or device) and cannot be checkpointed"
+                )
+    finally:
+        os.close(fd)
     return entries, stamps
+
+
+def _dir_entry(rel: str, st: os.stat_result) -> Entry:
+    return Entry(rel, "dir", 0, stat.S_IMODE(st.st_mode), st.st_mtime_ns)
+
+
+def _back_up(source: Source, fd: int, rel_dir: str, key: tuple[int, int], linked: bool) -> int:
+    """The directory ``rel_dir`` (``key``) again, from its subdirectory open as ``fd``:
+    through ``..``, or, for one entered through a symlink, from the source's root;
+    SourceChangedError if it is not the directory the walk left."""
+    up = source.open_dir(rel_dir) if linked else os.open("..", _SUBDIR, dir_fd=fd)
+    st = os.fstat(up)
+    if (st.st_dev, st.st_ino) != key:
+        os.close(up)
+        raise _swapped(source.root, rel_dir)
+    return up
+
+
+def _swapped(root: str, rel: str) -> SourceChangedError:
+    where = os.path.join(root, rel) if rel else root
+    return SourceChangedError(
+        errno.EAGAIN,
+        "changed while the directory was scanned (a directory moved, or replaced by "
+        "a symlink or a file); pack it again once it is stable",
+        where,
+    )
+
+
+def _named(e: OSError, root: str, rel: str) -> OSError:
+    """``e`` naming the entry's path (a ``dir_fd`` call names only its last part)."""
+    return type(e)(e.errno, e.strerror, os.path.join(root, rel))
 
 
 def _stays_inside(rel: str, target: str) -> bool:

@@ -351,13 +351,22 @@ class _Mutex:
         self.users = 0
 
 
-_MUTEXES: dict[str, _Mutex] = {}
+_MUTEXES: dict[tuple[int, int, str], _Mutex] = {}
 _MUTEXES_GUARD = threading.Lock()
+
+
+def _mutex_key(path: str) -> tuple[int, int, str]:
+    """The publish lock ``path`` by its directory itself (device, inode) and name, not
+    by its path: the writers of one target may name it differently (a symlink on the
+    way, a ``/proc/self/fd`` path)."""
+    parent, name = os.path.split(path)
+    st = os.stat(parent)
+    return (st.st_dev, st.st_ino, name)
 
 
 @contextlib.contextmanager
 def _process_mutex(path: str) -> Iterator[None]:
-    key = os.path.realpath(path)
+    key = _mutex_key(path)
     with _MUTEXES_GUARD:
         mutex = _MUTEXES.setdefault(key, _Mutex())
         mutex.users += 1
@@ -375,8 +384,13 @@ def _process_mutex(path: str) -> Iterator[None]:
 def _unused_here(path: str) -> Iterator[bool]:
     """Whether no thread of this process uses the publish lock ``path``; while True,
     none can start to (they wait on its process mutex, held here): a remover may
-    judge the lock without dropping the lock of a publisher of this process."""
-    key = os.path.realpath(path)
+    judge the lock without dropping the lock of a publisher of this process (a
+    directory that cannot be looked at is taken as in use: nothing is removed)."""
+    try:
+        key = _mutex_key(path)
+    except OSError:
+        yield False
+        return
     with _MUTEXES_GUARD:
         if key in _MUTEXES:
             mutex = None
@@ -401,7 +415,8 @@ def _acquire(path: str) -> int:
     """Open (creating) and lock ``path``; retry until the locked file is the one at
     ``path`` (a releaser unlinks it while holding the lock)."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        # Never through a symlink: one planted there would have the lock made outside.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         if _lock_still_named(fd, path):
             return fd
 
@@ -458,6 +473,11 @@ def _dead_lock(path: str, dir_fd: int | None = None) -> Iterator[int | None]:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
     except FileNotFoundError:
         yield -1
+        return
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        yield None  # a symlink, not a writer's lock file: left alone
         return
     try:
         _lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, path)

@@ -40,12 +40,17 @@ def write_tree(
     verify: bool = True,
     direct_io: bool = True,
     expected: Iterable[str] | None = None,
+    *,
+    follow_target: bool = True,
 ) -> str:
     """Rebuild the checkpoint described by ``manifest`` at ``target`` from its chunks
     (buffers, in order) and return the target path. With ``direct_io``, large files
     bypass the page cache (see ``air_transfer.core.direct_io``). ``expected`` gives the
     chunks' checksums in order where the manifest does not carry them yet (a
     transfer still being packed); each is asked for only when its chunk arrives.
+    A symlink at ``target`` itself is written through to its directory, unless
+    ``follow_target`` is False (a caller that resolved the target itself, confined:
+    node storage): such a link is then NotADirectoryError.
 
     Raises ChecksumError (target untouched) if a chunk does not match its checksum or
     the chunks do not add up to the manifest; NotADirectoryError if ``target`` is a
@@ -54,7 +59,7 @@ def write_tree(
     """
     target = os.path.abspath(os.fspath(target))
     real = target
-    if os.path.islink(target):  # a link to a directory: write into that directory
+    if follow_target and os.path.islink(target):  # a link to a directory: write into it
         if not os.path.isdir(target):
             raise _not_a_directory(target)
         real = os.path.realpath(target)
@@ -101,7 +106,8 @@ def _existing_target(target: str) -> bool:
         return False
     if not stat.S_ISDIR(st.st_mode):
         raise _not_a_directory(target)
-    if os.lstat(os.path.dirname(target)).st_dev != st.st_dev:
+    # stat, not lstat: the parent may be named by a symlink to it (/proc/self/fd/N).
+    if os.stat(os.path.dirname(target)).st_dev != st.st_dev:
         raise OSError(
             errno.EXDEV,
             "checkpoint target is a mount point, which cannot be replaced atomically; "

@@ -116,12 +116,13 @@ class TransferHandle:
                 metrics.chunks_verified(1, self.strategy.name)
             yield index, view
 
-    def write_to(self, target: str | os.PathLike[str]) -> str:
+    def write_to(self, target: str | os.PathLike[str], *, follow_target: bool = True) -> str:
         """Rebuild the checkpoint at ``target``, writing each chunk as it arrives
         (while later ones are still being packed or fetched); the target shows the
         result only once complete and verified, and an existing directory is merged
         into (the merged tree replaces it in one step). Shows progress and records
-        metrics as a transfer of phase ``read`` (``air_transfer.observe.telemetry``)."""
+        metrics as a transfer of phase ``read`` (``air_transfer.observe.telemetry``).
+        ``follow_target``: as for ``writer.write_tree``."""
         transfer = Transfer(
             "read",
             strategy=self.strategy.name,
@@ -141,6 +142,7 @@ class TransferHandle:
                     self.config.verify,
                     self.config.direct_io,
                     expected=expected,
+                    follow_target=follow_target,
                 )
             finally:
                 # At once, not when garbage collected: fetches in flight hold chunks.

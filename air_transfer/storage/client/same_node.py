@@ -13,8 +13,10 @@ not at all.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
+import stat
 import weakref
 from typing import Any, BinaryIO
 
@@ -24,7 +26,8 @@ import pyarrow.fs as pafs
 from air_transfer.cluster.agent_client import Expect
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum
-from air_transfer.core.confine import open_regular
+from air_transfer.core.confine import Where, at, open_file, open_regular, oserror
+from air_transfer.core.confined import ConfinedSource, write_beneath
 from air_transfer.core.direct_io import DirectFileWriter
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.readahead import read_chunks_ahead
@@ -58,6 +61,20 @@ def open_native(root: str, local: str) -> Any:
         os.close(fd)
 
 
+def open_staging(root: str, staging: str) -> int:
+    """The staging file ``staging`` (confined to ``root``) opened for writing; it must
+    be a regular file (not one swapped in since it was made)."""
+
+    def open_it(w: Where) -> int:
+        fd = open_file(w, os.O_RDWR)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise oserror(OSError, errno.EINVAL, staging, ": not a regular file")
+        return fd
+
+    return at(root, staging, open_it, follow=False)
+
+
 class SameNodeWriter(UploadStream):
     """Writes an upload's bytes straight into its staging file (around the page
     cache with ``config.direct_io``) and commits it on ``close``; a failed write or
@@ -83,11 +100,22 @@ class SameNodeWriter(UploadStream):
         self._unreported = 0
         self.failed = False
         self._file: DirectFileWriter | BinaryIO
-        if config.direct_io and start == 0:
-            self._file = DirectFileWriter(staging)
-        else:
-            self._file = open(staging, "r+b", buffering=0)
-            self._file.seek(start)
+        # The staging file again, as created: through the confined walk, never by its
+        # path (a directory on the way swapped for a symlink would lead out of root).
+        try:
+            fd = open_staging(root, staging)
+            if config.direct_io and start == 0:
+                self._file = DirectFileWriter(staging, fd=fd)
+            else:
+                self._file = open(fd, "r+b", buffering=0)
+                self._file.seek(start)
+        except BaseException as e:  # nothing to write into: the upload ends here
+            with contextlib.suppress(OSError):
+                DiskUploads().fs_abort(root, staging)
+            if transfer is not None:
+                transfer.finish(e)
+            io.RawIOBase.close(self)  # so that __del__ has nothing to discard
+            raise
         # Dropped unclosed (pyarrow's copy_files does so when its source fails), the
         # upload did not finish: remove it, never commit it.
         self._discard = weakref.finalize(self, _discard, root, staging, self._file)
@@ -166,7 +194,14 @@ def _discard(root: str, staging: str, file: DirectFileWriter | BinaryIO) -> None
         DiskUploads().fs_abort(root, staging)
 
 
-def copy_tree(source: str, target: str, config: TransferConfig, phase: Phase = "download") -> str:
+def copy_tree(
+    source: str,
+    target: str,
+    config: TransferConfig,
+    phase: Phase = "download",
+    *,
+    root: str | None = None,
+) -> str:
     """Copy the checkpoint directory ``source`` to ``target`` on this node, as a
     transfer would write it: every byte read between checks of its file against the
     scan (a file changed meanwhile is a SourceChangedError), large files written
@@ -174,15 +209,23 @@ def copy_tree(source: str, target: str, config: TransferConfig, phase: Phase = "
     directory in one step). For Ray Train's uploads and downloads on the storage node:
     the bytes never leave this process, so there is no object store to cross and no
     checksum to take. Counted as a transfer of ``phase`` (``upload`` for a report,
-    ``download`` for a restore) of node storage."""
-    src = Source(pafs.LocalFileSystem(), source)
+    ``download`` for a restore) of node storage.
+
+    ``root``: the storage root, which the storage side of the copy (the ``target`` of
+    an upload, the ``source`` of a download) is confined to (``storage.confined``)."""
+    upload = phase == "upload"
+    src = (
+        ConfinedSource(pafs.LocalFileSystem(), source, storage_root=root)
+        if root is not None and not upload
+        else Source(pafs.LocalFileSystem(), source)
+    )
     scanned = scan(src, follow_symlinks=config.follow_symlinks)
     manifest = Manifest(scanned.entries, config.chunk_bytes, None)
     transfer = Transfer(
         phase,
         strategy=NODE_STORAGE,
         total=manifest.total_bytes,
-        desc=describe(target if phase == "download" else source, "copy"),
+        desc=describe(source if upload else target, "copy"),
         progress=config.progress,
     )
     with transfer:
@@ -192,8 +235,17 @@ def copy_tree(source: str, target: str, config: TransferConfig, phase: Phase = "
         views = transfer.chunks(
             (view for _, view, _ in chunks), manifest.chunk_length, verified=False
         )
+
+        def write(into: str, follow: bool = True) -> str:
+            return write_tree(
+                manifest, views, into, verify=False, direct_io=config.direct_io,
+                follow_target=follow,
+            )  # fmt: skip
+
         try:
-            return write_tree(manifest, views, target, verify=False, direct_io=config.direct_io)
+            if root is not None and upload:
+                return write_beneath(root, target, lambda into: write(into, False))
+            return write(target)
         finally:
             views.close()
             chunks.close()  # type: ignore[attr-defined]

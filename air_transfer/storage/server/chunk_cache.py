@@ -24,7 +24,6 @@ tests and the bench can check "read once".
 from __future__ import annotations
 
 import errno
-import os
 import posixpath
 import stat
 import threading
@@ -38,7 +37,8 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from air_transfer.config import TransferConfig
-from air_transfer.core.confine import at, oserror
+from air_transfer.core.confine import Where, at, oserror
+from air_transfer.core.confined import ConfinedSource, lstat_resolved
 from air_transfer.core.entry import Entry
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.plan import ChunkPlan, plan_chunks
@@ -87,7 +87,7 @@ class FileChunks:
         a reader opened it at that size. Packing proves every byte against the file's
         stamp taken here, so a chunk is of this version or its checksum is an error.
         """
-        st, real = at(root, path, lambda w: (os.stat(w.name, dir_fd=w.fd), w.real))
+        st, real = at(root, path, lambda w: (lstat_resolved(w), w.real))
         if not stat.S_ISREG(st.st_mode):
             raise oserror(IsADirectoryError, errno.EISDIR, path, ": not a regular file")
         if st.st_size != size:
@@ -115,7 +115,8 @@ class FileChunks:
             missing = [i for i in wanted if i not in found]
             if missing:
                 parent, name = posixpath.split(real)
-                source = Source(pafs.LocalFileSystem(), parent)
+                # Read confined too: by this path again, and proven to be this inode.
+                source = ConfinedSource(pafs.LocalFileSystem(), parent, storage_root=root)
                 plans = _plans(name, size, stamp, chunk_bytes, missing)
                 chunks, checksums = self._submit(source, plans)
                 for index, plan, chunk, checksum in zip(
@@ -259,8 +260,10 @@ class DirectoryTransfers:
         """The ref of a transferred checkpoint of directory ``path`` (confined to
         ``root``) as it is now, and this reader's lease on it, to ``release`` once
         the checkpoint is read."""
-        real = at(root, path, lambda w: _directory(w.fd, w.name, w.real, path))
-        scanned = scan(Source(pafs.LocalFileSystem(), real), config.follow_symlinks)
+        real = at(root, path, lambda w: _directory(w, path))
+        # Scanned and packed confined (``core.confined``), not by this path again.
+        source = ConfinedSource(pafs.LocalFileSystem(), real, storage_root=root)
+        scanned = scan(source, config.follow_symlinks)
         key = (real, config, scanned.entries, scanned.stamps)
         now = time.monotonic()
         with self._lock:
@@ -272,7 +275,7 @@ class DirectoryTransfers:
             self._expire(now)
             held = self._held.get(key)
             if held is None:
-                ref, _ = self._start(Source(pafs.LocalFileSystem(), real), config)
+                ref, _ = self._start(source, config)
                 held = self._held[key] = _Transfer(ref, sum(f.size for f in scanned.files), now)
                 self.started += 1
                 self.bytes_read += held.size
@@ -332,7 +335,7 @@ class DirectoryTransfers:
         self.bytes_held -= self._held.pop(key).size
 
 
-def _directory(fd: int, name: str, real: str, path: str) -> str:
-    if not stat.S_ISDIR(os.stat(name, dir_fd=fd).st_mode):
+def _directory(w: Where, path: str) -> str:
+    if not stat.S_ISDIR(lstat_resolved(w).st_mode):
         raise oserror(NotADirectoryError, errno.ENOTDIR, path, ": not a checkpoint directory")
-    return real
+    return w.real

@@ -13,7 +13,7 @@ import os
 import pyarrow.fs as pafs
 
 from air_transfer.cluster.nodes import this_node_id
-from air_transfer.core.confine import checked_path
+from air_transfer.core.confined import write_beneath
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.transfer.fs_view import payload_filesystem
 from air_transfer.transfer.handle import TransferHandle
@@ -25,10 +25,11 @@ def store_checkpoint(handle: TransferHandle, filesystem: pafs.FileSystem, path: 
     file by file through pyarrow."""
     handler = node_storage_handler(filesystem)
     if handler is not None and handler.node_id == this_node_id():
-        # Checked now, then handed to the writer by path: a directory on the way
-        # swapped for a symlink out of the root in between would lead the write out
-        # (the writer resolves the target as it finds it; see storage.confine).
-        return handle.write_to(checked_path(handler.root, path))
+        # Written through the target's parent held open, confined: never by a path
+        # resolved again, which a directory swapped for a symlink could lead out.
+        return write_beneath(
+            handler.root, path, lambda target: handle.write_to(target, follow_target=False)
+        )
     if isinstance(filesystem, pafs.LocalFileSystem):
         return handle.write_to(os.path.abspath(path))
     filesystem.create_dir(path, recursive=True)
