@@ -143,7 +143,9 @@ def test_a_failed_write_frees_its_writer_without_the_garbage_collector(
     f, root = node_fs
     handler = f.handler
     local = f"{root}/d/out"
-    staging, start, expect = handler.call_agent("fs_open_write", local, False)
+    staging, start, expect = handler.link.call(
+        lambda agent: agent.fs_open_write(handler.root, local, False)
+    )
     writer = ChunkWriter(handler.link, local, staging, start, expect)
     alive = weakref.ref(writer)
     sent: list[int] = []
@@ -181,7 +183,7 @@ def test_the_agent_refuses_every_path_outside_the_root(
     before = snapshot(outside)
     agent, r = node_agent(node_ids()["node_a"]), str(root)
     ok = chunk_checksum(b"")
-    staging = ray.get(agent.disk.remote("fs_open_write", r, f"{r}/d/new", False))[0]
+    staging = ray.get(agent.fs_open_write.remote(r, f"{r}/d/new", False))[0]
 
     def forms(name: str) -> list[str]:
         return [
@@ -214,7 +216,7 @@ def test_the_agent_refuses_every_path_outside_the_root(
     for op, args in calls:  # node_fs made root/link -> root.parent
         for path in forms("secret"):
             with pytest.raises(PermissionError):
-                ray.get(agent.disk.remote(op, r, *args(path)))
+                ray.get(getattr(agent, op).remote(r, *args(path)))
             assert snapshot(outside) == before, f"{op}{args(path)} changed a file outside"
     for path in forms("secret"):
         reads = agent.disk_read.options(num_returns="streaming").remote(r, path, 7, MiB, 0)

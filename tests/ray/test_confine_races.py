@@ -11,7 +11,7 @@ import pytest
 import ray
 from ray.train import Checkpoint
 
-from air_transfer import ChunkedCheckpoint, storage_filesystem
+from air_transfer import ChunkedCheckpoint, TransferConfig, storage_filesystem
 from air_transfer.storage.server.sink import store_checkpoint
 from air_transfer.train import download_directory, upload_directory
 
@@ -118,3 +118,23 @@ def test_a_refused_report_names_the_storage_path(attack: Attack, local_checkpoin
         upload_directory(fs, f"{attack.r}/d/f", Checkpoint(str(local_checkpoint)))
     assert f"{attack.r}/d/f" in str(caught.value) and "/proc/" not in str(caught.value)
 
+
+
+@pytest.mark.usefixtures("ray_local")
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_a_same_node_write_creates_nothing_outside(attack: Attack, direct_io: bool) -> None:
+    """The staging file was created confined, then opened again by path (``O_CREAT``
+    with direct I/O): a flip in between created it outside and wrote there. Here
+    through ``storage_filesystem`` on the storage node itself (the same-node writer)."""
+    r = attack.r
+    fs = storage_filesystem(config=TransferConfig(direct_io=direct_io), root=r)
+    written: list[int] = []
+
+    def write(i: int) -> None:
+        with fs.open_output_stream(f"{r}/d/exp/new{i}") as f:
+            f.write(INSIDE)
+        written.append(i)
+
+    attacked(attack, write, 3 * ITERATIONS)  # quick calls, with a narrow window each
+    for i in written:
+        assert (attack.d / "exp" / f"new{i}").read_bytes() == INSIDE

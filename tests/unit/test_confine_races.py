@@ -26,10 +26,9 @@ from air_transfer.core.packer import ChunkPacker
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.proven_read import read_chunks
 from air_transfer.core.scan import Source, scan
-from air_transfer.storage.client.same_node import SameNodeWriter, open_native
+from air_transfer.storage.client.same_node import open_native
 from air_transfer.storage.server.chunk_cache import DirectoryTransfers, FileChunks
 from air_transfer.storage.server.reads import read_chunks as read_file_chunks
-from air_transfer.storage.server.uploads import DiskUploads
 
 #: Calls per test: each flip lands somewhere in some of them.
 from tests.support.attack import (
@@ -55,30 +54,6 @@ CHUNK = 1024
 SWITCH_S = 1e-5
 
 
-
-
-@pytest.mark.parametrize("direct_io", [True, False])
-def test_a_same_node_write_creates_nothing_outside(attack: Attack, direct_io: bool) -> None:
-    """The staging file was created confined, then opened again by path (``O_CREAT``
-    with direct I/O): a flip in between created it outside and wrote there."""
-    config, r = TransferConfig(direct_io=direct_io), attack.r
-    written: list[int] = []
-
-    def write(i: int) -> None:
-        local = f"{r}/d/exp/new{i}"
-        staging, start, expect = DiskUploads().fs_open_write(r, local, False)
-        writer = SameNodeWriter(r, local, staging, start, expect, config)
-        try:
-            writer.write(INSIDE)
-        except BaseException:
-            writer._discard()
-            raise
-        writer.close()
-        written.append(i)
-
-    attacked(attack, write, 3 * ITERATIONS)  # quick calls, with a narrow window each
-    for i in written:
-        assert (attack.d / "exp" / f"new{i}").read_bytes() == INSIDE
 
 
 def test_metadata_and_file_reads_stay_inside(attack: Attack) -> None:

@@ -25,7 +25,7 @@ from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
 from air_transfer.storage.client.same_node import SameNodeWriter, open_native
 from air_transfer.storage.client.streams import AgentLink, open_reader
 from air_transfer.storage.client.uploads import ChunkWriter
-from air_transfer.storage.server.uploads import DiskUploads
+from air_transfer.storage.location import NodeStorageLocation
 
 
 class NodeStorageHandler(pafs.FileSystemHandler):
@@ -53,6 +53,11 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         if self._node_id is None:
             self._node_id = this_node_id()
         return self._node_id
+
+    @property
+    def location(self) -> NodeStorageLocation:
+        """Which node's disk and which root (``storage.location``)."""
+        return NodeStorageLocation(self.node_id, self.root)
 
     @property
     def link(self) -> AgentLink:
@@ -170,15 +175,14 @@ class NodeStorageHandler(pafs.FileSystemHandler):
 
     def _open_output(self, path: str, append: bool) -> Any:
         local = self._path(path)
-        if self._on_storage_node():
-            staging, start, expect = DiskUploads().fs_open_write(self.root, local, append)
-            writer: SameNodeWriter | ChunkWriter = SameNodeWriter(
-                self.root, local, staging, start, expect, self.config, self._upload(local)
-            )
+        staging, start, expect = self.link.call(
+            lambda agent: agent.fs_open_write(self.root, local, append)
+        )
+        writer: SameNodeWriter | ChunkWriter
+        if self._on_storage_node():  # the bytes go straight into the staging file
+            upload = self._upload(local)
+            writer = SameNodeWriter(self.link, local, staging, start, expect, self.config, upload)
         else:
-            staging, start, expect = self.link.call(
-                lambda agent: agent.fs_open_write(self.root, local, append)
-            )
             writer = ChunkWriter(self.link, local, staging, start, expect, self._upload(local))
         return pa.PythonFile(writer, mode="w")
 

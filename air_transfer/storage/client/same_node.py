@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import logging
 import os
 import stat
 import weakref
@@ -42,8 +43,10 @@ from air_transfer.observe.telemetry import (
     dropped_error,
     finish_soon,
 )
+from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.client.uploads import UploadStream
-from air_transfer.storage.server.uploads import DiskUploads
+
+logger = logging.getLogger(__name__)
 
 #: A writer reports its bytes to its ``Transfer`` at least this many at a time: a
 #: caller may write a few bytes per call, metrics and bars want one update per chunk.
@@ -82,7 +85,7 @@ class SameNodeWriter(UploadStream):
 
     def __init__(
         self,
-        root: str,
+        link: AgentLink,
         local: str,
         staging: str,
         start: int,
@@ -91,11 +94,11 @@ class SameNodeWriter(UploadStream):
         transfer: Transfer | None = None,
     ) -> None:
         super().__init__()
-        self.root, self.local, self.staging = root, local, staging
+        root = link.root
+        self.link, self.root, self.local, self.staging = link, root, local, staging
         self.start, self.expect, self.config = start, expect, config
         self.transfer = transfer  # the upload's metrics and bar
-        if transfer is not None:
-            deferred.start()  # here, never from __del__
+        deferred.start()  # here, never from __del__
         self.written = 0
         self._unreported = 0
         self.failed = False
@@ -110,15 +113,14 @@ class SameNodeWriter(UploadStream):
                 self._file = open(fd, "r+b", buffering=0)
                 self._file.seek(start)
         except BaseException as e:  # nothing to write into: the upload ends here
-            with contextlib.suppress(OSError):
-                DiskUploads().fs_abort(root, staging)
+            _abort(link, staging)
             if transfer is not None:
                 transfer.finish(e)
             io.RawIOBase.close(self)  # so that __del__ has nothing to discard
             raise
         # Dropped unclosed (pyarrow's copy_files does so when its source fails), the
         # upload did not finish: remove it, never commit it.
-        self._discard = weakref.finalize(self, _discard, root, staging, self._file)
+        self._discard = weakref.finalize(self, _discard, link, staging, self._file)
 
     def write(self, data: Any) -> int:
         self.check_writable()
@@ -151,17 +153,21 @@ class SameNodeWriter(UploadStream):
             if self.failed:
                 return
             self._file.close()
-            size = self.start + self.written
-            DiskUploads().fs_commit(
-                self.root,
-                self.local,
-                self.staging,
-                size,
-                b"",
-                chunk_checksum(b""),
-                size,
-                self.config.direct_io,
-                self.expect,
+            size, empty = self.start + self.written, chunk_checksum(b"")
+            # The agent renames it over the target: commits of one storage are
+            # serialized there, whichever node wrote the bytes.
+            self.link.call(
+                lambda agent: agent.fs_commit(
+                    self.root,
+                    self.local,
+                    self.staging,
+                    size,
+                    b"",
+                    empty,
+                    size,
+                    self.config.direct_io,
+                    self.expect,
+                )
             )
             self._discard.detach()
         except BaseException as e:
@@ -184,14 +190,24 @@ class SameNodeWriter(UploadStream):
         super().__del__()
 
 
-def _discard(root: str, staging: str, file: DirectFileWriter | BinaryIO) -> None:
+def _discard(link: AgentLink, staging: str, file: DirectFileWriter | BinaryIO) -> None:
+    """Close ``file`` and have the agent remove its staging file (a finalizer may run
+    this inside a garbage collection: the agent call then waits for ``deferred``)."""
     with contextlib.suppress(Exception):
         if isinstance(file, DirectFileWriter):
             file.abort()
         else:
             file.close()
-    with contextlib.suppress(OSError):
-        DiskUploads().fs_abort(root, staging)
+    deferred.soon(lambda: _abort(link, staging))
+
+
+def _abort(link: AgentLink, staging: str) -> None:
+    """Remove the staging file ``staging`` through the storage node's agent; an agent
+    gone meanwhile leaves it hidden, for the next listing of its directory."""
+    try:
+        link.call(lambda agent: agent.fs_abort(link.root, staging))
+    except (OSError, ConnectionError) as e:
+        logger.warning("air-transfer: could not remove the staging file %s: %s", staging, e)
 
 
 def copy_tree(

@@ -14,7 +14,7 @@ import pyarrow.fs as pafs
 
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.core.confined import write_beneath
-from air_transfer.storage.client.handler import node_storage_handler
+from air_transfer.storage.location import node_storage_location
 from air_transfer.transfer.fs_view import payload_filesystem
 from air_transfer.transfer.handle import TransferHandle
 
@@ -23,12 +23,12 @@ def store_checkpoint(handle: TransferHandle, filesystem: pafs.FileSystem, path: 
     """Write ``handle``'s checkpoint to ``path`` on ``filesystem`` from this process:
     through the atomic, verified writer when the path is on this node's disk, else
     file by file through pyarrow."""
-    handler = node_storage_handler(filesystem)
-    if handler is not None and handler.node_id == this_node_id():
+    location = node_storage_location(filesystem)
+    if location is not None and location.node_id == this_node_id():
         # Written through the target's parent held open, confined: never by a path
         # resolved again, which a directory swapped for a symlink could lead out.
         return write_beneath(
-            handler.root, path, lambda target: handle.write_to(target, follow_target=False)
+            location.root, path, lambda target: handle.write_to(target, follow_target=False)
         )
     if isinstance(filesystem, pafs.LocalFileSystem):
         return handle.write_to(os.path.abspath(path))
