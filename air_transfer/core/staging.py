@@ -16,16 +16,8 @@ Node storage adds ``.<name>.air-upload-<id>`` (a file being uploaded) and
 stays within ``NAME_MAX`` (255 bytes) whatever the target's name; ``is_internal``
 tells them from the user's names, for listings to leave out.
 
-**Liveness is a lock, never a pid**: a writer in another PID
-namespace (a container, another host on NFS) may carry any pid. A staging directory
-whose lock can be taken belongs to a dead writer and is removed. The locks are POSIX
-record locks (``lockf``), which NFS (v3 with lockd, v4) carries between hosts; Linux
-emulates ``flock`` with them there anyway. POSIX locks belong to a process, not a
-descriptor: a process never judges or opens the lock of its own staging (``_OWN``),
-and threads take the publish lock through an in-process mutex first, so a close in
-one thread cannot drop another thread's lock. Lock files are removed on release with
-the usual safe pattern: unlink while holding it; whoever acquires a lock checks that
-its descriptor is still the file at that path, else retries.
+**Liveness is a lock, never a pid** (``core.locks``): a staging directory whose lock
+can be taken belongs to a dead writer and is removed.
 
 **A target is absent or complete.** A fresh target is one ``rename``. A merge swaps a
 complete merged tree in with ``renameat2(RENAME_EXCHANGE)``; where the filesystem
@@ -39,19 +31,27 @@ without Ray.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
-import fcntl
 import hashlib
 import logging
 import os
-import platform
 import re
-import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 
 from air_transfer.core.dirtree import rmtree
+from air_transfer.core.exchange import exchange
+from air_transfer.core.locks import (
+    acquire,
+    claim,
+    dead_lock,
+    disown,
+    lock_still_named,
+    own,
+    process_mutex,
+    unlink_lock,
+    unused_here,
+)
 from air_transfer.errors import error_at
 
 logger = logging.getLogger(__name__)
@@ -76,11 +76,6 @@ _SET_ASIDE = re.compile(r"(\..*)\.air-old-(\d+-[0-9a-f]+)", re.DOTALL)
 #: Written into a staging lock file just before the swap: the staging is complete.
 SWAP_MARK = b"swap\n"
 
-#: Staging suffixes of this process's live writers: never judged, never opened by a
-#: remover in this process (closing any descriptor of a POSIX-locked file would drop
-#: the owner's lock).
-_OWN: set[str] = set()
-_OWN_GUARD = threading.Lock()
 
 
 def internal_name(name: str, mark: str, suffix: str = "") -> str:
@@ -116,12 +111,12 @@ class Site:
         """Serialise publishing into this target: threads, processes, and hosts that
         share the volume."""
         path = os.path.join(self.parent, internal_name(self.name, _PUBLISH_LOCK))
-        with _process_mutex(path):
-            fd = _acquire(path)
+        with process_mutex(path):
+            fd = acquire(path)
             try:
                 yield
             finally:
-                _unlink_lock(path, fd)
+                unlink_lock(path, fd)
 
     def staging(self) -> Staging:
         return Staging(self)
@@ -150,8 +145,8 @@ class Site:
         """``recover``, the publish lock held: the target comes back complete, the
         merged tree if the dead writer's staging was complete (marked), else the old
         one; what the swap left aside is removed."""
-        for suffix in self._scan()[1] - _own():
-            with _dead_lock(self.lock_path(suffix)) as fd:
+        for suffix in self._scan()[1] - own():
+            with dead_lock(self.lock_path(suffix)) as fd:
                 if fd is None:
                     continue
                 old, staging = self.old_path(suffix), self.staging_path(suffix)
@@ -203,17 +198,17 @@ def reclaim_dead(
         elif name.startswith(".") and name.endswith(_PUBLISH_LOCK):
             publish.append(name)
     for name in publish:
-        with _unused_here(os.path.join(where, name)) as unused:
+        with unused_here(os.path.join(where, name)) as unused:
             if unused:
-                with _dead_lock(name, dir_fd):
+                with dead_lock(name, dir_fd):
                     pass  # taken (its holder is dead): unlinked on the way out
-    own = _own()  # after the listing: a writer of this process listed there is in it
+    mine = own()  # after the listing: a writer of this process listed there is in it
     removed = []
     for stem, suffix in sorted(staged - aside):
-        if suffix in own:
+        if suffix in mine:
             continue
         name = f"{stem}{_STAGING}{suffix}"
-        with _dead_lock(name + _LOCK_SUFFIX, dir_fd) as fd:
+        with dead_lock(name + _LOCK_SUFFIX, dir_fd) as fd:
             if fd is not None:
                 logger.debug("removing the staging of a dead writer: %s", name)
                 remove(name)
@@ -272,8 +267,8 @@ class Staging:
         self._drop_lock()
 
     def _drop_lock(self) -> None:
-        _unlink_lock(self.site.lock_path(self.suffix), self.fd)
-        _disown(self.suffix)
+        unlink_lock(self.site.lock_path(self.suffix), self.fd)
+        disown(self.suffix)
 
     def __enter__(self) -> Staging:
         return self
@@ -286,217 +281,19 @@ def _new_lock(site: Site) -> tuple[str, int]:
     """A fresh staging suffix, owned by this process, and its held lock file."""
     while True:
         suffix = f"{os.getpid()}-{uuid.uuid4().hex[:16]}"
-        with _OWN_GUARD:
-            _OWN.add(suffix)  # before the lock file exists: no remover here opens it
+        claim(suffix)  # before the lock file exists: no remover here opens it
         try:
             fd = os.open(
                 site.lock_path(suffix), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666
             )
-            if _lock_still_named(fd, site.lock_path(suffix)):
+            if lock_still_named(fd, site.lock_path(suffix)):
                 return suffix, fd
         except FileExistsError:
             pass
         except BaseException:
-            _disown(suffix)
+            disown(suffix)
             raise
-        _disown(suffix)  # taken for an orphan by a remover between create and lock
-
-
-# -- renameat2 -------------------------------------------------------------------------
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-#: ``SYS_renameat2`` where libc predates its wrapper (glibc < 2.28).
-_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "riscv64": 276, "ppc64le": 357, "s390x": 347}
-
-
-def exchange(a: str, b: str) -> None:
-    """Swap the paths ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``,
-    Linux >= 3.15 on ext4, xfs, btrfs, tmpfs...). OSError EINVAL/ENOSYS/ENOTSUP where
-    the system or filesystem cannot."""
-    libc = _libc()
-    func = getattr(libc, "renameat2", None) if libc is not None else None
-    number = _SYS_RENAMEAT2.get(platform.machine())
-    old, new = ctypes.c_char_p(os.fsencode(a)), ctypes.c_char_p(os.fsencode(b))
-    at, flags = ctypes.c_int(_AT_FDCWD), ctypes.c_uint(_RENAME_EXCHANGE)
-    if func is not None:
-        result = func(at, old, at, new, flags)
-    elif libc is not None and number is not None:
-        result = libc.syscall(ctypes.c_long(number), at, old, at, new, flags)
-    else:
-        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS), a, None, b)
-    if result != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code), a, None, b)
-
-
-_LIBC: list[ctypes.CDLL | None] = []
-
-
-def _libc() -> ctypes.CDLL | None:
-    if not _LIBC:
-        try:
-            _LIBC.append(ctypes.CDLL(None, use_errno=True))
-        except OSError:
-            _LIBC.append(None)
-    return _LIBC[0]
-
-
-# -- lock files ------------------------------------------------------------------------
-class _Mutex:
-    """A thread lock per lock file, with the count of threads using it (so that the
-    table does not grow by one entry per target ever written)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.users = 0
-
-
-_MUTEXES: dict[tuple[int, int, str], _Mutex] = {}
-_MUTEXES_GUARD = threading.Lock()
-
-
-def _mutex_key(path: str) -> tuple[int, int, str]:
-    """The publish lock ``path`` by its directory itself (device, inode) and name, not
-    by its path: the writers of one target may name it differently (a symlink on the
-    way, a ``/proc/self/fd`` path)."""
-    parent, name = os.path.split(path)
-    st = os.stat(parent)
-    return (st.st_dev, st.st_ino, name)
-
-
-@contextlib.contextmanager
-def _process_mutex(path: str) -> Iterator[None]:
-    key = _mutex_key(path)
-    with _MUTEXES_GUARD:
-        mutex = _MUTEXES.setdefault(key, _Mutex())
-        mutex.users += 1
-    try:
-        with mutex.lock:
-            yield
-    finally:
-        with _MUTEXES_GUARD:
-            mutex.users -= 1
-            if not mutex.users:
-                del _MUTEXES[key]
-
-
-@contextlib.contextmanager
-def _unused_here(path: str) -> Iterator[bool]:
-    """Whether no thread of this process uses the publish lock ``path``; while True,
-    none can start to (they wait on its process mutex, held here): a remover may
-    judge the lock without dropping the lock of a publisher of this process (a
-    directory that cannot be looked at is taken as in use: nothing is removed)."""
-    try:
-        key = _mutex_key(path)
-    except OSError:
-        yield False
-        return
-    with _MUTEXES_GUARD:
-        if key in _MUTEXES:
-            mutex = None
-        else:
-            mutex = _MUTEXES[key] = _Mutex()
-            mutex.users = 1
-            mutex.lock.acquire()
-    if mutex is None:
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        with _MUTEXES_GUARD:
-            mutex.users -= 1
-            if not mutex.users:
-                del _MUTEXES[key]
-        mutex.lock.release()
-
-
-def _acquire(path: str) -> int:
-    """Open (creating) and lock ``path``; retry until the locked file is the one at
-    ``path`` (a releaser unlinks it while holding the lock)."""
-    while True:
-        # Never through a symlink: one planted there would have the lock made outside.
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-        if _lock_still_named(fd, path):
-            return fd
-
-
-def _lock_still_named(fd: int, path: str) -> bool:
-    """Lock ``fd`` (waiting); True if it is still the file named ``path``, else
-    close it and return False."""
-    try:
-        _lockf(fd, fcntl.LOCK_EX, path)
-        if _names(path, fd):
-            return True
-    except BaseException:
-        os.close(fd)
-        raise
-    os.close(fd)
-    return False
-
-
-def _lockf(fd: int, how: int, path: str) -> None:
-    try:
-        fcntl.lockf(fd, how)
-    except OSError as e:
-        if e.errno in (errno.EACCES, errno.EAGAIN):
-            raise  # held by another process: the caller's answer, not an error
-        hint = "locking it; on NFS, mount with working locks (not nolock)"
-        raise error_at(e, path, hint) from e
-
-
-def _names(path: str, fd: int, dir_fd: int | None = None) -> bool:
-    try:
-        st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
-
-
-def _unlink_lock(path: str, fd: int, dir_fd: int | None = None) -> None:
-    """Unlink a lock file while holding it, then let go of it."""
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path, dir_fd=dir_fd)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def _dead_lock(path: str, dir_fd: int | None = None) -> Iterator[int | None]:
-    """Take the staging lock file ``path`` (in the directory ``dir_fd``, if given) if
-    its writer is gone: yields None while the writer lives (the lock is taken), else
-    the held descriptor, or -1 if the lock file is gone too. On a clean exit the lock
-    file is removed. (Never opened for a staging of this process: see ``_OWN``.)"""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
-    except FileNotFoundError:
-        yield -1
-        return
-    except OSError as e:
-        if e.errno != errno.ELOOP:
-            raise
-        yield None  # a symlink, not a writer's lock file: left alone
-        return
-    try:
-        _lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, path)
-    except OSError as e:
-        os.close(fd)
-        if e.errno not in (errno.EACCES, errno.EAGAIN):
-            raise
-        yield None
-        return
-    if not _names(path, fd, dir_fd):  # its owner (or a remover) unlinked it: gone too
-        os.close(fd)
-        yield -1
-        return
-    try:
-        yield fd
-    except BaseException:
-        os.close(fd)
-        raise
-    _unlink_lock(path, fd, dir_fd)
+        disown(suffix)  # taken for an orphan by a remover between create and lock
 
 
 def _remove(path: str) -> None:
@@ -506,16 +303,6 @@ def _remove(path: str) -> None:
         rmtree(path)
     except OSError as e:
         logger.warning("could not remove %s, left by a writer that died: %s", path, e)
-
-
-def _own() -> set[str]:
-    with _OWN_GUARD:
-        return set(_OWN)
-
-
-def _disown(suffix: str) -> None:
-    with _OWN_GUARD:
-        _OWN.discard(suffix)
 
 
 def _stem(name: str) -> str:

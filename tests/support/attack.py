@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from air_transfer.core.staging import exchange
+from air_transfer.core.exchange import exchange
 from air_transfer.storage.server.metadata import DiskStorage
 from air_transfer.storage.server.uploads import DiskUploads
 
