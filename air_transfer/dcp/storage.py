@@ -1,46 +1,24 @@
-"""torch Distributed Checkpoint (DCP) straight into node storage, and the Ray Train
-recipe around it: the one module that imports torch.
-
-Ray's DCP recipe saves each rank's shard into a local temporary directory, reports
-it, and Train copies it into storage; a restore downloads every rank's shards onto
-every node before ``dcp.load`` reads its part. Here ``NodeStorageWriter`` streams
-each rank's files into a pyarrow filesystem (``storage_filesystem()``: chunked,
-checksummed, each file appearing only when closed whole) and writes the metadata
-file last, so the reported checkpoint is already in storage; ``NodeStorageReader``
-reads only the byte ranges this rank's ``ReadItem``s need, and copies nothing into
-the caller's tensors until every one of them has been read and decoded.
-
-    dcp.save(state_dict, storage_writer=NodeStorageWriter("/abs/ckpt"))
-    dcp.load(state_dict, storage_reader=NodeStorageReader("/abs/ckpt"))
-
-Inside a Ray Train worker, ``report(state_dict, metrics)`` and ``load(state_dict)``
-are the whole recipe. Both classes are torch's own ``FileSystemWriter`` and
-``FileSystemReader`` over a ``FileSystemBase`` of pyarrow calls (as torch's
+"""``NodeStorageWriter`` and ``NodeStorageReader``: torch's own ``FileSystemWriter``
+and ``FileSystemReader`` over a ``FileSystemBase`` of pyarrow calls (as torch's
 ``FsspecWriter`` is over fsspec), so planning, file layout (``__<rank>_<n>.distcp``,
-``.metadata``), deduplication and resharding are DCP's.
+``.metadata`` last), deduplication and resharding are DCP's. Each rank's files stream
+into node storage and appear only whole; a read fetches only its items' byte ranges
+and copies nothing into the caller's tensors until every one is read and decoded.
 """
+
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import errno
 import io
 import os
 import posixpath
-import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import Iterator
 from typing import IO, Any, TypeVar
 
 import pyarrow.fs as pafs
-import ray.train
-import ray.train.collective
 import torch
-import torch.distributed as dist
-from ray.train import Checkpoint, CheckpointUploadMode
-from torch.distributed.checkpoint import state_dict_saver
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import (
     FileSystemBase,
     FileSystemReader,
@@ -48,14 +26,10 @@ from torch.distributed.checkpoint.filesystem import (
 )
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.futures import Future as TorchFuture
 
-from air_transfer.storage.client.handler import node_storage_handler
+from air_transfer.storage.location import node_storage_location
 from air_transfer.train import storage_filesystem
-
-__all__ = ["NodeStorageReader", "NodeStorageWriter", "load", "report"]
 
 #: DCP's metadata file, written last: a checkpoint without it is incomplete.
 METADATA = ".metadata"
@@ -82,7 +56,7 @@ class ArrowFiles(FileSystemBase):
         except BaseException:
             upload.abort()
             # Other filesystems publish what they got once the stream is gone.
-            if node_storage_handler(self.filesystem) is None:
+            if node_storage_location(self.filesystem) is None:
                 with contextlib.suppress(Exception):
                     self.filesystem.delete_file(path)
             raise
@@ -271,118 +245,3 @@ def _incomplete(path: str) -> FileNotFoundError:
         "or this is not a torch.distributed.checkpoint directory; restore from another",
         path,
     )
-
-
-def _unwrapped(call: Callable[[], T]) -> T:
-    """``call()``, raising the error a rank raised (this rank's if it failed) rather
-    than DCP's CheckpointException, a BaseException that ``except Exception`` misses."""
-    try:
-        return call()
-    except CheckpointException as e:
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        failed, _ = e.failures.get(rank) or next(iter(e.failures.values()))
-        if not isinstance(failed, Exception):
-            raise
-        raise copy.copy(failed) from e
-
-
-# -- the Ray Train recipe ----------------------------------------------------------------
-_lock = threading.Lock()
-_pending: Future[Any] | None = None  # this worker's async save still running
-_async_group: Any = None  # the process group async saves run their collectives on
-
-
-def report(
-    state_dict: dict[str, Any],
-    metrics: dict[str, Any],
-    *,
-    async_save: bool = False,
-    checkpoint_dir_name: str | None = None,
-) -> None:
-    """In a Ray Train worker (every rank calls it): DCP-save ``state_dict`` into this
-    report's checkpoint directory of the run's storage and report it with
-    ``metrics``. The checkpoint is written where Train keeps it, so it is reported
-    as it is (``NO_UPLOAD``): no local copy, no upload.
-
-    ``async_save``: block only while the state dict is staged (copied to CPU); the
-    save goes on in the background, on a process group of its own (training's
-    collectives go on meanwhile), and the report follows once it is complete. A
-    later save waits for this one first.
-    """
-    global _pending
-    wait_for_pending_save()
-    storage = ray.train.get_context().get_storage()
-    name = checkpoint_dir_name or ray.train.collective.broadcast_from_rank_zero(
-        storage.make_default_checkpoint_dir_name()
-    )
-    path = storage.build_checkpoint_path_from_name(name)
-    checkpoint = Checkpoint(path, filesystem=storage.storage_filesystem)
-    writer = NodeStorageWriter(path, storage.storage_filesystem)
-    if not async_save:
-        _unwrapped(lambda: state_dict_saver.save(state_dict, storage_writer=writer))
-        ray.train.report(
-            metrics,
-            checkpoint=checkpoint,
-            checkpoint_dir_name=name,
-            checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
-        )
-        return
-    started = _unwrapped(
-        lambda: state_dict_saver.async_save(
-            state_dict, storage_writer=writer, process_group=_save_group()
-        )
-    )
-    future = started.upload_completion if isinstance(started, AsyncSaveResponse) else started
-    with _lock:
-        _pending = future
-
-    def saved(checkpoint: Checkpoint, _name: str) -> Checkpoint:
-        _unwrapped(future.result)
-        return checkpoint
-
-    ray.train.report(
-        metrics,
-        checkpoint=checkpoint,
-        checkpoint_dir_name=name,
-        checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
-        checkpoint_upload_fn=saved,
-        delete_local_checkpoint_after_upload=False,  # it is the stored checkpoint
-    )
-
-
-def wait_for_pending_save() -> None:
-    """Wait until this worker's async save (if any) is complete; raise its error."""
-    global _pending
-    with _lock:
-        pending, _pending = _pending, None
-    if pending is not None:
-        _unwrapped(pending.result)
-
-
-def _save_group() -> Any:
-    """A gloo group for async saves (None without a process group): DCP's
-    collectives on the training group, from another thread, could interleave with
-    the training loop's own and deadlock it. Made once; every rank makes it at its
-    first async report, in step."""
-    global _async_group
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    if _async_group is None:
-        _async_group = dist.new_group(backend="gloo")
-    return _async_group
-
-
-def load(state_dict: dict[str, Any], checkpoint: Checkpoint | None = None) -> bool:
-    """Load this rank's part of ``checkpoint`` (default: the latest reported one,
-    ``ray.train.get_checkpoint()``) into ``state_dict`` in place, tensors and other
-    values alike; False when there is none. Raises FileNotFoundError for a
-    checkpoint without its metadata file, and what reading raised (ChecksumError,
-    truncated shard...) with ``state_dict`` untouched."""
-    if checkpoint is None:
-        checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
-            return False
-    reader = NodeStorageReader(checkpoint.path, checkpoint.filesystem)
-    reader.check_complete()
-    _unwrapped(lambda: dcp_load(state_dict, storage_reader=reader))
-    return True

@@ -1,0 +1,26 @@
+"""torch Distributed Checkpoint (DCP) straight into node storage, and the Ray Train
+recipe around it: the one package that imports torch.
+
+Ray's DCP recipe saves each rank's shard into a local temporary directory, reports
+it, and Train copies it into storage; a restore downloads every rank's shards onto
+every node before ``dcp.load`` reads its part. Here ``NodeStorageWriter`` streams
+each rank's files into a pyarrow filesystem (``storage_filesystem()``: chunked,
+checksummed, each file appearing only when closed whole) and writes the metadata
+file last, so the reported checkpoint is already in storage; ``NodeStorageReader``
+reads only the byte ranges this rank's ``ReadItem``s need, and copies nothing into
+the caller's tensors until every one of them has been read and decoded.
+
+    dcp.save(state_dict, storage_writer=NodeStorageWriter("/abs/ckpt"))
+    dcp.load(state_dict, storage_reader=NodeStorageReader("/abs/ckpt"))
+
+Inside a Ray Train worker, ``report(state_dict, metrics)`` and ``load(state_dict)``
+are the whole recipe. Both classes are torch's own ``FileSystemWriter`` and
+``FileSystemReader`` over a ``FileSystemBase`` of pyarrow calls (as torch's
+``FsspecWriter`` is over fsspec), so planning, file layout (``__<rank>_<n>.distcp``,
+``.metadata``), deduplication and resharding are DCP's.
+"""
+
+from air_transfer.dcp.storage import NodeStorageReader, NodeStorageWriter
+from air_transfer.dcp.train import load, report, wait_for_pending_save
+
+__all__ = ["NodeStorageReader", "NodeStorageWriter", "load", "report", "wait_for_pending_save"]
