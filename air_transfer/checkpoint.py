@@ -19,14 +19,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
-from ray.exceptions import ObjectLostError, RayTaskError
 from ray.train import Checkpoint
 
 from air_transfer import _ray
 from air_transfer.config import TransferConfig
 from air_transfer.fs import payload_filesystem
 from air_transfer.future import TransferFuture
-from air_transfer.handle import TransferHandle, lost_error, raise_transfer_error, submit
+from air_transfer.handle import RAY_ERRORS, TransferHandle, raise_transfer_error, submit
 from air_transfer.layout import Source
 from air_transfer.manifest import Manifest
 from air_transfer.nodes import node_agent, running_in_agent
@@ -138,10 +137,8 @@ class ChunkedCheckpoint(Checkpoint):
             ref = value
             try:
                 value = ray.get(ref)
-            except (ObjectLostError, RayTaskError) as e:
-                if isinstance(e, RayTaskError):
-                    raise_transfer_error(None, f"the checkpoint {ref.hex()}", e)
-                raise lost_error(None, f"the checkpoint handle {ref.hex()}", e) from e
+            except RAY_ERRORS as e:
+                raise_transfer_error(None, f"the checkpoint handle {ref.hex()}", e)
         if isinstance(value, ChunkedCheckpoint) and value._handle is not None:
             return value
         if isinstance(value, TransferHandle):
@@ -233,7 +230,10 @@ def submit_transfer(
     completion (None if packing is done) and the name of the strategy packing it."""
     config = config or TransferConfig()
     if config.owner == "node" and not running_in_agent():
-        ref, done, strategy = ray.get(node_agent().submit_transfer.remote(source, config))
+        try:
+            ref, done, strategy = ray.get(node_agent().submit_transfer.remote(source, config))
+        except RAY_ERRORS as e:  # FileNotFoundError, ManifestError... as themselves
+            raise_transfer_error(None, f"the packing of {source.root!r} by the node agent", e)
         return ref, done, strategy
     handle, done = submit(source, config)
     return ray.put(ChunkedCheckpoint._from_handle(handle)), done, handle.strategy.name

@@ -15,9 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
-from air_transfer.handle import raise_transfer_error
+from air_transfer.handle import RAY_ERRORS, raise_transfer_error
 
 
 class TransferFuture:
@@ -50,7 +49,7 @@ class TransferFuture:
         ``timeout`` seconds."""
         try:
             self._future.result(timeout)
-        except (RayTaskError, ObjectLostError, RayActorError) as e:
+        except RAY_ERRORS as e:
             raise_transfer_error(None, "the packing of a checkpoint", e)
         return self._ref
 

@@ -26,7 +26,7 @@ from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 from air_transfer import _ray, metrics
 from air_transfer.config import TransferConfig
 from air_transfer.errors import CheckpointLostError, ChecksumError
-from air_transfer.fetch import fetch_in_order
+from air_transfer.fetch import fetch_in_order, innermost, raise_own
 from air_transfer.layout import Source, scan
 from air_transfer.manifest import Manifest
 from air_transfer.nodes import node_agent, this_node_id
@@ -34,6 +34,10 @@ from air_transfer.reader import ChunkFileReader, buffered
 from air_transfer.strategies import TransferStrategy, get_strategy, select_strategy
 from air_transfer.telemetry import Transfer, describe
 from air_transfer.writer import check_chunk, write_tree
+
+#: What a ``ray.get`` raises for a failed task or a lost object or actor: what
+#: ``raise_transfer_error`` turns into the error the caller should see.
+RAY_ERRORS = (RayTaskError, ObjectLostError, RayActorError)
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,7 +71,7 @@ class TransferHandle:
                     raise fresh(checksum)
                 yield checksum
                 index += 1
-        except (RayTaskError, ObjectLostError, RayActorError) as e:
+        except RAY_ERRORS as e:
             raise_transfer_error(self, f"the checksum of chunk {index}", e)
 
     def complete(self) -> TransferHandle:
@@ -92,7 +96,7 @@ class TransferHandle:
                 metrics.add_bytes("fetched", _nbytes(chunk), name)
                 yield chunk
                 index += 1
-        except (RayTaskError, ObjectLostError, RayActorError) as e:
+        except RAY_ERRORS as e:
             raise_transfer_error(self, f"chunk {index} of {self.manifest.num_chunks}", e)
 
     def verified_chunks(self, start: int, stop: int) -> Iterator[tuple[int, memoryview]]:
@@ -233,17 +237,15 @@ def describe_current_process() -> str:
 def raise_transfer_error(
     handle: TransferHandle | None, what: str, error: BaseException
 ) -> NoReturn:
-    """Raise what a failed fetch of ``what`` means for the reader: the error packing
-    raised (SourceChangedError, PermissionError, ... as packing raised it, not Ray's
-    wrapper), or CheckpointLostError when the owner or the object is gone."""
-    if isinstance(error, RayTaskError):
-        cause = error.cause
-        if isinstance(cause, (ObjectLostError, RayActorError)):
-            raise lost_error(handle, what, cause) from error
-        if isinstance(cause, Exception):
-            raise fresh(cause) from None
-        raise error
-    raise lost_error(handle, what, error) from error
+    """Raise what a failed fetch or call for ``what`` means for the reader: the error
+    of README's table that packing raised (SourceChangedError, PermissionError, ...
+    as packing raised it, not Ray's wrapper of each hop), CheckpointLostError when
+    the owner or the object is gone, else Ray's error (a bug, its traceback kept)."""
+    cause = innermost(error)
+    if isinstance(cause, (ObjectLostError, RayActorError)):
+        raise lost_error(handle, what, cause) from error
+    raise_own(error)
+    raise error
 
 
 def fresh(error: BaseException) -> BaseException:

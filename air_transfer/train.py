@@ -22,10 +22,11 @@ from ray.train import Checkpoint
 from air_transfer import _ray
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.config import TransferConfig
-from air_transfer.nodes import head_node_id, live_node_ids, node_agent, this_node_id
+from air_transfer.nodes import head_node_id, live_node_ids, this_node_id
 from air_transfer.storage.confine import checked_path, storage_path
 from air_transfer.storage.handler import NodeStorageHandler, node_storage_handler
 from air_transfer.storage.same_node import copy_tree
+from air_transfer.storage.streams import AgentLink
 
 
 def storage_filesystem(
@@ -71,9 +72,11 @@ def checkpoint_upload_fn(
     dest = storage.build_checkpoint_path_from_name(checkpoint_dir_name)
     handler = node_storage_handler(fs)
     target = node or (handler.node_id if handler is not None else head_node_id())
+    link = AgentLink(target, "/", config or TransferConfig())  # its errors as ours
     future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(config)
     # A top-level ref argument reaches the agent as the transferred checkpoint itself.
-    ray.get(node_agent(target).store_checkpoint.remote(future.ref, fs, dest))
+    with link.errors():
+        ray.get(link.agent().store_checkpoint.remote(future.ref, fs, dest))
     future.result()  # stored means packed, but any packing error is raised as such
     return Checkpoint(dest, filesystem=fs)
 

@@ -43,6 +43,7 @@ from air_transfer import metrics
 from air_transfer.checkpoint import ChunkedCheckpoint, submit_transfer
 from air_transfer.config import TransferConfig
 from air_transfer.errors import SourceChangedError
+from air_transfer.fetch import get
 from air_transfer.handle import TransferHandle, fresh
 from air_transfer.layout import Source, Stamp, iter_chunk_spans
 from air_transfer.manifest import Entry, chunk_checksum
@@ -186,7 +187,7 @@ class NodeAgent:
         for index, view, checksum in chunks:
             expected = checksums[index] if verify else checksum
             if not isinstance(expected, str):
-                expected = ray.get(expected)
+                expected = get(expected)
                 if isinstance(expected, BaseException):  # the checksum pass failed
                     raise fresh(expected)
             if checksum != expected:

@@ -13,7 +13,6 @@ Memory stays at a few chunks whatever the file size.
 from __future__ import annotations
 
 import contextlib
-import copy
 import errno
 import logging
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from air_transfer import metrics
 from air_transfer.config import TransferConfig
 from air_transfer.errors import ChecksumError, SourceChangedError
-from air_transfer.fetch import fetch_in_order
+from air_transfer.fetch import fetch_in_order, get, raise_own
 from air_transfer.knobs import KNOBS
 from air_transfer.manifest import chunk_checksum
 from air_transfer.nodes import live_node_ids, node_agent
@@ -65,7 +64,7 @@ class AgentLink:
         """Disk operation ``op`` on the storage node with this storage's root and
         ``args``; its result."""
         with self.errors():
-            return ray.get(self.agent().disk.remote(op, self.root, *args))
+            return get(self.agent().disk.remote(op, self.root, *args))
 
     def submit(self, op: str, *args: Any) -> ray.ObjectRef[Any]:
         """Start disk operation ``op`` and return its ref (wait with ``wait``)."""
@@ -75,22 +74,18 @@ class AgentLink:
 
     def wait(self, ref: ray.ObjectRef[Any]) -> Any:
         with self.errors():
-            return ray.get(ref)
+            return get(ref)
 
     @contextlib.contextmanager
     def errors(self) -> Iterator[None]:
-        """Raise the OSError or ValueError the agent raised (FileNotFoundError naming
-        the path, ...), not Ray's wrapper with the agent's traceback (kept for anything
-        else: a bug); a lost agent or node as ConnectionError."""
+        """Raise the error of README's table that the agent (or a call it made)
+        raised (FileNotFoundError naming the path, CheckpointLostError, ...), not
+        Ray's wrapper with the agent's traceback (kept for anything else: a bug); a
+        lost agent or node as ConnectionError."""
         try:
             yield
         except RayTaskError as e:
-            if isinstance(e.cause, (OSError, ValueError)):
-                # A copy: raised here, e.cause itself would get e as its __context__
-                # while e holds it as .cause, a reference cycle that keeps e's
-                # traceback, and every frame in it (a ChunkWriter's among them),
-                # alive until the cyclic garbage collector happens to run.
-                raise copy.copy(e.cause) from None
+            raise_own(e)  # a copy (see raise_own: a ChunkWriter's frames)
             raise
         except RayActorError as e:
             self._agent, self._lost = None, True
@@ -168,6 +163,6 @@ def _chunk_refs(link: AgentLink, local: str, size: int, first: int) -> Iterator[
         call = link.agent().file_chunks.remote(
             link.root, local, size, cb, index, count, link.config.cache_bytes
         )
-        [pairs] = ray.get(call)
+        [pairs] = get(call)
         for chunk, checksum in pairs:
             yield [chunk, checksum]

@@ -14,6 +14,7 @@ import numpy as np
 import ray
 
 from air_transfer.config import TransferConfig
+from air_transfer.fetch import get
 from air_transfer.layout import Source, Stamp
 from air_transfer.manifest import Entry, Manifest, chunk_checksum
 from air_transfer.packing import read_chunks
@@ -70,7 +71,7 @@ class InlineStrategy(TransferStrategy):
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
     ) -> Iterator[Any]:
-        stream = ray.get(payload)
+        stream = get(payload)
         cb = manifest.chunk_bytes
         for index in range(start, stop):
             yield stream[index * cb : index * cb + manifest.chunk_length(index)]
