@@ -58,6 +58,10 @@ class Knobs:
     #: A transfer's progress bar is drawn only once it has run this long: a
     #: checkpoint that moves in under a second (most small ones) prints nothing.
     progress_delay_s: float = 1.0
+    #: How often a ``TransferFuture`` that waits (or has callbacks) checks that the
+    #: Ray session it was started in still runs: Ray's future of an object of a
+    #: session that ended (``ray.shutdown()``) never completes, so a wait would hang.
+    session_poll_s: float = 0.2
 
     def __post_init__(self) -> None:
         for name in (
@@ -78,6 +82,8 @@ class Knobs:
                 "knob pack_ring_buffers must be >= 3: the reader fills one buffer while "
                 "one waits in the hand-off and the caller holds one"
             )
+        if not 0 < self.session_poll_s <= 10:
+            raise ValueError(f"knob session_poll_s must be in (0, 10], got {self.session_poll_s!r}")
         if not self.read_cache_idle_s > 0:
             raise ValueError(f"knob read_cache_idle_s must be > 0, got {self.read_cache_idle_s!r}")
         if not 0 < self.stream_above_store_fraction <= 1:

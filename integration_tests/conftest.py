@@ -48,12 +48,18 @@ def start_cluster(*node_names: str, system_config: dict[str, object] | None = No
     for name in node_names:
         cluster.add_node(num_cpus=1, resources={name: 1}, object_store_memory=STORE_BYTES)
     cluster.wait_for_nodes()
+    connect(cluster.address)
+    return cluster
+
+
+def connect(address: str) -> None:
+    """Connect this process to the cluster at ``address`` as its driver (again, after
+    a test that called ``ray.shutdown()``)."""
     ray.init(
-        address=cluster.address,
+        address=address,
         logging_level="ERROR",
         runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(__file__)}},
     )
-    return cluster
 
 
 @pytest.fixture(scope="module")
