@@ -21,15 +21,16 @@ from typing import Any
 import ray
 from ray.train import Checkpoint
 
-from air_transfer import _ray
+from air_transfer import _ray, leases
 from air_transfer.config import TransferConfig
 from air_transfer.fs import payload_filesystem
 from air_transfer.future import TransferFuture
 from air_transfer.handle import RAY_ERRORS, TransferHandle, raise_transfer_error, submit
 from air_transfer.layout import Source
 from air_transfer.manifest import Manifest
-from air_transfer.nodes import node_agent, running_in_agent
+from air_transfer.nodes import node_agent, running_in_agent, this_node_id
 from air_transfer.progress import progress_enabled
+from air_transfer.strategies import Registrations, registrations
 from air_transfer.telemetry import PackWatch, describe, packing
 
 
@@ -226,17 +227,37 @@ def submit_transfer(
     source: Source, config: TransferConfig | None = None
 ) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None, str]:
     """Start transferring ``source``: the ref of the transferred checkpoint (put by
-    this process or, for ``owner="node"``, by this node's agent), the ref of its
-    completion (None if packing is done) and the name of the strategy packing it."""
+    this process or, for ``owner="node"``, by this node's agent, which packs with
+    this process's strategy registrations and holds the transfer until this process
+    lets go of it: ``air_transfer.leases``), the ref of its completion (None if
+    packing is done) and the name of the strategy packing it."""
     config = config or TransferConfig()
     if config.owner == "node" and not running_in_agent():
+        agent = node_agent()
+        call = agent.submit_transfer.remote(source, config, registrations(config), requester())
         try:
-            ref, done, strategy = ray.get(node_agent().submit_transfer.remote(source, config))
+            ref, done, strategy, ids = ray.get(call)
         except RAY_ERRORS as e:  # FileNotFoundError, ManifestError... as themselves
             raise_transfer_error(None, f"the packing of {source.root!r} by the node agent", e)
+        leases.hold(agent, ref.hex(), ids)
         return ref, done, strategy
-    handle, done = submit(source, config)
-    return ray.put(ChunkedCheckpoint._from_handle(handle)), done, handle.strategy.name
+    ref, done, handle = put_transfer(source, config)
+    return ref, done, handle.strategy.name
+
+
+def put_transfer(
+    source: Source, config: TransferConfig, registered: Registrations | None = None
+) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None, TransferHandle]:
+    """Start packing ``source`` here (``handle.submit``, selecting among
+    ``registered`` if given) and put the transferred checkpoint: its ref, owned by
+    this process, the ref of the completion (None if packed) and the handle."""
+    handle, done = submit(source, config, registered)
+    return ray.put(ChunkedCheckpoint._from_handle(handle)), done, handle
+
+
+def requester() -> tuple[int, str]:
+    """This process as an agent's lease names it: pid and node id."""
+    return os.getpid(), this_node_id()
 
 
 def _packing_chunks(ref: ray.ObjectRef[Any]) -> tuple[Sequence[int], Sequence[Any]]:

@@ -31,7 +31,12 @@ from air_transfer.layout import Source, scan
 from air_transfer.manifest import Manifest
 from air_transfer.nodes import node_agent, this_node_id
 from air_transfer.reader import ChunkFileReader, buffered
-from air_transfer.strategies import TransferStrategy, get_strategy, select_strategy
+from air_transfer.strategies import (
+    Registrations,
+    TransferStrategy,
+    get_strategy,
+    select_strategy,
+)
 from air_transfer.telemetry import Transfer, describe
 from air_transfer.writer import check_chunk, write_tree
 
@@ -161,6 +166,13 @@ class TransferHandle:
         raw = ChunkFileReader(entry.path, entry.size, offset, cb, open_chunks)
         return buffered(raw, cb)
 
+    def refs(self) -> list[ray.ObjectRef[Any]]:
+        """The ObjectRefs a reader of this transfer needs: the checksums' while
+        packing may run, and those of the payload (found in lists, tuples, sets,
+        dicts, dataclasses and plain objects, a few levels deep: a strategy's payload
+        is its own)."""
+        return [*_refs_in(self.payload), *_refs_in(self.pending)]
+
     def describe(self) -> str:
         m = self.manifest
         n_files = sum(1 for _ in m.files())
@@ -172,17 +184,21 @@ class TransferHandle:
 
 
 def submit(
-    source: Source, config: TransferConfig | None = None
+    source: Source,
+    config: TransferConfig | None = None,
+    registered: Registrations | None = None,
 ) -> tuple[TransferHandle, ray.ObjectRef[Any] | None]:
     """Scan ``source``, pick a strategy (``config.strategy``, else by size against
-    the free object store) and start packing it in this node's agent, owned by this
-    process. Returns the handle, usable at once, and a ref that resolves when every
-    chunk is packed (raising what packing raised), or None if packing is done."""
+    the free object store; among ``registered``, the caller's, when this runs in an
+    agent for it) and start packing it in this node's agent, owned by this process.
+    Returns the handle, usable at once, and a ref that resolves when every chunk is
+    packed (raising what packing raised), or None if packing is done."""
     config = config or TransferConfig()
     scanned = scan(source, follow_symlinks=config.follow_symlinks)
     total = sum(f.size for f in scanned.files)
     here = this_node_id()
-    strategy = get_strategy(select_strategy(total, config, _ray.object_store_free_bytes(here)))()
+    name = select_strategy(total, config, _ray.object_store_free_bytes(here), registered)
+    strategy = get_strategy(name, registered)()
     # The strategy proves every byte it reads against the scan's stamps, so the
     # manifest's sizes and mtimes are those of the bytes packed.
     packed = strategy.submit(source, scanned.files, scanned.stamps, config)
@@ -210,6 +226,29 @@ def submit(
 def pack(source: Source, config: TransferConfig | None = None) -> TransferHandle:
     """``submit``, then wait until every chunk is packed: a complete handle."""
     return submit(source, config)[0].complete()
+
+
+#: Values that hold no ObjectRef of a transfer (an agent's handle is not one).
+_NO_REFS = (str, bytes, int, float, type, ray.actor.ActorHandle)
+
+
+def _refs_in(value: Any, depth: int = 4) -> Iterator[ray.ObjectRef[Any]]:
+    if isinstance(value, ray.ObjectRef):
+        yield value
+    elif depth == 0 or value is None or isinstance(value, _NO_REFS):
+        return
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for item in value:
+            yield from _refs_in(item, depth - 1)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _refs_in(item, depth - 1)
+    elif dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            yield from _refs_in(getattr(value, f.name), depth - 1)
+    elif isinstance(getattr(value, "__dict__", None), dict):
+        for item in vars(value).values():
+            yield from _refs_in(item, depth - 1)
 
 
 def _nbytes(chunk: Any) -> int:

@@ -62,6 +62,10 @@ class Knobs:
     #: Ray session it was started in still runs: Ray's future of an object of a
     #: session that ended (``ray.shutdown()``) never completes, so a wait would hang.
     session_poll_s: float = 0.2
+    #: How often a process that asked for ``owner="node"`` transfers checks which of
+    #: them it still references, and lets their agent drop its lease on the others
+    #: (``air_transfer.leases``): the delay before a released checkpoint is freed.
+    lease_poll_s: float = 1.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -82,6 +86,8 @@ class Knobs:
                 "knob pack_ring_buffers must be >= 3: the reader fills one buffer while "
                 "one waits in the hand-off and the caller holds one"
             )
+        if not 0 < self.lease_poll_s <= 60:
+            raise ValueError(f"knob lease_poll_s must be in (0, 60], got {self.lease_poll_s!r}")
         if not 0 < self.session_poll_s <= 10:
             raise ValueError(f"knob session_poll_s must be in (0, 10], got {self.session_poll_s!r}")
         if not self.read_cache_idle_s > 0:

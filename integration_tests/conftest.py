@@ -105,10 +105,29 @@ def release_read_caches() -> None:
             ray.get(agent.clear_read_cache.remote())
 
 
+def release_dead_requesters_leases() -> None:
+    """A node agent holds a transfer it packed for a process that died holding its
+    refs until ``shutdown_agents()``, by design (``air_transfer.leases``): a test that
+    killed such a process lets go of them here (the mock cluster's processes all run
+    on this machine, so a pid tells whether the requester still lives)."""
+    import psutil
+
+    for node_id in node_ids().values():
+        try:
+            agent = ray.get_actor(agent_name(node_id), namespace=NAMESPACE)
+            leases = ray.get(agent.leases.remote())
+        except (ValueError, ray.exceptions.RayActorError):
+            continue
+        dead = [key for key, requester in leases.items() if not psutil.pid_exists(requester[0])]
+        with contextlib.suppress(ray.exceptions.RayActorError):
+            ray.get(agent.release.remote(*dead))
+
+
 @pytest.fixture(autouse=True)
 def no_chunks_left_pinned(request: pytest.FixtureRequest) -> Iterator[None]:
     """After each test, every node's object store returns to its baseline: nothing a
-    test transferred stays pinned once its checkpoints and refs are gone."""
+    test transferred stays pinned once its checkpoints and refs are gone (and the
+    processes that asked for node-owned ones are, or let go of them)."""
     if not ray.is_initialized():
         yield
         return
@@ -116,6 +135,7 @@ def no_chunks_left_pinned(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     gc.collect()
     release_read_caches()
+    release_dead_requesters_leases()
 
     def back_to_baseline() -> bool:
         live = node_ids()

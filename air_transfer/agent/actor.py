@@ -23,9 +23,12 @@ user's *paths* reach, not what a Ray client may do (any Ray task can run code on
 node).
 
 Lifetime: an agent lives until ``shutdown_agents()`` is called or its node or the
-cluster stops. It keeps no chunk alive by itself: chunks it packed stay in the object
-store exactly as long as some checkpoint, handle or ObjectRef anywhere refers to them
-(Ray's borrower counting), and are freed when the last one is gone.
+cluster stops. Chunks it packed stay in the object store as long as some checkpoint,
+handle or ObjectRef anywhere refers to them (Ray's borrower counting), and, for a
+transfer packed for another process, as long as that process may still have passed
+on a ref Ray does not count (a lease: ``air_transfer.leases``); they are freed when
+both are gone. A lease of a process that died holding its refs stays until
+``shutdown_agents()``.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import pyarrow.fs as pafs
 import ray
 
 from air_transfer import metrics
-from air_transfer.checkpoint import ChunkedCheckpoint, submit_transfer
+from air_transfer.checkpoint import ChunkedCheckpoint, put_transfer, submit_transfer
 from air_transfer.config import TransferConfig
 from air_transfer.errors import SourceChangedError
 from air_transfer.fetch import get
@@ -60,6 +63,7 @@ from air_transfer.storage.disk_chunks import DirectoryTransfers, FileChunks
 from air_transfer.storage.disk_reads import read_chunks
 from air_transfer.storage.disk_uploads import DiskUploads
 from air_transfer.storage.sink import store_checkpoint
+from air_transfer.strategies import Registrations
 from air_transfer.strategies.agent_tasks import submit_plans
 
 
@@ -71,6 +75,8 @@ class NodeAgent:
         self._packer = ChunkPacker()
         self._files = FileChunks(submit_plans)
         self._stored = 0  # checkpoints written by store_checkpoint
+        #: Transfers packed for another process, held until it lets go (``release``).
+        self._leases: dict[str, tuple[ray.ObjectRef[Any], tuple[int, str] | None]] = {}
         self._directories = DirectoryTransfers(
             lambda source, config: submit_transfer(source, config.replace(owner="node"))[:2]
         )
@@ -258,15 +264,35 @@ class NodeAgent:
         return checksums
 
     def submit_transfer(
-        self, source: Source, config: TransferConfig
-    ) -> list[ray.ObjectRef[Any] | str | None]:
-        """Start packing ``source`` here (``owner="node"``): this agent submits the
-        chunk tasks to itself, so it owns the chunks and the checkpoint object, and
-        they outlive the caller even while packing is still running. Returns
-        ``[checkpoint ref, completion ref or None, strategy name]``, the refs nested
-        so the caller borrows."""
-        ref, done, strategy = submit_transfer(source, config)
-        return [ref, done, strategy]
+        self,
+        source: Source,
+        config: TransferConfig,
+        registered: Registrations | None = None,
+        requester: tuple[int, str] | None = None,
+    ) -> list[Any]:
+        """Start packing ``source`` here (``owner="node"``) with the strategies
+        ``registered`` in the caller: this agent submits the chunk tasks to itself,
+        so it owns the chunks and the checkpoint object, and holds the checkpoint (a
+        lease, see ``air_transfer.leases``) until the caller, ``requester`` (pid,
+        node), says it references none of its refs: the transfer outlives the caller
+        even mid-pack, and whatever the caller passed its ref to before it died.
+        Returns ``[checkpoint ref, completion ref or None, strategy name, hex ids of
+        the refs nested in the checkpoint]``, the refs nested so the caller borrows."""
+        ref, done, handle = put_transfer(source, config, registered)
+        self._leases[ref.hex()] = (ref, requester)
+        return [ref, done, handle.strategy.name, [r.hex() for r in handle.refs()]]
+
+    def release(self, *keys: str) -> None:
+        """Drop the leases ``keys`` (their requester references none of their refs):
+        each transfer then lives exactly as long as Ray counts a reference to it."""
+        for key in keys:
+            self._leases.pop(key, None)
+
+    def leases(self) -> dict[str, tuple[int, str] | None]:
+        """The transfers held for another process: lease key -> requester (pid,
+        node). A requester that died holding one leaves it here until
+        ``shutdown_agents()``."""
+        return {key: requester for key, (_, requester) in self._leases.items()}
 
 
 def _packed(plans: Sequence[ChunkPlan], strategy: str) -> None:

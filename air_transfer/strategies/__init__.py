@@ -4,8 +4,10 @@ from air_transfer.strategies.base import Packed, TransferStrategy
 from air_transfer.strategies.chunked import ChunkedStrategy
 from air_transfer.strategies.inline import InlineStrategy
 from air_transfer.strategies.registry import (
+    Registrations,
     get_strategy,
     register_strategy,
+    registrations,
     select_strategy,
     size_rules,
     strategies,
@@ -20,10 +22,12 @@ __all__ = [
     "ChunkedStrategy",
     "InlineStrategy",
     "Packed",
+    "Registrations",
     "StreamedStrategy",
     "TransferStrategy",
     "get_strategy",
     "register_strategy",
+    "registrations",
     "select_strategy",
     "size_rules",
     "strategies",
