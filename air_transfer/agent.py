@@ -10,7 +10,9 @@ layer (``transfer.packing_service``, ``storage.server``), which the typed client
 ``cluster.agent_client.AgentClient`` mirrors method for method. Paths given to node
 storage's methods are confined to the root the caller names; the packing methods read
 the worker's own directories on this node, by design. It keeps no chunk alive by
-itself: chunks stay exactly as long as some ref anywhere refers to them.
+itself: chunks stay as long as some ref anywhere refers to them and, for a transfer
+packed for another process, as long as that process holds its lease
+(``cluster.leases``).
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from air_transfer.storage.server.sink import store_checkpoint
 from air_transfer.storage.server.uploads import DiskUploads
 from air_transfer.transfer.handle import TransferHandle
 from air_transfer.transfer.packing_service import PackingService
+from air_transfer.transfer.strategies import Registrations
 from air_transfer.transfer.strategies.agent_tasks import submit_plans
-from air_transfer.transfer.submit import submit_transfer
+from air_transfer.transfer.submit import put_transfer, submit_transfer
 
 
 def _owned_transfer(source: Source, config: TransferConfig) -> tuple[Any, Any]:
@@ -57,6 +60,8 @@ class NodeAgent:
         self._disk = DiskStorage()
         self._uploads = DiskUploads()
         self._stored = 0  # checkpoints written by store_checkpoint
+        #: Transfers packed for another process, held until it lets go (``release``).
+        self._leases: dict[str, tuple[ray.ObjectRef[Any], tuple[int, str] | None]] = {}
 
     # -- the agent itself --------------------------------------------------------------
     def node_id(self) -> str:
@@ -117,12 +122,31 @@ class NodeAgent:
         )
 
     def submit_transfer(
-        self, source: Source, config: TransferConfig
-    ) -> list[ray.ObjectRef[Any] | str | None]:
-        """Pack ``source`` here (``owner="node"``): the chunk tasks are submitted by
-        this agent, so it owns them; ``[checkpoint ref, completion ref, strategy]``,
-        the refs nested so the caller borrows."""
-        return list(submit_transfer(source, config))
+        self,
+        source: Source,
+        config: TransferConfig,
+        registered: Registrations | None = None,
+        requester: tuple[int, str] | None = None,
+    ) -> list[Any]:
+        """Pack ``source`` here (``owner="node"``) with the strategies ``registered``
+        in the caller: this agent submits the chunk tasks, so it owns them, and holds
+        the checkpoint (a lease, ``cluster.leases``) until ``requester`` (pid, node)
+        says it references none of its refs. ``[checkpoint ref, completion ref,
+        strategy, hex ids of the refs nested in it]``, nested so the caller borrows."""
+        ref, done, handle = put_transfer(source, config, registered)
+        self._leases[ref.hex()] = (ref, requester)
+        return [ref, done, handle.strategy.name, [r.hex() for r in handle.refs()]]
+
+    def release(self, *keys: str) -> None:
+        """Drop the leases ``keys``: each transfer then lives as long as Ray counts
+        a reference to it."""
+        for key in keys:
+            self._leases.pop(key, None)
+
+    def leases(self) -> dict[str, tuple[int, str] | None]:
+        """The transfers held for another process: lease key -> requester (pid,
+        node); a requester that died leaves its leases until ``shutdown_agents()``."""
+        return {key: requester for key, (_, requester) in self._leases.items()}
 
     # -- node storage: checkpoints (``storage.server``) --------------------------------
     def store_checkpoint(self, checkpoint: Any, filesystem: pafs.FileSystem, path: str) -> str:

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
-from ray.exceptions import ObjectLostError, RayTaskError
 from ray.train import Checkpoint
 
 from air_transfer.cluster import _ray
@@ -30,7 +29,11 @@ from air_transfer.observe.progress import progress_enabled
 from air_transfer.observe.telemetry import PackWatch, describe, packing
 from air_transfer.transfer.fs_view import payload_filesystem
 from air_transfer.transfer.future import TransferFuture
-from air_transfer.transfer.handle import TransferHandle, lost_error, raise_transfer_error
+from air_transfer.transfer.handle import (
+    RAY_ERRORS,
+    TransferHandle,
+    raise_transfer_error,
+)
 from air_transfer.transfer.submit import submit_transfer
 
 
@@ -138,10 +141,8 @@ class ChunkedCheckpoint(Checkpoint):
             ref = value
             try:
                 value = ray.get(ref)
-            except (ObjectLostError, RayTaskError) as e:
-                if isinstance(e, RayTaskError):
-                    raise_transfer_error(None, f"the checkpoint {ref.hex()}", e)
-                raise lost_error(None, f"the checkpoint handle {ref.hex()}", e) from e
+            except RAY_ERRORS as e:
+                raise_transfer_error(None, f"the checkpoint handle {ref.hex()}", e)
         if isinstance(value, ChunkedCheckpoint) and value._handle is not None:
             return value
         if isinstance(value, TransferHandle):

@@ -22,12 +22,12 @@ from ray.train import Checkpoint
 
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.cluster import _ray
-from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import head_node_id, live_node_ids, this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import checked_path, storage_path
 from air_transfer.storage.client.handler import NodeStorageHandler, node_storage_handler
 from air_transfer.storage.client.same_node import copy_tree
+from air_transfer.storage.client.streams import AgentLink
 
 
 def storage_filesystem(
@@ -73,9 +73,10 @@ def checkpoint_upload_fn(
     dest = storage.build_checkpoint_path_from_name(checkpoint_dir_name)
     handler = node_storage_handler(fs)
     target = node or (handler.node_id if handler is not None else head_node_id())
+    link = AgentLink(target, "/", config or TransferConfig())  # its errors as ours
     future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(config)
     # A top-level ref argument reaches the agent as the transferred checkpoint itself.
-    ray.get(AgentClient(target).store_checkpoint(future.ref, fs, dest))
+    link.call(lambda agent: agent.store_checkpoint(future.ref, fs, dest))
     future.result()  # stored means packed, but any packing error is raised as such
     return Checkpoint(dest, filesystem=fs)
 

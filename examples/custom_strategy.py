@@ -9,7 +9,9 @@ strategy only moves bytes.
 ``register_strategy(cls, select_above_bytes=N)`` makes it the choice for every
 checkpoint of more than N bytes (unless a ``TransferConfig(strategy=...)`` names
 another); smaller ones keep the built-in choice. Register it in the process that
-packs; readers need nothing: the transferred checkpoint carries the strategy object.
+calls ``to_object_ref`` (with ``owner="node"`` too: the agent packs with that
+process's registrations); readers need nothing: the transferred checkpoint carries
+the strategy object.
 
     python examples/custom_strategy.py --small-kb 64 --large-mb 64 --select-above-mb 16
 """

@@ -30,6 +30,8 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("ray.train.v2._internal.execution.storage", "StorageContext.persist_current_checkpoint"),
     ("ray.train.v2._internal.execution.storage", "StorageContext.build_checkpoint_path_from_name"),
     ("ray.train._checkpoint", "_download_from_fs_path"),
+    ("ray._private.worker", "global_worker"),
+    ("ray._raylet", "CoreWorker.get_all_reference_counts"),
 )
 #: Keyword of ``.options()`` that bounds how far a streaming generator runs ahead of
 #: its consumer (Ray's own streaming ``DataIterator`` uses it); not in the public docs.
@@ -61,6 +63,20 @@ def object_store_free_bytes(node_id: str) -> int | None:
         return None
     free = per_node.get(node_id, {}).get("object_store_memory")
     return None if free is None else int(free)
+
+
+def referenced_ids() -> set[str] | None:
+    """The hex ids of every object this process still references (its core worker's
+    reference table: refs in scope, borrowed, in tasks it submitted or objects it
+    put), or None if it is not connected to Ray. Ray has no public way to ask."""
+    if not ray.is_initialized():
+        return None
+    worker: Any = ray._private.worker.global_worker  # private, untyped on purpose
+    try:
+        counts = worker.core_worker.get_all_reference_counts()
+    except Exception:  # disconnected meanwhile
+        return None
+    return {key.decode() if isinstance(key, bytes) else str(key) for key in counts}
 
 
 def streaming(method: Any, window: int) -> Any:

@@ -86,9 +86,27 @@ class AgentClient:
         ref: Ref = self.actor.packed.remote(*checksums)
         return ref
 
-    def submit_transfer(self, source: Source, config: TransferConfig) -> ray.ObjectRef[list[Any]]:
-        """Start a transfer owned by the agent (``owner="node"``)."""
-        ref: ray.ObjectRef[list[Any]] = self.actor.submit_transfer.remote(source, config)
+    def submit_transfer(
+        self,
+        source: Source,
+        config: TransferConfig,
+        registered: Any = None,
+        requester: tuple[int, str] | None = None,
+    ) -> ray.ObjectRef[list[Any]]:
+        """Start a transfer owned by the agent (``owner="node"``), packed with the
+        caller's strategy registrations and held for ``requester`` (a lease)."""
+        ref: ray.ObjectRef[list[Any]] = self.actor.submit_transfer.remote(
+            source, config, registered, requester
+        )
+        return ref
+
+    def release(self, keys: Sequence[str]) -> ray.ObjectRef[None]:
+        """Drop the leases ``keys`` (their requester references none of their refs)."""
+        ref: ray.ObjectRef[None] = self.actor.release.remote(*keys)
+        return ref
+
+    def leases(self) -> ray.ObjectRef[dict[str, tuple[int, str] | None]]:
+        ref: ray.ObjectRef[dict[str, tuple[int, str] | None]] = self.actor.leases.remote()
         return ref
 
     def stream(

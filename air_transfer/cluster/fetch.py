@@ -1,22 +1,70 @@
-"""Fetch object-store chunks in order with a bounded window in flight.
+"""Fetch object-store chunks in order with a bounded window in flight, and what a
+failed fetch or remote call raised, out of Ray's wrappers.
 
-Shared by every strategy and by node-storage reads; Ray's public API only.
+Shared by every strategy, node-storage reads and every call to an agent; Ray's
+public API only.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import ray
+from ray.exceptions import RayTaskError
 
 from air_transfer.core.knobs import KNOBS
+from air_transfer.errors import CheckpointLostError
+
+#: What air-transfer raises as itself, whichever process raised it (README, Errors:
+#: ManifestError is a ValueError; ChecksumError, SourceChangedError, ConnectionError,
+#: FileNotFoundError, PermissionError... are OSErrors).
+OWN_ERRORS: tuple[type[Exception], ...] = (OSError, ValueError, TypeError, CheckpointLostError)
+
+
+def innermost(error: BaseException) -> BaseException:
+    """What the task or actor at the end of a chain of calls raised: ``error`` with
+    every ``RayTaskError`` wrapper taken off (one per hop: an agent that called
+    another agent wraps twice)."""
+    while isinstance(error, RayTaskError) and isinstance(error.cause, BaseException):
+        error = error.cause
+    return error
+
+
+def raise_own(error: BaseException) -> None:
+    """Raise a copy of the error of ``OWN_ERRORS`` that a remote task or actor raised
+    and ``error`` (what a ``ray.get`` raised) wraps; return if it wraps something
+    else (a bug: Ray's wrapper, which keeps its remote traceback, is the caller's to
+    raise).
+
+    A copy, raised here and bound to no variable: raised as it is, the cause would
+    get the wrapper as its ``__context__`` while the wrapper holds it as ``.cause``;
+    bound to a variable of the frame that raises it, its traceback would hold that
+    frame, which holds it. Either is a reference cycle that keeps the traceback, and every frame
+    and chunk ref in it, alive until the cyclic garbage collector happens to run."""
+    cause = innermost(error)
+    if cause is not error and isinstance(cause, OWN_ERRORS):
+        raise copy.copy(cause) from None
+
+
+def get(ref: Any, timeout: float | None = None) -> Any:
+    """``ray.get(ref)``, raising what it raises without the traceback it has there:
+    Ray raises a lost object's or dead actor's error from a frame that holds it in
+    a local variable, and holds ``ref`` too, so the error, its traceback and every
+    frame it passed through (a reader's, with each chunk ref and chunk it holds) form
+    a reference cycle, kept alive, chunks pinned in the store, until the cyclic
+    garbage collector happens to run."""
+    try:
+        return ray.get(ref, timeout=timeout)
+    except BaseException as e:
+        raise e.with_traceback(None)  # noqa: B904 (the same error, without the cycle)
 
 
 def fetch_in_order(refs: Iterable[Any], window: int) -> Iterator[Any]:
-    """Yield ``ray.get(ref)`` for each ref in order (a list, or a streaming
+    """Yield ``get(ref)`` for each ref in order (a list, or a streaming
     generator's refs as they come), keeping up to ``window`` gets in flight ahead so
     cross-node pulls overlap with the consumer's work.
 
@@ -29,14 +77,14 @@ def fetch_in_order(refs: Iterable[Any], window: int) -> Iterator[Any]:
     try:
         upcoming = iter(refs)
         for ref in upcoming:
-            pending.append(pool.submit(ray.get, ref))
+            pending.append(pool.submit(get, ref))
             if len(pending) >= window:
                 break
         while pending:
             result = pending.popleft().result()
             nxt = next(upcoming, None)
             if nxt is not None:
-                pending.append(pool.submit(ray.get, nxt))
+                pending.append(pool.submit(get, nxt))
             yield result
             del result
     finally:

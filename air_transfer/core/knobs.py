@@ -62,6 +62,14 @@ class Knobs:
     #: A transfer's progress bar is drawn only once it has run this long: a
     #: checkpoint that moves in under a second (most small ones) prints nothing.
     progress_delay_s: float = 1.0
+    #: How often a ``TransferFuture`` that waits (or has callbacks) checks that the
+    #: Ray session it was started in still runs: Ray's future of an object of a
+    #: session that ended (``ray.shutdown()``) never completes, so a wait would hang.
+    session_poll_s: float = 0.2
+    #: How often a process that asked for ``owner="node"`` transfers checks which of
+    #: them it still references, and lets their agent drop its lease on the others
+    #: (``air_transfer.leases``): the delay before a released checkpoint is freed.
+    lease_poll_s: float = 1.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -82,6 +90,10 @@ class Knobs:
                 "knob pack_ring_buffers must be >= 3: the reader fills one buffer while "
                 "one waits in the hand-off and the caller holds one"
             )
+        if not 0 < self.lease_poll_s <= 60:
+            raise ValueError(f"knob lease_poll_s must be in (0, 60], got {self.lease_poll_s!r}")
+        if not 0 < self.session_poll_s <= 10:
+            raise ValueError(f"knob session_poll_s must be in (0, 10], got {self.session_poll_s!r}")
         for name in ("read_cache_idle_s", "read_lease_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"knob {name} must be > 0, got {getattr(self, name)!r}")

@@ -30,8 +30,8 @@ from types import TracebackType
 from typing import Any
 
 import ray
-from ray.exceptions import RayTaskError
 
+from air_transfer.cluster.fetch import get, innermost
 from air_transfer.core.knobs import KNOBS
 from air_transfer.errors import ChecksumError
 from air_transfer.observe import deferred, metrics
@@ -173,10 +173,8 @@ def finish_soon(transfer: Transfer, error: BaseException | None) -> None:
 
 
 def error_name(error: BaseException) -> str:
-    """The class name of what a transfer raised, Ray's task wrapper taken off."""
-    if isinstance(error, RayTaskError) and isinstance(error.cause, BaseException):
-        error = error.cause
-    return type(error).__name__
+    """The class name of what a transfer raised, Ray's task wrappers taken off."""
+    return type(innermost(error)).__name__
 
 
 def describe(path: str | os.PathLike[str], verb: str) -> str:
@@ -223,7 +221,7 @@ class PackWatch:
             self.bar = Bar(self.desc, sum(lengths), delay=0.0)
             for length, checksum in zip(lengths, checksums, strict=True):
                 if isinstance(checksum, ray.ObjectRef):
-                    checksum = ray.get(checksum)
+                    checksum = get(checksum)
                 if isinstance(checksum, BaseException):  # packing failed
                     return
                 self.bar.update(length)

@@ -4,20 +4,29 @@
 scanned and one packing task per chunk is submitted: ``ref`` is usable at once by any
 reader anywhere (a reader waits for a chunk not yet packed), and the future itself
 says when the source directory is no longer needed. It behaves as a
-``concurrent.futures.Future`` whose result is ``ref``, built on Ray's own future of
+``concurrent.futures.Future`` whose result is ``ref``, fed by Ray's own future of
 the transfer's completion object.
+
+Ray's future of an object whose session ended (``ray.shutdown()``) never completes,
+and neither would a wait on it: this future checks its session while it waits (and,
+while it has callbacks, on a watcher thread), and fails with CheckpointLostError
+once the session is over, for the chunks went with it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import ray
-from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
-from air_transfer.transfer.handle import raise_transfer_error
+from air_transfer.core.knobs import KNOBS
+from air_transfer.errors import CheckpointLostError
+from air_transfer.transfer.handle import RAY_ERRORS, fresh, raise_transfer_error
 
 
 class TransferFuture:
@@ -26,12 +35,14 @@ class TransferFuture:
 
     def __init__(self, ref: ray.ObjectRef[Any], done: ray.ObjectRef[Any] | None) -> None:
         self._ref = ref
-        self._done = done
+        self._session = session()
+        # Completed from Ray's future (its outcome as Ray gives it: errors are turned
+        # into ours when raised), or by the end of the session.
+        self._future: concurrent.futures.Future[None] = concurrent.futures.Future()
         if done is None:  # packed already (or by a strategy that packs in the caller)
-            self._future: concurrent.futures.Future[Any] = concurrent.futures.Future()
             self._future.set_result(None)
         else:
-            self._future = done.future()
+            done.future().add_done_callback(self._settle)
 
     @property
     def ref(self) -> ray.ObjectRef[Any]:
@@ -40,34 +51,81 @@ class TransferFuture:
         return self._ref
 
     def done(self) -> bool:
-        """Whether packing has finished, successfully or not."""
+        """Whether packing has finished, successfully or not (a session that ended
+        first finishes it, with CheckpointLostError)."""
+        self._check_session()
         return self._future.done()
 
     def result(self, timeout: float | None = None) -> ray.ObjectRef[Any]:
         """Wait until every chunk is packed (the source directory may then change or
         go) and return ``ref``; raise what packing raised (SourceChangedError,
-        PermissionError, CheckpointLostError, ...), or TimeoutError after
-        ``timeout`` seconds."""
-        try:
-            self._future.result(timeout)
-        except (RayTaskError, ObjectLostError, RayActorError) as e:
-            raise_transfer_error(None, "the packing of a checkpoint", e)
-        return self._ref
+        PermissionError, CheckpointLostError, ...), CheckpointLostError if the Ray
+        session ended first, or TimeoutError after ``timeout`` seconds."""
+        self._wait(timeout)
+        # The outcome without raising the stored error (raised, its traceback would
+        # hold this frame, and so this future and the error each other): a copy.
+        error = self._future.exception(0)
+        if error is None:
+            return self._ref
+        if isinstance(error, RAY_ERRORS):
+            raise_transfer_error(None, "the packing of a checkpoint", error)
+        raise fresh(error) from None
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        """The error ``result()`` would raise, or None once packed."""
+        """The error ``result()`` would raise, or None once packed; TimeoutError
+        after ``timeout`` seconds."""
+        self._wait(timeout)
         try:
-            self.result(timeout)
-        except TimeoutError:
-            raise
+            self.result(0)
         except Exception as e:
-            return e
+            return e.with_traceback(None)
         return None
 
     def add_done_callback(self, fn: Callable[[TransferFuture], object]) -> None:
-        """Call ``fn(self)`` once packing has finished (at once if it has), in a
-        thread of Ray's; an error ``fn`` raises is logged by ``concurrent.futures``."""
+        """Call ``fn(self)`` once packing has finished (at once if it has; when the
+        session ends first, then), in a thread of Ray's or of this module's; an error
+        ``fn`` raises is logged by ``concurrent.futures``."""
         self._future.add_done_callback(lambda _: fn(self))
+        if not self._future.done():
+            _watch(self)
+
+    def _settle(self, ray_future: concurrent.futures.Future[Any]) -> None:
+        """Ray's future completed (in a thread of Ray's): the same outcome here."""
+        try:
+            error = ray_future.exception()
+        except concurrent.futures.CancelledError as e:  # not by us: say so
+            error = CheckpointLostError(f"the completion of {self!r} was cancelled: {e!r}")
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # session over
+            if error is None:
+                self._future.set_result(None)
+            else:
+                self._future.set_exception(error)
+
+    def _wait(self, timeout: float | None) -> None:
+        """Return once done, checking the session every ``KNOBS.session_poll_s``;
+        TimeoutError after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(
+                    f"{self!r}: packing still running after {timeout} s; call result() "
+                    "again to keep waiting"
+                )
+            poll = KNOBS.session_poll_s if left is None else min(left, KNOBS.session_poll_s)
+            concurrent.futures.wait([self._future], timeout=poll)
+
+    def _check_session(self) -> None:
+        """Fail the future if the Ray session it was started in has ended."""
+        if self._future.done() or session() == self._session:
+            return
+        lost = CheckpointLostError(
+            "the Ray session this checkpoint was being packed in ended (ray.shutdown()) "
+            "before packing finished, and its chunks went with it: transfer the "
+            "checkpoint again in the current session"
+        )
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # done meanwhile
+            self._future.set_exception(lost)
 
     def __reduce__(self) -> Any:
         # Its completion lives in this process (a concurrent.futures.Future); what
@@ -78,6 +136,50 @@ class TransferFuture:
         )
 
     def __repr__(self) -> str:
-        state = "packing" if not self.done() else "done"
+        state = "done" if self._future.done() else "packing"
         # The whole id: the first 16 hex digits are the same for every ray.put.
         return f"TransferFuture({state}, ref={self._ref.hex()})"
+
+
+def session() -> tuple[str, str] | None:
+    """Which Ray session this process is connected to (GCS address and job: a new
+    ``ray.init`` is a new job, a new local Ray a new address), or None."""
+    if not ray.is_initialized():
+        return None
+    try:
+        context = ray.get_runtime_context()
+        return str(context.gcs_address), str(context.get_job_id())
+    except Exception:  # shutting down meanwhile
+        return None
+
+
+_watched: set[TransferFuture] = set()
+_watched_lock = threading.Lock()
+_watcher: threading.Thread | None = None
+
+
+def _watch(future: TransferFuture) -> None:
+    """Check ``future``'s session every ``KNOBS.session_poll_s`` until it is done, on
+    one daemon thread for all such futures, so that its callbacks run even when the
+    session ends first and nobody waits."""
+    global _watcher
+    with _watched_lock:
+        _watched.add(future)
+        if _watcher is None:
+            _watcher = threading.Thread(target=_run_watch, name="air-transfer-futures", daemon=True)
+            _watcher.start()
+
+
+def _run_watch() -> None:
+    global _watcher
+    while True:
+        time.sleep(KNOBS.session_poll_s)
+        with _watched_lock:
+            pending = list(_watched)
+        for future in pending:
+            future.done()  # fails it if its session ended
+        with _watched_lock:
+            _watched.difference_update(f for f in pending if f._future.done())
+            if not _watched:
+                _watcher = None
+                return

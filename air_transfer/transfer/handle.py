@@ -25,7 +25,7 @@ from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
 from air_transfer.cluster import _ray
 from air_transfer.cluster.agent_client import AgentClient
-from air_transfer.cluster.fetch import fetch_in_order
+from air_transfer.cluster.fetch import fetch_in_order, innermost, raise_own
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
@@ -37,10 +37,15 @@ from air_transfer.observe import metrics
 from air_transfer.observe.telemetry import Transfer, describe
 from air_transfer.transfer.strategies import (
     PackRequest,
+    Registrations,
     TransferStrategy,
     get_strategy,
     select_strategy,
 )
+
+#: What a ``ray.get`` raises for a failed task or a lost object or actor: what
+#: ``raise_transfer_error`` turns into the error the caller should see.
+RAY_ERRORS = (RayTaskError, ObjectLostError, RayActorError)
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,7 +79,7 @@ class TransferHandle:
                     raise fresh(checksum)
                 yield checksum
                 index += 1
-        except (RayTaskError, ObjectLostError, RayActorError) as e:
+        except RAY_ERRORS as e:
             raise_transfer_error(self, f"the checksum of chunk {index}", e)
 
     def complete(self) -> TransferHandle:
@@ -99,7 +104,7 @@ class TransferHandle:
                 metrics.add_bytes("fetched", _nbytes(chunk), name)
                 yield chunk
                 index += 1
-        except (RayTaskError, ObjectLostError, RayActorError) as e:
+        except RAY_ERRORS as e:
             raise_transfer_error(self, f"chunk {index} of {self.manifest.num_chunks}", e)
 
     def verified_chunks(self, start: int, stop: int) -> Iterator[tuple[int, memoryview]]:
@@ -166,6 +171,13 @@ class TransferHandle:
         raw = ChunkFileReader(entry.path, entry.size, offset, cb, open_chunks)
         return buffered(raw, cb)
 
+    def refs(self) -> list[ray.ObjectRef[Any]]:
+        """The ObjectRefs a reader of this transfer needs: the checksums' while
+        packing may run, and those of the payload (found in lists, tuples, sets,
+        dicts, dataclasses and plain objects, a few levels deep: a strategy's payload
+        is its own)."""
+        return [*_refs_in(self.payload), *_refs_in(self.pending)]
+
     def describe(self) -> str:
         m = self.manifest
         n_files = sum(1 for _ in m.files())
@@ -177,17 +189,21 @@ class TransferHandle:
 
 
 def submit(
-    source: Source, config: TransferConfig | None = None
+    source: Source,
+    config: TransferConfig | None = None,
+    registered: Registrations | None = None,
 ) -> tuple[TransferHandle, ray.ObjectRef[Any] | None]:
     """Scan ``source``, pick a strategy (``config.strategy``, else by size against
-    the free object store) and start packing it in this node's agent, owned by this
-    process. Returns the handle, usable at once, and a ref that resolves when every
-    chunk is packed (raising what packing raised), or None if packing is done."""
+    the free object store; among ``registered``, the caller's, when this runs in an
+    agent for it) and start packing it in this node's agent, owned by this process.
+    Returns the handle, usable at once, and a ref that resolves when every chunk is
+    packed (raising what packing raised), or None if packing is done."""
     config = config or TransferConfig()
     scanned = scan(source, follow_symlinks=config.follow_symlinks)
     total = sum(f.size for f in scanned.files)
     here = this_node_id()
-    strategy = get_strategy(select_strategy(total, config, _ray.object_store_free_bytes(here)))()
+    name = select_strategy(total, config, _ray.object_store_free_bytes(here), registered)
+    strategy = get_strategy(name, registered)()
     # The strategy proves every byte it reads against the scan's stamps, so the
     # manifest's sizes and mtimes are those of the bytes packed.
     packed = strategy.submit(PackRequest(source, scanned.files, scanned.stamps, config))
@@ -217,6 +233,29 @@ def pack(source: Source, config: TransferConfig | None = None) -> TransferHandle
     return submit(source, config)[0].complete()
 
 
+#: Values that hold no ObjectRef of a transfer (an agent's handle is not one).
+_NO_REFS = (str, bytes, int, float, type, ray.actor.ActorHandle)
+
+
+def _refs_in(value: Any, depth: int = 4) -> Iterator[ray.ObjectRef[Any]]:
+    if isinstance(value, ray.ObjectRef):
+        yield value
+    elif depth == 0 or value is None or isinstance(value, _NO_REFS):
+        return
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for item in value:
+            yield from _refs_in(item, depth - 1)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _refs_in(item, depth - 1)
+    elif dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            yield from _refs_in(getattr(value, f.name), depth - 1)
+    elif isinstance(getattr(value, "__dict__", None), dict):
+        for item in vars(value).values():
+            yield from _refs_in(item, depth - 1)
+
+
 def _nbytes(chunk: Any) -> int:
     """The size of a chunk as delivered (any buffer)."""
     try:
@@ -242,17 +281,15 @@ def describe_current_process() -> str:
 def raise_transfer_error(
     handle: TransferHandle | None, what: str, error: BaseException
 ) -> NoReturn:
-    """Raise what a failed fetch of ``what`` means for the reader: the error packing
-    raised (SourceChangedError, PermissionError, ... as packing raised it, not Ray's
-    wrapper), or CheckpointLostError when the owner or the object is gone."""
-    if isinstance(error, RayTaskError):
-        cause = error.cause
-        if isinstance(cause, (ObjectLostError, RayActorError)):
-            raise lost_error(handle, what, cause) from error
-        if isinstance(cause, Exception):
-            raise fresh(cause) from None
-        raise error
-    raise lost_error(handle, what, error) from error
+    """Raise what a failed fetch or call for ``what`` means for the reader: the error
+    of README's table that packing raised (SourceChangedError, PermissionError, ...
+    as packing raised it, not Ray's wrapper of each hop), CheckpointLostError when
+    the owner or the object is gone, else Ray's error (a bug, its traceback kept)."""
+    cause = innermost(error)
+    if isinstance(cause, (ObjectLostError, RayActorError)):
+        raise lost_error(handle, what, cause) from error
+    raise_own(error)
+    raise error
 
 
 def fresh(error: BaseException) -> BaseException:

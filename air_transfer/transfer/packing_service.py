@@ -11,8 +11,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-import ray
 
+from air_transfer.cluster.fetch import get
 from air_transfer.core.entry import Entry
 from air_transfer.core.packer import ChunkPacker
 from air_transfer.core.plan import ChunkPlan, iter_chunk_spans
@@ -59,7 +59,7 @@ class PackingService:
         for index, view, checksum in chunks:
             expected = checksums[index] if verify else checksum
             if not isinstance(expected, str):
-                expected = ray.get(expected)
+                expected = get(expected)
                 if isinstance(expected, BaseException):  # the checksum pass failed
                     raise fresh(expected)
             if checksum != expected:

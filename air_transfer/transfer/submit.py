@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from typing import Any
 
 import ray
 
+from air_transfer.cluster import leases
 from air_transfer.cluster.agent_client import AgentClient
-from air_transfer.cluster.nodes import running_in_agent
+from air_transfer.cluster.nodes import running_in_agent, this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.scan import Source
-from air_transfer.transfer.handle import submit
+from air_transfer.transfer.handle import RAY_ERRORS, TransferHandle, raise_transfer_error, submit
+from air_transfer.transfer.strategies import Registrations, registrations
 
 #: The class a transferred checkpoint is stored as (imported on first use, by name).
 CHECKPOINT_CLASS = "air_transfer.checkpoint:ChunkedCheckpoint"
@@ -35,11 +38,34 @@ def submit_transfer(
     source: Source, config: TransferConfig | None = None
 ) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None, str]:
     """Start transferring ``source``: the ref of the transferred checkpoint (put by
-    this process or, for ``owner="node"``, by this node's agent), the ref of its
-    completion (None if packing is done) and the name of the strategy packing it."""
+    this process or, for ``owner="node"``, by this node's agent, which packs with
+    this process's strategy registrations and holds the transfer until this process
+    lets go of it: ``cluster.leases``), the ref of its completion (None if packing is
+    done) and the name of the strategy packing it."""
     config = config or TransferConfig()
     if config.owner == "node" and not running_in_agent():
-        ref, done, strategy = ray.get(AgentClient().submit_transfer(source, config))
+        agent = AgentClient()
+        call = agent.submit_transfer(source, config, registrations(config), requester())
+        try:
+            ref, done, strategy, ids = ray.get(call)
+        except RAY_ERRORS as e:  # FileNotFoundError, ManifestError... as themselves
+            raise_transfer_error(None, f"the packing of {source.root!r} by the node agent", e)
+        leases.hold(agent, ref.hex(), ids)
         return ref, done, strategy
-    handle, done = submit(source, config)
-    return ray.put(_checkpoint_class()._from_handle(handle)), done, handle.strategy.name
+    ref, done, handle = put_transfer(source, config)
+    return ref, done, handle.strategy.name
+
+
+def put_transfer(
+    source: Source, config: TransferConfig, registered: Registrations | None = None
+) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None, TransferHandle]:
+    """Start packing ``source`` here (``handle.submit``, selecting among
+    ``registered`` if given) and put the transferred checkpoint: its ref, owned by
+    this process, the ref of the completion (None if packed) and the handle."""
+    handle, done = submit(source, config, registered)
+    return ray.put(_checkpoint_class()._from_handle(handle)), done, handle
+
+
+def requester() -> tuple[int, str]:
+    """This process as an agent's lease names it: pid and node id."""
+    return os.getpid(), this_node_id()

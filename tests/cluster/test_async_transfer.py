@@ -12,7 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from air_transfer import (
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.transfer.future import TransferFuture
 from tests.support.checkpoints import MiB, digest_tree, make_checkpoint, on
-from tests.support.cluster import node_ids
+from tests.support.cluster import connect, node_ids
 from tests.support.gates import Gate, HoldPackingAt, hold_packing
 
 pytestmark = pytest.mark.usefixtures("cluster")
@@ -178,3 +178,52 @@ def test_the_caller_killed_mid_pack(tmp_path: Path, owner: str) -> None:
     finally:
         ray.get(gate.open.remote())
         hold_packing(agent, None)
+
+
+def within(seconds: float, call: Callable[[], Any]) -> Any:
+    """What ``call()`` returned or raised (the exception itself), run on a daemon
+    thread; AssertionError if it has not returned within ``seconds`` (a hang fails
+    the test instead of blocking it)."""
+    outcome: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            outcome.set_result(call())
+        except BaseException as e:
+            outcome.set_result(e)
+
+    threading.Thread(target=run, daemon=True).start()
+    try:
+        return outcome.result(timeout=seconds)
+    except concurrent.futures.TimeoutError:
+        raise AssertionError(f"{call} still running after {seconds} s") from None
+
+
+def test_a_future_whose_ray_session_ended_fails_instead_of_hanging(
+    tmp_path: Path, cluster: Any
+) -> None:
+    """``ray.shutdown()`` while packing is held: ``result()`` (with or without a
+    timeout) raises CheckpointLostError naming the shutdown, ``exception()`` returns
+    it, ``done()`` is True and a callback runs, where each waited forever on Ray's
+    future of an object of a session that is over (defect: ``result()`` never
+    returned). Every call runs under a deadline, so a hang fails the test."""
+    src = make_checkpoint(tmp_path / "src", 12 * MiB)
+    gate = Gate.remote()
+    hold_packing(node_agent(node_ids()["head"]), HoldPackingAt(HOLD_AT, gate))
+    called = threading.Event()
+    try:
+        future = ChunkedCheckpoint.from_directory(src).to_object_ref_async(CONFIG)
+        wait_until_held(gate)
+        future.add_done_callback(lambda _: called.set())
+        ray.shutdown()  # the gate goes with this job: packing fails in the agent
+        error = within(30, future.result)
+        assert isinstance(error, CheckpointLostError), error
+        assert "ray.shutdown()" in str(error)
+        assert isinstance(within(30, lambda: future.result(timeout=5)), CheckpointLostError)
+        assert isinstance(within(30, future.exception), CheckpointLostError)
+        assert within(30, future.done) is True
+        assert called.wait(timeout=30)
+    finally:
+        if not ray.is_initialized():
+            connect(cluster.address)
+        hold_packing(node_agent(node_ids()["head"]), None)

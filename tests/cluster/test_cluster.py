@@ -4,20 +4,26 @@ checkpoint travels, ownership, streaming larger than the store, spilling."""
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
+import signal
 from pathlib import Path
 
+import psutil
 import pytest
 import ray
 
 from air_transfer import CheckpointLostError, ChunkedCheckpoint, TransferConfig
-from air_transfer.cluster.nodes import NAMESPACE, agent_name, shutdown_agents
+from air_transfer.cluster.nodes import NAMESPACE, agent_name, node_agent, shutdown_agents
 from tests.support.checkpoints import (
+    Holder,
     MiB,
     Producer,
+    PutWherePacked,
     consume_checkpoint,
     consume_ref,
     digest_tree,
+    hand_over_then_hang,
     kill_and_wait,
     make_checkpoint,
     on,
@@ -124,6 +130,56 @@ def test_shutdown_agents_makes_node_owned_checkpoints_unreadable(
 
     with pytest.raises(CheckpointLostError, match="air-transfer-agent"):
         eventually(read_and_discard, "node-owned chunks to become unreadable", 60)
+
+
+@pytest.mark.parametrize("strategy", [*STRATEGIES, PutWherePacked.name])
+def test_node_owned_checkpoint_outlives_a_worker_killed_after_handing_its_ref_on(
+    tmp_path: Path, small_ckpt: tuple[Path, dict], strategy: str
+) -> None:
+    """A task packs with ``owner="node"``, hands the ref to an evaluator and is
+    SIGKILLed: the checkpoint still reads on another node once the agent has counted
+    the worker's refs as gone, with every strategy, a user's registered only in that
+    worker included (and picked by its size rule). Defects: Ray learns of the
+    holders a borrower passed a ref to only when it lets go of it
+    (ray-project/ray#18456), so the agent freed the checkpoint under the evaluator;
+    and the agent packed with its own registrations, not the worker's."""
+    src, expected = small_ckpt
+    user = strategy == PutWherePacked.name
+    config = config_for(None if user else strategy, owner="node")
+    holder = Holder.options(**on("node_b")).remote()
+    hand_over_then_hang.options(**on("node_a")).remote(str(src), config, holder, user)
+    eventually(lambda: ray.get(holder.giver.remote()) is not None, "the worker's hand-over", 120)
+    pid = ray.get(holder.giver.remote())
+    os.kill(pid, signal.SIGKILL)
+    eventually(lambda: not psutil.pid_exists(pid), f"worker {pid} to exit")
+    # The canary, borrowed from the agent the same way, is freed once the agent has
+    # counted the dead worker's refs as gone: the checkpoint would have been by then.
+    eventually(lambda: not ray.get(holder.canary_alive.remote()), "the agent freeing the canary")
+    [ref] = ray.get(holder.refs.remote())
+    node, digests = ray.get(consume_ref.options(**on("node_b")).remote([ref], str(tmp_path / "o")))
+    assert (node, digests) == (node_ids()["node_b"], expected)
+    assert ChunkedCheckpoint.from_object_ref(ref).handle().strategy.name == strategy
+    ray.kill(holder)
+
+
+def test_a_worker_that_lets_go_of_a_node_owned_checkpoint_ends_its_lease(
+    tmp_path: Path, small_ckpt: tuple[Path, dict]
+) -> None:
+    """The agent's lease on a transfer lasts only while its requester references it:
+    dropped once the driver lets go, and the checkpoint is then freed (the fixture
+    checks the store), while a reader it was handed to before still reads it."""
+    src, expected = small_ckpt
+    agent = node_agent(node_ids()["head"])
+    ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config_for("chunked", owner="node"))
+    assert len(ray.get(agent.leases.remote())) == 1
+    holder = Holder.options(**on("node_b")).remote()
+    ray.get(holder.keep.remote([ref], [], os.getpid()))
+    del ref
+    eventually(lambda: not ray.get(agent.leases.remote()), "the lease to be dropped")
+    [ref] = ray.get(holder.refs.remote())
+    _, digests = ray.get(consume_ref.options(**on("node_b")).remote([ref], str(tmp_path / "o")))
+    assert digests == expected
+    ray.kill(holder)
 
 
 def test_streamed_checkpoint_larger_than_the_object_store(tmp_path: Path) -> None:

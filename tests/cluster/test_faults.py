@@ -97,3 +97,54 @@ def test_producer_killed_before_the_consumer_reads(tmp_path: Path) -> None:
     assert not (tmp_path / "lost").exists() and staging_dirs(tmp_path) == []
     assert ray.get(consumer.write.remote(by_node, str(tmp_path / "kept"))) == digest_tree(src)
     ray.kill(consumer)
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def report_to_node_storage(src: str, storage_node: str, dest: str) -> tuple[str, str, str]:
+    """What Ray Train's report does through ``storage_filesystem()`` on a worker
+    that is not on the storage node (``train.upload_directory``, the hook on its
+    persist); returns the class, the module and the message of what it raised."""
+    from ray.train import Checkpoint
+
+    from air_transfer import storage_filesystem
+    from air_transfer.train import upload_directory
+
+    fs = storage_filesystem(storage_node, CONFIG)
+    try:
+        upload_directory(fs, dest, Checkpoint(src))
+    except Exception as e:
+        return type(e).__name__, type(e).__module__, str(e)
+    return "no error", "", ""
+
+
+def test_the_worker_nodes_agent_killed_mid_report_is_a_checkpoint_lost_error(
+    tmp_path: Path,
+) -> None:
+    """The worker node's agent killed while it packs a report: the report raises
+    CheckpointLostError itself, not Ray's RayTaskError(CheckpointLostError) wrapper
+    of the storage agent's call (defect: node storage's agent link unwrapped only
+    OSError and ValueError); nothing is stored, no staging is left."""
+    from conftest import node_ids
+    from gates import HoldPackingAt, hold_packing
+
+    from air_transfer.cluster.nodes import node_agent
+
+    src = make_checkpoint(tmp_path / "src", 8 * MiB)
+    dest = tmp_path / "storage" / "checkpoint_000000"
+    dest.parent.mkdir()
+    ids = node_ids()
+    agent = node_agent(ids["node_a"])
+    gate = Gate.remote()
+    hold_packing(agent, HoldPackingAt(4 * MiB, gate))
+    try:
+        report = report_to_node_storage.options(**on("node_a")).remote(
+            str(src), ids["head"], str(dest)
+        )
+        ray.get(gate.wait_for_arrivals.remote(1), timeout=60)
+        kill_and_wait(agent, ray.get(agent.pid.remote()))
+        name, module, message = ray.get(report, timeout=120)
+    finally:
+        ray.get(gate.open.remote())
+        ray.kill(gate)
+    assert (name, module) == ("CheckpointLostError", "air_transfer.errors"), message
+    assert not dest.exists() and staging_dirs(dest.parent) == []

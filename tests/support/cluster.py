@@ -48,12 +48,18 @@ def start_cluster(
         resources = {name: 1.0, **(node_resources or {})}
         cluster.add_node(num_cpus=1, resources=resources, object_store_memory=STORE_BYTES)
     cluster.wait_for_nodes()
+    connect(cluster.address)
+    return cluster
+
+
+def connect(address: str) -> None:
+    """Connect this process to the cluster at ``address`` as its driver (again, after
+    a test that called ``ray.shutdown()``)."""
     ray.init(
-        address=cluster.address,
+        address=address,
         logging_level="ERROR",
         runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT}},
     )
-    return cluster
 
 
 def two_node_cluster() -> Iterator[Cluster]:
@@ -88,6 +94,24 @@ def release_read_caches() -> None:
             ray.get(agent.clear_read_cache.remote())
 
 
+def release_dead_requesters_leases() -> None:
+    """A node agent holds a transfer it packed for a process that died holding its
+    refs until ``shutdown_agents()``, by design (``cluster.leases``): a test that
+    killed such a process lets go of them here (the mock cluster's processes all run
+    on this machine, so a pid tells whether the requester still lives)."""
+    import psutil
+
+    for node_id in node_ids().values():
+        try:
+            agent = ray.get_actor(agent_name(node_id), namespace=NAMESPACE)
+            leases = ray.get(agent.leases.remote())
+        except (ValueError, ray.exceptions.RayActorError):
+            continue
+        dead = [key for key, requester in leases.items() if not psutil.pid_exists(requester[0])]
+        with contextlib.suppress(ray.exceptions.RayActorError):
+            ray.get(agent.release.remote(*dead))
+
+
 def chunks_back_to_baseline() -> Iterator[None]:
     """The body of the autouse ``no_chunks_left_pinned`` fixtures: after the test,
     every node's object store returns to its baseline (nothing a test transferred
@@ -99,6 +123,7 @@ def chunks_back_to_baseline() -> Iterator[None]:
     yield
     gc.collect()
     release_read_caches()
+    release_dead_requesters_leases()
 
     def back_to_baseline() -> bool:
         live = node_ids()

@@ -18,7 +18,10 @@ from air_transfer.config import DEFAULT_INLINE_MAX_BYTES, MiB
 from air_transfer.transfer.strategies import (
     ChunkedStrategy,
     InlineStrategy,
+    Registrations,
     StreamedStrategy,
+    registrations,
+    registry,
     size_rules,
 )
 
@@ -227,3 +230,27 @@ def test_size_rules_is_a_read_only_view() -> None:
     assert isinstance(size_rules, MappingProxyType)
     with pytest.raises(TypeError):
         size_rules["x"] = 1  # type: ignore[index]
+
+
+@pytest.mark.usefixtures("registry_restored")
+def test_another_processs_registrations_select_in_place_of_this_ones() -> None:
+    """What an ``owner="node"`` agent packs with: the caller's registrations (the
+    strategy it names, or its size rules and their classes), not the agent's own,
+    where a strategy registered only in the caller was unknown or its rule ignored."""
+    register_strategy(Big, select_above_bytes=100 * MiB)
+    caller = registrations(SMALL_INLINE)
+    assert caller == Registrations({"test-big": Big}, {"test-big": 100 * MiB})
+    named = registrations(SMALL_INLINE.replace(strategy="test-big"))
+    assert named == Registrations({"test-big": Big}, {})
+    with pytest.raises(ValueError, match="unknown transfer strategy 'nope'"):
+        registrations(SMALL_INLINE.replace(strategy="nope"))
+    registry._registry.pop("test-big")  # the agent's process: never registered there
+    registry._size_rules.pop("test-big")
+    assert select_strategy(200 * MiB, SMALL_INLINE) == "chunked"
+    assert select_strategy(200 * MiB, SMALL_INLINE, None, caller) == "test-big"
+    assert get_strategy("test-big", caller) is Big
+    config = SMALL_INLINE.replace(strategy="test-big")
+    assert select_strategy(MiB, config, None, named) == "test-big"
+    # A caller without rules replaces the agent's: the built-in choice.
+    register_strategy(Huge, select_above_bytes=0)
+    assert select_strategy(200 * MiB, SMALL_INLINE, None, Registrations()) == "chunked"

@@ -15,7 +15,6 @@ Memory stays at a few chunks whatever the file size.
 from __future__ import annotations
 
 import contextlib
-import copy
 import errno
 import logging
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from air_transfer.cluster.agent_client import AgentClient
-from air_transfer.cluster.fetch import fetch_in_order
+from air_transfer.cluster.fetch import fetch_in_order, get, raise_own
 from air_transfer.cluster.nodes import live_node_ids
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum
@@ -70,7 +69,8 @@ class AgentLink:
     def call(self, method: Callable[[AgentClient], ray.ObjectRef[T]]) -> T:
         """Run ``method`` against the storage node's agent and wait for its result."""
         with self.errors():
-            return ray.get(method(self.agent()))
+            result: T = get(method(self.agent()))
+            return result
 
     def submit(self, method: Callable[[AgentClient], ray.ObjectRef[T]]) -> ray.ObjectRef[T]:
         """Start ``method`` against the agent and return its ref (wait with ``wait``)."""
@@ -79,22 +79,19 @@ class AgentLink:
 
     def wait(self, ref: ray.ObjectRef[T]) -> T:
         with self.errors():
-            return ray.get(ref)
+            result: T = get(ref)
+            return result
 
     @contextlib.contextmanager
     def errors(self) -> Iterator[None]:
-        """Raise the OSError or ValueError the agent raised (FileNotFoundError naming
-        the path, ...), not Ray's wrapper with the agent's traceback (kept for anything
-        else: a bug); a lost agent or node as ConnectionError."""
+        """Raise the error of README's table that the agent (or a call it made)
+        raised (FileNotFoundError naming the path, CheckpointLostError, ...), not
+        Ray's wrapper with the agent's traceback (kept for anything else: a bug); a
+        lost agent or node as ConnectionError."""
         try:
             yield
         except RayTaskError as e:
-            if isinstance(e.cause, (OSError, ValueError)):
-                # A copy: raised here, e.cause itself would get e as its __context__
-                # while e holds it as .cause, a reference cycle that keeps e's
-                # traceback, and every frame in it (a ChunkWriter's among them),
-                # alive until the cyclic garbage collector happens to run.
-                raise copy.copy(e.cause) from None
+            raise_own(e)  # a copy (see raise_own: a ChunkWriter's frames)
             raise
         except RayActorError as e:
             self._agent, self._lost = None, True
@@ -187,6 +184,6 @@ def _chunk_refs(
         call = link.agent().file_chunks(
             link.root, local, size, cb, index, count, link.config.cache_bytes
         )
-        [pairs] = ray.get(call)
+        [pairs] = get(call)
         for chunk, checksum in pairs:
             yield [chunk, checksum]

@@ -4,8 +4,10 @@ from air_transfer.transfer.strategies.base import Packed, PackRequest, TransferS
 from air_transfer.transfer.strategies.chunked import ChunkedStrategy
 from air_transfer.transfer.strategies.inline import InlineStrategy
 from air_transfer.transfer.strategies.registry import (
+    Registrations,
     get_strategy,
     register_strategy,
+    registrations,
     select_strategy,
     size_rules,
     strategies,
@@ -21,10 +23,12 @@ __all__ = [
     "InlineStrategy",
     "PackRequest",
     "Packed",
+    "Registrations",
     "StreamedStrategy",
     "TransferStrategy",
     "get_strategy",
     "register_strategy",
+    "registrations",
     "select_strategy",
     "size_rules",
     "strategies",

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from air_transfer.cluster.fetch import get
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.manifest import Manifest
@@ -62,7 +63,7 @@ class InlineStrategy(TransferStrategy):
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
     ) -> Iterator[Any]:
-        stream = ray.get(payload)
+        stream = get(payload)
         cb = manifest.chunk_bytes
         for index in range(start, stop):
             yield stream[index * cb : index * cb + manifest.chunk_length(index)]

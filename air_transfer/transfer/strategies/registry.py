@@ -8,6 +8,8 @@ the registry and selection are unit-tested without a cluster.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from air_transfer.config import TransferConfig
@@ -92,8 +94,32 @@ def _describe_rule(threshold: int | None) -> str:
     return "no size rule" if threshold is None else f"select_above_bytes={threshold}"
 
 
-def get_strategy(name: str) -> type[TransferStrategy]:
-    """The strategy class registered as ``name``; ValueError listing the known names."""
+@dataclass(frozen=True)
+class Registrations:
+    """Strategies and size rules of another process, read in place of this one's
+    (``registrations``): the ``owner="node"`` agent packs with those of the process
+    that called ``to_object_ref``, which registered them."""
+
+    #: Name -> class, read before this process's registry.
+    strategies: Mapping[str, type[TransferStrategy]] = field(default_factory=dict)
+    #: Name -> ``select_above_bytes``: replaces this process's size rules.
+    size_rules: Mapping[str, int] = field(default_factory=dict)
+
+
+def registrations(config: TransferConfig) -> Registrations:
+    """What ``select_strategy`` may pick for ``config`` in this process: the strategy
+    ``config.strategy`` names (ValueError if none is registered so), else every size
+    rule and its strategy. Built-in strategies are registered in every process."""
+    if config.strategy is not None:
+        return Registrations({config.strategy: get_strategy(config.strategy)})
+    return Registrations({name: _registry[name] for name in _size_rules}, dict(_size_rules))
+
+
+def get_strategy(name: str, registered: Registrations | None = None) -> type[TransferStrategy]:
+    """The strategy class registered as ``name`` (in ``registered``, else in this
+    process); ValueError listing the known names."""
+    if registered is not None and name in registered.strategies:
+        return registered.strategies[name]
     try:
         return _registry[name]
     except KeyError:
@@ -103,7 +129,10 @@ def get_strategy(name: str) -> type[TransferStrategy]:
 
 
 def select_strategy(
-    total_bytes: int, config: TransferConfig, store_free_bytes: int | None = None
+    total_bytes: int,
+    config: TransferConfig,
+    store_free_bytes: int | None = None,
+    registered: Registrations | None = None,
 ) -> str:
     """The name of the strategy for a checkpoint of ``total_bytes``, first rule that
     applies:
@@ -119,14 +148,16 @@ def select_strategy(
     5. ``chunked``.
 
     User rules come before the built-in ones so that a rule means what it says
-    whatever the object store holds. Pure: it reads the registry and its arguments.
+    whatever the object store holds. Pure: it reads the registry (or ``registered``,
+    another process's: see ``Registrations``) and its arguments.
     """
     if isinstance(total_bytes, bool) or not isinstance(total_bytes, int) or total_bytes < 0:
         raise ValueError(f"total_bytes must be a non-negative int, got {total_bytes!r}")
     if config.strategy is not None:
-        get_strategy(config.strategy)
+        get_strategy(config.strategy, registered)
         return config.strategy
-    applicable = [(t, name) for name, t in _size_rules.items() if total_bytes > t]
+    rules = _size_rules if registered is None else registered.size_rules
+    applicable = [(t, name) for name, t in rules.items() if total_bytes > t]
     if applicable:
         return max(applicable)[1]
     if total_bytes <= config.inline_limit:

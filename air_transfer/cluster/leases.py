@@ -1,0 +1,87 @@
+"""Leases: how a checkpoint packed with ``owner="node"`` outlives the worker that
+asked for it, whatever that worker did with its ref before it died.
+
+Ray counts the references to an object as a tree: a process that passes on a ref it
+borrowed tells the owner about the new holders only once it lets go of the ref
+itself (ray-project/ray#18456). A worker that hands the ref of a node-owned
+checkpoint to an evaluator and dies still holding it takes that report with it, and
+the agent, the owner, frees the checkpoint under the evaluator. So the agent holds
+every transfer it packs for another process (a lease, ``NodeAgent.submit_transfer``)
+until that process references none of the transfer's refs any more: this module, in
+that process, checks its own reference table every ``KNOBS.lease_poll_s`` on one
+daemon thread and tells the agent which leases to drop (by then Ray has that
+process's report of every holder it passed a ref to). A process that dies holding
+them leaves its leases in place: the agent keeps those transfers until
+``shutdown_agents()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from air_transfer.cluster import _ray
+from air_transfer.cluster.agent_client import AgentClient
+from air_transfer.core.knobs import KNOBS
+
+logger = logging.getLogger(__name__)
+
+#: Lease key (the transfer's ref, hex) -> (the agent holding it, the hex ids of the
+#: refs of the transfer: while this process references any, the lease stays).
+_leases: dict[str, tuple[Any, frozenset[str]]] = {}
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+
+
+def hold(agent: AgentClient, key: str, ids: Iterable[str]) -> None:
+    """Keep the lease ``key`` of ``agent`` until this process references none of
+    ``ids`` (the transfer's ref and those nested in it) any more."""
+    global _thread
+    with _lock:
+        _leases[key] = (agent, frozenset([key, *ids]))
+        if _thread is None:
+            _thread = threading.Thread(target=_run, name="air-transfer-leases", daemon=True)
+            _thread.start()
+
+
+def held() -> int:
+    """How many leases this process holds."""
+    with _lock:
+        return len(_leases)
+
+
+def _run() -> None:
+    global _thread
+    while True:
+        time.sleep(KNOBS.lease_poll_s)
+        present = _ray.referenced_ids()
+        with _lock:
+            if present is None:  # not connected any more: to the agents, it is gone
+                done = {}
+                _leases.clear()
+            else:
+                done = {k: agent for k, (agent, ids) in _leases.items() if ids.isdisjoint(present)}
+                for key in done:
+                    del _leases[key]
+            finished = not _leases
+            if finished:  # the next hold() starts a new thread
+                _thread = None
+        _release(done)
+        if finished:
+            return
+
+
+def _release(done: dict[str, Any]) -> None:
+    """Tell each agent which of its leases to drop (one call per agent; an agent
+    that is gone has dropped them)."""
+    by_agent: dict[Any, list[str]] = {}
+    for key, agent in done.items():
+        by_agent.setdefault(agent, []).append(key)
+    for agent, keys in by_agent.items():
+        try:
+            agent.release(keys)
+        except Exception as e:
+            logger.debug("air-transfer: could not release leases %s: %r", keys, e)
