@@ -124,10 +124,9 @@ def test_the_worker_nodes_agent_killed_mid_report_is_a_checkpoint_lost_error(
     CheckpointLostError itself, not Ray's RayTaskError(CheckpointLostError) wrapper
     of the storage agent's call (defect: node storage's agent link unwrapped only
     OSError and ValueError); nothing is stored, no staging is left."""
-    from conftest import node_ids
-    from gates import HoldPackingAt, hold_packing
-
     from air_transfer.cluster.nodes import node_agent
+    from tests.support.cluster import node_ids
+    from tests.support.gates import HoldPackingAt, hold_packing
 
     src = make_checkpoint(tmp_path / "src", 8 * MiB)
     dest = tmp_path / "storage" / "checkpoint_000000"
