@@ -17,7 +17,9 @@ Figures: each rank's blocking time in save (``save_s``: dcp.save + report, or
 ``dcp.report``), the save's wall time (until Train has committed it), the restore's
 wall time and each rank's, and bytes per rank on restore. Ours: the storage agent's
 ``bytes_served`` delta while that rank alone loads its part (the other rank loads
-an empty state dict in the same collective). Ray's: the size of the directory
+an empty state dict in the same collective); a small item of another rank's file
+(DCP stores the replicated ``step`` once) costs that rank one chunk
+(``--chunk-mib``) of it. Ray's: the size of the directory
 ``as_directory()`` gave that rank, which is the whole checkpoint: on one machine it
 is the stored directory in place; on a real cluster it is downloaded onto each node.
 Every restore is compared tensor by tensor with what was saved.
@@ -36,6 +38,7 @@ import ray
 import ray.train
 
 import air_transfer
+from air_transfer import TransferConfig
 from benchmarks.bench.runner import progress
 from benchmarks.bench.session import machine_info, ray_session
 from benchmarks.units import MiB
@@ -165,14 +168,14 @@ class RankLog:
 
 
 def run_contender(
-    contender: str, layers: int, storage_dir: str, storage_node: str
+    contender: str, layers: int, storage_dir: str, storage_node: str, config: TransferConfig
 ) -> dict[str, Any]:
     """One Train run of ``contender``: its row of the report."""
     from ray.train.torch import TorchTrainer
 
     log: Any = ray.remote(num_cpus=0)(RankLog).remote()
     ours = contender == OURS
-    fs = air_transfer.storage_filesystem(storage_node, root=storage_dir) if ours else None
+    fs = air_transfer.storage_filesystem(storage_node, config, root=storage_dir) if ours else None
     trainer = TorchTrainer(
         dcp_loop,
         train_loop_config={
@@ -222,6 +225,7 @@ def add_restore_ratio(rows: list[dict[str, Any]]) -> None:
 def run_dcp(opts: argparse.Namespace) -> dict[str, Any]:
     """The ``--dcp`` run (see the module docstring); returns the JSON report."""
     layers = layer_count(opts.dcp_mib)
+    config = TransferConfig(chunk_bytes=opts.chunk_mib * MiB, window=opts.window)
     opts.data_dir = os.path.abspath(os.path.expanduser(opts.data_dir))
     os.makedirs(opts.data_dir, exist_ok=True)
     store = (opts.object_store_mb or 1024) * MiB
@@ -234,7 +238,7 @@ def run_dcp(opts: argparse.Namespace) -> dict[str, Any]:
             storage_dir = tempfile.mkdtemp(prefix="dcp-", dir=opts.data_dir)
             progress(f"{contender}: save and restore")
             try:
-                rows.append(run_contender(contender, layers, storage_dir, storage_node))
+                rows.append(run_contender(contender, layers, storage_dir, storage_node, config))
             finally:
                 shutil.rmtree(storage_dir, ignore_errors=True)
     add_restore_ratio(rows)
@@ -246,6 +250,7 @@ def run_dcp(opts: argparse.Namespace) -> dict[str, Any]:
             "layer_shape": [SIDE, SIDE],
             "optimizer": "Adam (exp_avg, exp_avg_sq per parameter)",
             "world_size": WORLD,
+            "chunk_mib": opts.chunk_mib,
             "state": "sharded by hand: rank r owns the layers i % 2 == r",
             "nodes": "storage node (driver) + one node per rank, on one machine",
             "ray_recipe_restore_bytes": "size of the directory as_directory() gave the rank",
