@@ -54,7 +54,9 @@ also kills a run if available memory falls under half the margin anyway.
 
 Two other runs replace the contenders: ``--train`` (the Ray Train path through
 ``storage_filesystem``: report and restore, beside a local-filesystem Train run, raw
-Ray and ``cp-direct``; see ``bench.train_path``) and ``--readers N`` (N readers on N
+Ray and ``cp-direct``; see ``bench.train_path``), ``--dcp`` (torch DCP save and
+restore from 2 ranks, Ray's recipe beside ``air_transfer.dcp``; see
+``bench.dcp_path``) and ``--readers N`` (N readers on N
 nodes restoring one checkpoint from node storage at once; see ``bench.readers``).
 """
 
@@ -77,6 +79,7 @@ from benchmarks.bench.data import (
     make_checkpoint,
     tree_digest,
 )
+from benchmarks.bench.dcp_path import format_dcp_table, run_dcp
 from benchmarks.bench.measure import predicted_peak_bytes, skip_reason
 from benchmarks.bench.options import add_bench_options
 from benchmarks.bench.readers import run_readers
@@ -111,6 +114,7 @@ __all__ = [
     "make_checkpoint",
     "predicted_peak_bytes",
     "run_bench",
+    "run_dcp",
     "run_readers",
     "run_train",
     "skip_reason",
@@ -168,13 +172,19 @@ def main(opts: argparse.Namespace) -> int:
         except ImportError as e:
             progress(str(e))
             return 2
-    if opts.train and opts.readers:
-        progress("--train and --readers are separate runs: give one of them")
+    if sum(map(bool, (opts.train, opts.readers, opts.dcp))) > 1:
+        progress("--train, --readers and --dcp are separate runs: give one of them")
         return 2
-    if (opts.train or opts.readers) and (opts.contenders or opts.cross_node):
-        progress("--contenders and --cross-node do not apply to --train or --readers")
+    if (opts.train or opts.readers or opts.dcp) and (opts.contenders or opts.cross_node):
+        progress("--contenders and --cross-node do not apply to --train, --readers or --dcp")
         return 2
-    if opts.readers:
+    if opts.dcp and opts.plot:
+        progress("--plot does not apply to --dcp")
+        return 2
+    if opts.dcp:
+        report = run_dcp(opts)
+        print(format_dcp_table(report["results"]))
+    elif opts.readers:
         report = run_readers(opts)
         print(format_readers_table(report["results"]))
     elif opts.train:

@@ -79,6 +79,19 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "and bytes the storage node read from its disk and served",
     )  # fmt: skip
     parser.add_argument(
+        "--dcp", action="store_true",
+        help="instead of the contenders, torch DCP save and restore of a hand-sharded "
+        "MLP plus its Adam state from 2 ranks (each on its own node, storage on the "
+        "driver's): Ray's recipe (dcp.save into a temp dir, report, as_directory + "
+        "dcp.load) beside air_transfer.dcp.report/load: blocking time per save, wall "
+        "times, bytes per rank on restore",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dcp-mib", type=positive_int, default=200, metavar="MiB",
+        help="--dcp: the model's parameters in MiB; Adam's state doubles it "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
         "--data-dir", default=default_data_dir(), metavar="DIR",
         help="where checkpoints are cached between runs (keyed by layout and size) and "
         "outputs written (default: %(default)s)",

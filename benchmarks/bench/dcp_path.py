@@ -1,0 +1,283 @@
+"""``bench --dcp``: torch DCP save and restore from 2 ranks, Ray's recipe beside ours.
+
+A mock cluster of three nodes: the driver's (the storage node, where no rank runs)
+and one node per rank. The state is an MLP of ``--dcp-mib`` MiB of parameters
+(1024x1024 layers) plus its Adam state (``exp_avg``, ``exp_avg_sq``: 3x the
+parameters in all), *sharded by hand*: rank r owns the layers ``i % 2 == r``, so
+each rank saves and restores half of it. Each contender is one Train run
+(``TorchTrainer``, gloo) that saves once and restores what it saved:
+
+- ``ray-recipe``: every rank ``dcp.save``s into a local temp dir and
+  ``ray.train.report(checkpoint=Checkpoint.from_directory(tmp))`` (Train uploads it
+  into a local ``storage_path``); restore: ``as_directory()`` + ``dcp.load``.
+- ``air-transfer``: ``air_transfer.dcp.report`` / ``air_transfer.dcp.load`` with
+  ``RunConfig(storage_filesystem=air_transfer.storage_filesystem())``.
+
+Figures: each rank's blocking time in save (``save_s``: dcp.save + report, or
+``dcp.report``), the save's wall time (until Train has committed it), the restore's
+wall time and each rank's, and bytes per rank on restore. Ours: the storage agent's
+``bytes_served`` delta while that rank alone loads its part (the other rank loads
+an empty state dict in the same collective); a small item of another rank's file
+(DCP stores the replicated ``step`` once) costs that rank one chunk
+(``--chunk-mib``) of it. Ray's: the size of the directory
+``as_directory()`` gave that rank, which is the whole checkpoint: on one machine it
+is the stored directory in place; on a real cluster it is downloaded onto each node.
+Every restore is compared tensor by tensor with what was saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import ray
+import ray.train
+
+import air_transfer
+from air_transfer import TransferConfig
+from benchmarks.bench.runner import progress
+from benchmarks.bench.session import machine_info, ray_session
+from benchmarks.units import MiB
+
+RAY_RECIPE = "ray-recipe"
+OURS = "air-transfer"
+#: The storage node (the driver's) and two nodes sharing the resource each rank takes.
+NODES = ("storage", "rank", "rank")
+WORLD = 2
+SIDE = 1024  # each layer's weight: SIDE x SIDE float32, 4 MiB
+
+
+def layer_count(mib: int) -> int:
+    """Layers of the MLP for ``mib`` MiB of weights: even (each rank owns half), >= 2."""
+    return max(WORLD, round(mib * MiB / (SIDE * SIDE * 4) / WORLD) * WORLD)
+
+
+def sharded_state(rank: int, layers: int) -> dict[str, Any]:
+    """Rank ``rank``'s part of the model and its Adam state after one step: the
+    layers ``i % WORLD == rank``, the same on every run (seeded by layer)."""
+    import torch
+
+    mine = [i for i in range(layers) if i % WORLD == rank]
+    modules = []
+    for i in mine:
+        torch.manual_seed(i)
+        modules.append(torch.nn.Linear(SIDE, SIDE))
+    params = [p for m in modules for p in m.parameters()]
+    optimizer = torch.optim.Adam(params, lr=1e-3)
+    sum(p.pow(2).sum() for p in params).backward()  # type: ignore[union-attr]
+    optimizer.step()
+    state: dict[str, Any] = {"step": 1}
+    for i, m in zip(mine, modules, strict=True):
+        for name, p in m.named_parameters():
+            key = f"layers.{i}.{name}"
+            state[f"model.{key}"] = p.detach()
+            for moment in ("exp_avg", "exp_avg_sq"):
+                state[f"optim.{key}.{moment}"] = optimizer.state[p][moment]
+    return state
+
+
+def zeroed(state: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    return {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1 for k, v in state.items()}
+
+
+def equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(
+        torch.equal(v, b[k]) if isinstance(v, torch.Tensor) else v == b[k] for k, v in a.items()
+    )
+
+
+def tree_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def dcp_loop(config: dict[str, Any]) -> None:
+    """One save and one restore of this rank's part, timed; results to the log."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    import air_transfer.dcp
+
+    rank = ray.train.get_context().get_world_rank()
+    state = sharded_state(rank, config["layers"])
+    ours = config["contender"] == OURS
+    out: dict[str, Any] = {"rank": rank, "node": ray.get_runtime_context().get_node_id()}
+    dist.barrier()
+    start = time.perf_counter()
+    if ours:
+        air_transfer.dcp.report(state, {"step": 1})
+        out["local_temp_bytes"] = 0
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_save(state, checkpoint_id=tmp)
+            out["local_temp_bytes"] = tree_bytes(tmp)
+            ray.train.report({"step": 1}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+    out["save_s"] = time.perf_counter() - start
+    [reported] = ray.train.get_all_reported_checkpoints(
+        consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED
+    )
+    out["save_wall_s"] = time.perf_counter() - start
+    checkpoint = reported.checkpoint
+    dist.barrier()
+    start = time.perf_counter()
+    restored = zeroed(state)
+    if ours:
+        assert air_transfer.dcp.load(restored, checkpoint)
+    else:
+        with checkpoint.as_directory() as d:
+            out["restore_bytes"] = tree_bytes(d)
+            dcp_load(restored, checkpoint_id=d)
+    out["restore_s"] = time.perf_counter() - start
+    dist.barrier()
+    out["restore_wall_s"] = time.perf_counter() - start
+    out["verified"] = equal(restored, state)
+    if ours:  # each rank's bytes alone: the other loads nothing in the same collective
+        agent = air_transfer.node_agent(config["storage_node"])
+        for alone in range(WORLD):
+            dist.barrier()
+            before = ray.get(agent.read_counters.remote())["bytes_served"]
+            dist.barrier()
+            air_transfer.dcp.load(zeroed(state) if rank == alone else {}, checkpoint)
+            dist.barrier()
+            if rank == alone:
+                after = ray.get(agent.read_counters.remote())["bytes_served"]
+                out["restore_bytes"] = after - before
+    out["state_bytes"] = sum(v.nbytes for v in state.values() if hasattr(v, "nbytes"))
+    ray.get(config["log"].add.remote(out))
+
+
+class RankLog:
+    """Where the ranks record what they measured."""
+
+    def __init__(self) -> None:
+        self.ranks: list[dict[str, Any]] = []
+
+    def add(self, out: dict[str, Any]) -> None:
+        self.ranks.append(out)
+
+    def get(self) -> list[dict[str, Any]]:
+        return sorted(self.ranks, key=lambda r: int(r["rank"]))
+
+
+def run_contender(
+    contender: str, layers: int, storage_dir: str, storage_node: str, config: TransferConfig
+) -> dict[str, Any]:
+    """One Train run of ``contender``: its row of the report."""
+    from ray.train.torch import TorchTrainer
+
+    log: Any = ray.remote(num_cpus=0)(RankLog).remote()
+    ours = contender == OURS
+    fs = air_transfer.storage_filesystem(storage_node, config, root=storage_dir) if ours else None
+    trainer = TorchTrainer(
+        dcp_loop,
+        train_loop_config={
+            "contender": contender,
+            "layers": layers,
+            "log": log,
+            "storage_node": storage_node,
+        },
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=WORLD, resources_per_worker={"CPU": 1, "rank": 1}
+        ),
+        run_config=ray.train.RunConfig(
+            name=f"dcp-{contender}", storage_path=storage_dir, storage_filesystem=fs
+        ),
+    )
+    row: dict[str, Any] = {"contender": contender, "status": "ok", "reason": None}
+    try:
+        trainer.fit()
+        ranks = ray.get(log.get.remote())
+    except Exception as e:
+        return {**row, "status": "failed", "reason": f"{type(e).__name__}: {e}"[:2000]}
+    finally:
+        ray.kill(log)
+    row["ranks"] = ranks
+    row["verified"] = len(ranks) == WORLD and all(r["verified"] for r in ranks)
+    for key in ("save_s", "restore_s", "restore_bytes", "local_temp_bytes", "state_bytes"):
+        row[key] = [r[key] for r in ranks]
+    row["save_wall_s"] = max(r["save_wall_s"] for r in ranks)
+    row["restore_wall_s"] = max(r["restore_wall_s"] for r in ranks)
+    if not row["verified"]:
+        row["status"], row["reason"] = "failed", "a restore differs from what was saved"
+    return row
+
+
+def add_restore_ratio(rows: list[dict[str, Any]]) -> None:
+    """Each row's restore bytes per rank as a fraction of Ray's recipe's."""
+    by = {r["contender"]: r for r in rows if r["status"] == "ok"}
+    base = by.get(RAY_RECIPE)
+    for r in rows:
+        r["restore_bytes_ratio_to_ray"] = (
+            [a / b for a, b in zip(r["restore_bytes"], base["restore_bytes"], strict=True)]
+            if base and r["status"] == "ok"
+            else None
+        )
+
+
+def run_dcp(opts: argparse.Namespace) -> dict[str, Any]:
+    """The ``--dcp`` run (see the module docstring); returns the JSON report."""
+    layers = layer_count(opts.dcp_mib)
+    config = TransferConfig(chunk_bytes=opts.chunk_mib * MiB, window=opts.window)
+    opts.data_dir = os.path.abspath(os.path.expanduser(opts.data_dir))
+    os.makedirs(opts.data_dir, exist_ok=True)
+    store = (opts.object_store_mb or 1024) * MiB
+    rows = []
+    with ray_session(True, opts.num_cpus, store, nodes=NODES) as how:
+        progress(f"{how}: storage on the driver's node, {WORLD} ranks on the other two; "
+                 f"{layers} layers of {SIDE}x{SIDE} (+ Adam state), sharded by hand")  # fmt: skip
+        storage_node = str(ray.get_runtime_context().get_node_id())
+        for contender in (RAY_RECIPE, OURS):
+            storage_dir = tempfile.mkdtemp(prefix="dcp-", dir=opts.data_dir)
+            progress(f"{contender}: save and restore")
+            try:
+                rows.append(run_contender(contender, layers, storage_dir, storage_node, config))
+            finally:
+                shutil.rmtree(storage_dir, ignore_errors=True)
+    add_restore_ratio(rows)
+    return {
+        "mode": "dcp",
+        "config": {
+            "model_mib": layers * (SIDE * SIDE + SIDE) * 4 / MiB,
+            "layers": layers,
+            "layer_shape": [SIDE, SIDE],
+            "optimizer": "Adam (exp_avg, exp_avg_sq per parameter)",
+            "world_size": WORLD,
+            "chunk_mib": opts.chunk_mib,
+            "state": "sharded by hand: rank r owns the layers i % 2 == r",
+            "nodes": "storage node (driver) + one node per rank, on one machine",
+            "ray_recipe_restore_bytes": "size of the directory as_directory() gave the rank",
+            "ours_restore_bytes": "storage agent's bytes_served delta, that rank loading alone",
+        },
+        "machine": machine_info(opts.data_dir),
+        "results": rows,
+    }
+
+
+def format_dcp_table(rows: list[dict[str, Any]]) -> str:
+    """Per contender: save blocking per rank, save wall, restore wall, bytes per rank."""
+    head = ("contender", "save_s r0/r1", "save_wall", "restore_wall", "restore MiB r0/r1",
+            "temp MiB r0/r1", "ok")  # fmt: skip
+    lines = ["{:<13} {:>13} {:>9} {:>12} {:>17} {:>14} {:>3}".format(*head)]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"{r['contender']:<13} {r['status']}: {r['reason']}")
+            continue
+
+        def pair(key: str, scale: float = 1.0, r: dict[str, Any] = r) -> str:
+            digits = 2 if scale == 1 else 0
+            return "/".join(f"{v / scale:.{digits}f}" for v in r[key])
+
+        lines.append(
+            f"{r['contender']:<13} {pair('save_s'):>13} {r['save_wall_s']:>9.2f} "
+            f"{r['restore_wall_s']:>12.2f} {pair('restore_bytes', MiB):>17} "
+            f"{pair('local_temp_bytes', MiB):>14} {'yes' if r['verified'] else 'NO':>3}"
+        )
+    return "\n".join(lines)
