@@ -16,7 +16,7 @@ import dataclasses
 import io
 import os
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -33,7 +33,7 @@ from air_transfer.nodes import node_agent, this_node_id
 from air_transfer.reader import ChunkFileReader, buffered
 from air_transfer.strategies import TransferStrategy, get_strategy, select_strategy
 from air_transfer.telemetry import Transfer, describe
-from air_transfer.writer import check_chunk, write_tree
+from air_transfer.writer import check_chunk, checked_chunks, write_tree
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,12 +109,15 @@ class TransferHandle:
                 metrics.chunks_verified(1, self.strategy.name)
             yield index, view
 
-    def write_to(self, target: str | os.PathLike[str]) -> str:
+    def write_to(
+        self, target: str | os.PathLike[str], check: Callable[[], None] | None = None
+    ) -> str:
         """Rebuild the checkpoint at ``target``, writing each chunk as it arrives
         (while later ones are still being packed or fetched); the target shows the
         result only once complete and verified, and an existing directory is merged
         into (the merged tree replaces it in one step). Shows progress and records
-        metrics as a transfer of phase ``read`` (``air_transfer.telemetry``)."""
+        metrics as a transfer of phase ``read`` (``air_transfer.telemetry``).
+        ``check`` is called before each chunk; what it raises ends the write."""
         transfer = Transfer(
             "read",
             strategy=self.strategy.name,
@@ -129,7 +132,7 @@ class TransferHandle:
             try:
                 return write_tree(
                     self.manifest,
-                    written,
+                    checked_chunks(written, check),
                     target,
                     self.config.verify,
                     self.config.direct_io,

@@ -18,7 +18,9 @@ the operation runs). ``pack`` and ``stream`` read a checkpoint directory that a
 worker of this node names, anywhere on this node, by design (``owner="node"`` and the
 ``streamed`` strategy serve the worker's own directories; a handle carries no root);
 ``store_checkpoint`` writes where the run's storage says, confined to the root when
-that is node storage. The root is the caller's: these confine what a filesystem
+that is node storage; ``store_report`` writes Ray Train's reports into node storage,
+confined to the root, and copies a reporting worker's directory on this node from
+wherever it is. The root is the caller's: these confine what a filesystem
 user's *paths* reach, not what a Ray client may do (any Ray task can run code on any
 node).
 
@@ -54,11 +56,12 @@ from air_transfer.packing import (
     fill_chunk,
     read_chunks_ahead,
 )
-from air_transfer.storage.disk import DiskStorage
+from air_transfer.storage.disk import DiskStorage, storage_path
 from air_transfer.storage.disk_chunks import DirectoryTransfers, FileChunks
 from air_transfer.storage.disk_reads import read_chunks
 from air_transfer.storage.disk_uploads import DiskUploads
-from air_transfer.storage.sink import store_checkpoint
+from air_transfer.storage.report_ledger import ReportLedger
+from air_transfer.storage.sink import store_checkpoint, store_report
 from air_transfer.strategies.agent_tasks import submit_plans
 
 
@@ -69,7 +72,8 @@ class NodeAgent:
     def __init__(self) -> None:
         self._packer = ChunkPacker()
         self._files = FileChunks(submit_plans)
-        self._stored = 0  # checkpoints written by store_checkpoint
+        self._stored = 0  # checkpoints written by store_checkpoint and store_report
+        self._reports = ReportLedger()
         self._directories = DirectoryTransfers(
             lambda source, config: submit_transfer(source, config.replace(owner="node"))[:2]
         )
@@ -94,6 +98,33 @@ class NodeAgent:
         stored = store_checkpoint(checkpoint, filesystem, path)
         self._stored += 1
         return stored
+
+    def store_report(
+        self,
+        worker: str,
+        source: ChunkedCheckpoint | str,
+        root: str,
+        path: str,
+        config: TransferConfig,
+    ) -> str:
+        """Store Ray Train worker ``worker``'s reported checkpoint at node-storage
+        ``path``: its transfer, or its directory on this node. Noted until Train
+        stops the worker's group (``reclaim_reports``)."""
+        src = source if isinstance(source, str) else source.handle()
+        local = storage_path(root, path)
+        stored = self._reports.store(
+            worker, local, lambda check: store_report(src, root, local, config, check)
+        )
+        self._stored += 1
+        return stored
+
+    def reclaim_reports(self, root: str, workers: list[str], tracked: list[str]) -> list[str]:
+        """Ray Train is stopping the group of ``workers``: end their reports still
+        being stored and delete the checkpoints they stored that Train does not
+        track (``tracked``); returns the paths deleted."""
+        storage = DiskStorage()
+        kept = [storage_path(root, path) for path in tracked]
+        return self._reports.reclaim(workers, kept, lambda path: storage.fs_delete_dir(root, path))
 
     def disk(self, op: str, root: str, *args: Any) -> Any:
         """Run node-storage operation ``op`` (an ``fs_*`` method of ``DiskStorage`` or

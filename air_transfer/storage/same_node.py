@@ -16,6 +16,7 @@ import contextlib
 import io
 import os
 import weakref
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import pyarrow as pa
@@ -38,7 +39,7 @@ from air_transfer.telemetry import (
     finish_soon,
     start_finisher,
 )
-from air_transfer.writer import write_tree
+from air_transfer.writer import checked_chunks, write_tree
 
 #: A writer reports its bytes to its ``Transfer`` at least this many at a time: a
 #: caller may write a few bytes per call, metrics and bars want one update per chunk.
@@ -164,7 +165,13 @@ def _discard(root: str, staging: str, file: DirectFileWriter | BinaryIO) -> None
         DiskUploads().fs_abort(root, staging)
 
 
-def copy_tree(source: str, target: str, config: TransferConfig, phase: Phase = "download") -> str:
+def copy_tree(
+    source: str,
+    target: str,
+    config: TransferConfig,
+    phase: Phase = "download",
+    check: Callable[[], None] | None = None,
+) -> str:
     """Copy the checkpoint directory ``source`` to ``target`` on this node, as a
     transfer would write it: every byte read between checks of its file against the
     scan (a file changed meanwhile is a SourceChangedError), large files written
@@ -172,7 +179,8 @@ def copy_tree(source: str, target: str, config: TransferConfig, phase: Phase = "
     directory in one step). For Ray Train's uploads and downloads on the storage node:
     the bytes never leave this process, so there is no object store to cross and no
     checksum to take. Counted as a transfer of ``phase`` (``upload`` for a report,
-    ``download`` for a restore) of node storage."""
+    ``download`` for a restore) of node storage. ``check`` is called before each
+    chunk; what it raises ends the copy, nothing published."""
     src = Source(pafs.LocalFileSystem(), source)
     scanned = scan(src, follow_symlinks=config.follow_symlinks)
     manifest = Manifest(scanned.entries, config.chunk_bytes, None)
@@ -191,7 +199,13 @@ def copy_tree(source: str, target: str, config: TransferConfig, phase: Phase = "
             (view for _, view, _ in chunks), manifest.chunk_length, verified=False
         )
         try:
-            return write_tree(manifest, views, target, verify=False, direct_io=config.direct_io)
+            return write_tree(
+                manifest,
+                checked_chunks(views, check),
+                target,
+                verify=False,
+                direct_io=config.direct_io,
+            )
         finally:
             views.close()
             chunks.close()  # type: ignore[attr-defined]
