@@ -32,9 +32,10 @@ from air_transfer.core.entry import Entry
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.scan import Source, Stamp
 from air_transfer.storage.server.chunk_cache import DirectoryTransfers, FileChunks
-from air_transfer.storage.server.metadata import DiskStorage
+from air_transfer.storage.server.metadata import DiskStorage, storage_path
 from air_transfer.storage.server.reads import read_chunks
-from air_transfer.storage.server.sink import store_checkpoint
+from air_transfer.storage.server.report_ledger import ReportLedger
+from air_transfer.storage.server.sink import store_checkpoint, store_report
 from air_transfer.storage.server.uploads import DiskUploads
 from air_transfer.transfer.handle import TransferHandle
 from air_transfer.transfer.packing_service import PackingService
@@ -59,7 +60,8 @@ class NodeAgent:
         self._directories = DirectoryTransfers(_owned_transfer)
         self._disk = DiskStorage()
         self._uploads = DiskUploads()
-        self._stored = 0  # checkpoints written by store_checkpoint
+        self._stored = 0  # checkpoints written by store_checkpoint and store_report
+        self._reports = ReportLedger()
         #: Transfers packed for another process, held until it lets go (``release``).
         self._leases: dict[str, tuple[ray.ObjectRef[Any], tuple[int, str] | None]] = {}
 
@@ -156,6 +158,26 @@ class NodeAgent:
         stored = store_checkpoint(handle, filesystem, path)
         self._stored += 1
         return stored
+
+    def store_report(
+        self, worker: str, source: Any, root: str, path: str, config: TransferConfig
+    ) -> str:
+        """Store Ray Train worker ``worker``'s reported checkpoint at node-storage
+        ``path``: its transfer (a ``ChunkedCheckpoint``), or its directory on this
+        node. Noted until Train stops the worker's group (``reclaim_reports``)."""
+        src = source if isinstance(source, str) else source.handle()
+        local = storage_path(root, path)
+        stored = self._reports.store(
+            worker, local, lambda check: store_report(src, root, local, config, check)
+        )
+        self._stored += 1
+        return stored
+
+    def reclaim_reports(self, root: str, workers: list[str], tracked: list[str]) -> list[str]:
+        """Ray Train is stopping the group of ``workers``: end their reports still
+        being stored and delete what they stored that Train does not track."""
+        kept = [storage_path(root, path) for path in tracked]
+        return self._reports.reclaim(workers, kept, lambda p: self._disk.fs_delete_dir(root, p))
 
     def directory_transfer(self, root: str, path: str, config: TransferConfig) -> list[Any]:
         """``[ref, lease]``: nested so the caller borrows the ref; the lease goes back

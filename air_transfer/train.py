@@ -13,6 +13,7 @@ its own storage: ``ray.train.report(..., checkpoint_upload_fn=checkpoint_upload_
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Any
 
@@ -26,8 +27,10 @@ from air_transfer.cluster.nodes import head_node_id, live_node_ids, this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import checked_path, storage_path
 from air_transfer.storage.client.handler import NodeStorageHandler, node_storage_handler
-from air_transfer.storage.client.same_node import copy_tree
 from air_transfer.storage.client.streams import AgentLink
+from air_transfer.storage.copy import copy_tree
+
+logger = logging.getLogger(__name__)
 
 
 def storage_filesystem(
@@ -84,38 +87,91 @@ def checkpoint_upload_fn(
 class TrainStorageHandler(NodeStorageHandler):
     """``storage_filesystem()``'s handler: node storage, plus whole-directory copies
     for Ray Train. In every process that makes or receives one (the driver, each
-    Train worker), Ray Train's checkpoint uploads and restores into and out of it go
-    through ``upload_directory``/``download_directory`` (``_ray.install_train_hooks``)
-    rather than pyarrow's file-by-file copy: one chunked transfer, pipelined, written
-    by the verified ``O_DIRECT`` writer and published whole."""
+    Train worker, the controller), Ray Train's checkpoint uploads and restores into
+    and out of it go through ``upload_directory``/``download_directory``
+    (``_ray.install_train_hooks``) rather than pyarrow's file-by-file copy: one
+    chunked transfer, pipelined, written by the verified ``O_DIRECT`` writer and
+    published whole; and ``reclaim_reports`` deletes what a stopped round stored."""
 
     def __init__(
         self, node_id: str | None, root: str = "/", config: TransferConfig | None = None
     ) -> None:
         super().__init__(node_id, root, config)
-        _ray.install_train_hooks(upload_directory, download_directory)
+        _ray.install_train_hooks(upload_directory, download_directory, reclaim_reports)
 
 
-def upload_directory(filesystem: pafs.FileSystem, path: str, checkpoint: Checkpoint) -> Any:
+def upload_directory(
+    filesystem: pafs.FileSystem, path: str, checkpoint: Checkpoint, worker: str = ""
+) -> Any:
     """Store ``checkpoint`` (a local directory) at ``path`` of a node storage
-    ``filesystem`` as Ray Train's report does; None for anything else (Ray copies).
+    ``filesystem`` as Ray Train's report does, for Train worker ``worker`` (its actor
+    id); None for anything else (Ray copies), and for a directory holding a symlink:
+    Ray's copy stores what each link points to, and skips a dangling one.
 
-    On the storage node: a local copy (``same_node.copy_tree``). Elsewhere: packed
-    by this node's agent while the storage node's agent writes what is packed so far.
+    Written by the storage node's agent, which notes it under ``worker`` until Train
+    stops the worker's group (``reclaim_reports``): from this node's disk if that is
+    the storage node, else packed by this node's agent while the storage node's
+    agent writes what is packed so far.
     """
     handler = node_storage_handler(filesystem)
     if handler is None or not isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
         return None
     source = os.path.abspath(checkpoint.path)
-    if not os.path.isdir(source):
+    if not os.path.isdir(source) or holds_symlink(source):
         return None
+    config = handler.config
     if ray.is_initialized() and handler.node_id == this_node_id():
-        copy_tree(source, path, handler.config, "upload", root=handler.root)
+        handler.link.call(
+            lambda agent: agent.store_report(worker, source, handler.root, path, config)
+        )
     else:
-        future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(handler.config)
-        handler.link.call(lambda agent: agent.store_checkpoint(future.ref, filesystem, path))
+        future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(config)
+        handler.link.call(
+            lambda agent: agent.store_report(worker, future.ref, handler.root, path, config)
+        )
         future.result()
     return Checkpoint(path, filesystem=filesystem)
+
+
+def holds_symlink(directory: str) -> bool:
+    """Whether the tree under ``directory`` holds a symlink (not followed)."""
+    pending = [directory]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    return True
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+    return False
+
+
+def reclaim_reports(filesystem: pafs.FileSystem, workers: list[str], tracked: list[str]) -> None:
+    """Ray Train is stopping the group of ``workers``: have the storage node's agent
+    end their reports into node storage ``filesystem`` still being stored and delete
+    those Train does not track (``tracked``: the paths it keeps). A failure is
+    logged: Train goes on, and the orphans stay, as they would without the hooks."""
+    handler = node_storage_handler(filesystem)
+    if handler is None or not workers:
+        return
+    try:
+        deleted = handler.link.call(
+            lambda agent: agent.reclaim_reports(handler.root, workers, tracked)
+        )
+    except Exception as e:  # a cleanup: never fail Train's shutdown of the group
+        logger.warning(
+            "air-transfer: could not delete the checkpoints of a stopped Ray Train round "
+            "from node storage (%s: %s); they stay in storage",
+            type(e).__name__,
+            e,
+        )
+        return
+    if deleted:
+        logger.info(
+            "air-transfer: deleted %d checkpoint(s) Ray Train stopped before registering: %s",
+            len(deleted),
+            ", ".join(deleted),
+        )
 
 
 def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) -> bool:

@@ -59,7 +59,8 @@ def train_func(config: dict[str, Any]) -> None:
                 "sha256": hashlib.sha256(weights.tobytes()).hexdigest(),
                 "node": ray.get_runtime_context().get_node_id(),
             }
-            # Returns once the checkpoint is stored on the storage node's disk.
+            # Returns once the checkpoint is on the storage node's disk and Train
+            # has registered it: a failure from here on resumes from it.
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
         if checkpoint is None and epoch == 0:
             raise RuntimeError("simulated crash after the first checkpoint")

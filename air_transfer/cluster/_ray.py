@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,13 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("ray.train._checkpoint", "_download_from_fs_path"),
     ("ray._private.worker", "global_worker"),
     ("ray._raylet", "CoreWorker.get_all_reference_counts"),
+    ("ray.train.v2._internal.execution.context", "TrainContext.report"),
+    ("ray.train.v2._internal.execution.context", "TrainContext.get_all_reported_checkpoints"),
+    (
+        "ray.train.v2._internal.execution.checkpoint.checkpoint_manager",
+        "CheckpointManager.before_worker_group_shutdown",
+    ),
+    ("ray.train.v2._internal.execution.worker_group.worker_group", "WorkerGroup.get_workers"),
 )
 #: Keyword of ``.options()`` that bounds how far a streaming generator runs ahead of
 #: its consumer (Ray's own streaming ``DataIterator`` uses it); not in the public docs.
@@ -101,17 +109,26 @@ def checkpoint_uuid(checkpoint: Any) -> uuid.UUID:
 #: Set to 0 to keep Ray Train's own pyarrow copies for node storage (see below).
 TRAIN_HOOKS_ENV = "AIR_TRANSFER_TRAIN_HOOKS"
 _train_hooks_installed = False
+#: Whether this thread's last checkpoint persist went through ``upload`` (a ``SYNC``
+#: report persists in the thread that reports).
+_uploaded_here = threading.local()
 
-#: ``upload(filesystem, checkpoint_path, checkpoint)``: the persisted checkpoint, or
-#: None to let Ray Train copy it itself.
-Upload = Callable[[Any, str, Any], Any]
+#: ``upload(filesystem, checkpoint_path, checkpoint, worker)``: the persisted
+#: checkpoint, or None to let Ray Train copy it itself. ``worker``: the reporting
+#: worker's actor id.
+Upload = Callable[[Any, str, Any, str], Any]
 #: ``download(filesystem, path, local_path)``: True if it copied the directory.
 Download = Callable[[Any, str, str], bool]
+#: ``reclaim(filesystem, workers, tracked)``: Ray Train is stopping the group of
+#: ``workers`` (actor ids); what their reports stored into ``filesystem`` and is not
+#: in ``tracked`` (the checkpoint paths Train keeps) is an orphan.
+Reclaim = Callable[[Any, list[str], list[str]], None]
 
 
-def install_train_hooks(upload: Upload, download: Download) -> bool:
-    """Route Ray Train's checkpoint copies through ``upload`` and ``download`` (once
-    per process; True if installed now or before).
+def install_train_hooks(upload: Upload, download: Download, reclaim: Reclaim) -> bool:
+    """Route Ray Train's checkpoint copies through ``upload`` and ``download``, and
+    tell ``reclaim`` when a worker group stops (once per process; True if installed
+    now or before).
 
     Ray Train reports a checkpoint by copying its directory with
     ``pyarrow.fs.copy_files`` into the run's storage filesystem
@@ -122,9 +139,18 @@ def install_train_hooks(upload: Upload, download: Download) -> bool:
     (``checkpoint_upload_fn`` must be passed to every ``report``), so for a storage
     filesystem that recognises the directory (``node_storage``) these two functions
     are wrapped: each asks ``upload``/``download`` first and falls back to Ray's own
-    code for every other filesystem, every file, and whenever they decline. Setting
-    ``AIR_TRANSFER_TRAIN_HOOKS=0`` leaves Ray untouched. A Ray without these names
-    (pinned by a test) keeps its own copies, and that is logged once.
+    code for every other filesystem, every file, and whenever they decline.
+
+    Train registers a checkpoint only once every worker's report of its round has
+    reached the controller, and a failure of one worker stops the group whatever the
+    others are still reporting (ray-project/ray#41700). So a ``SYNC`` report whose
+    checkpoint ``upload`` stored returns only once Train has registered it
+    (``get_all_reported_checkpoints(COMMITTED)``, at the controller's next poll),
+    and the controller calls ``reclaim`` before it stops a group
+    (``CheckpointManager.before_worker_group_shutdown``), knowing what it tracks.
+
+    Setting ``AIR_TRANSFER_TRAIN_HOOKS=0`` leaves Ray untouched. A Ray without these
+    names (pinned by a test) keeps its own copies, and that is logged once.
     """
     global _train_hooks_installed
     if _train_hooks_installed:
@@ -133,12 +159,23 @@ def install_train_hooks(upload: Upload, download: Download) -> bool:
         return False
     try:
         from ray.train import _checkpoint as checkpoint_module
+        from ray.train.v2._internal.execution import context as context_module
         from ray.train.v2._internal.execution import storage as storage_module
+        from ray.train.v2._internal.execution.checkpoint import (
+            checkpoint_manager as manager_module,
+        )
+        from ray.train.v2.api.report_config import CheckpointConsistencyMode
 
-        storage: Any = storage_module  # private names, untyped on purpose
+        # Private names, untyped on purpose.
+        storage: Any = storage_module
         _checkpoint: Any = checkpoint_module
+        context: Any = context_module
+        manager: Any = manager_module
         original_persist = storage.StorageContext.persist_current_checkpoint
         original_download = _checkpoint._download_from_fs_path
+        original_report = context.TrainContext.report
+        original_stop = manager.CheckpointManager.before_worker_group_shutdown
+        committed = CheckpointConsistencyMode.COMMITTED
     except (ImportError, AttributeError) as e:
         logger.warning(
             "air-transfer: Ray Train's checkpoint copies cannot be routed through "
@@ -150,10 +187,20 @@ def install_train_hooks(upload: Upload, download: Download) -> bool:
     @functools.wraps(original_persist)
     def persist_current_checkpoint(self: Any, checkpoint: Any, checkpoint_dir_name: str) -> Any:
         path = self.build_checkpoint_path_from_name(checkpoint_dir_name)
-        persisted = upload(self.storage_filesystem, path, checkpoint)
+        worker = ray.get_runtime_context().get_actor_id() or ""
+        persisted = upload(self.storage_filesystem, path, checkpoint, worker)
         if persisted is None:
             return original_persist(self, checkpoint, checkpoint_dir_name)
+        _uploaded_here.value = True
         return persisted
+
+    @functools.wraps(original_report)
+    def report(self: Any, *args: Any, **kwargs: Any) -> None:
+        _uploaded_here.value = False
+        original_report(self, *args, **kwargs)
+        if _uploaded_here.value:  # a SYNC report, stored by upload
+            _uploaded_here.value = False
+            self.get_all_reported_checkpoints(consistency_mode=committed)
 
     @functools.wraps(original_download)
     def download_from_fs_path(
@@ -162,8 +209,28 @@ def install_train_hooks(upload: Upload, download: Download) -> bool:
         if not download(fs, fs_path, local_path):
             original_download(fs, fs_path, local_path, filelock)
 
+    @functools.wraps(original_stop)
+    def before_worker_group_shutdown(self: Any, worker_group: Any) -> None:
+        original_stop(self, worker_group)
+        try:
+            results = [*self._checkpoint_results, self._latest_checkpoint_result]
+            results += [result for result, _ in self._pending_training_results.values()]
+            tracked = sorted({r.checkpoint.path for r in results if r is not None})
+            workers = [w.actor._actor_id.hex() for w in worker_group.get_workers()]
+            filesystem = self._storage_context.storage_filesystem
+        except AttributeError as e:  # instance attributes: not pinned by the test
+            logger.warning(
+                "air-transfer: cannot read what Ray Train tracks (%s); checkpoints of "
+                "a stopped round are left in storage, as by Ray itself",
+                e,
+            )
+            return
+        reclaim(filesystem, workers, tracked)
+
     storage.StorageContext.persist_current_checkpoint = persist_current_checkpoint
+    context.TrainContext.report = report
     _checkpoint._download_from_fs_path = download_from_fs_path
+    manager.CheckpointManager.before_worker_group_shutdown = before_worker_group_shutdown
     _train_hooks_installed = True
     logger.debug("air-transfer: Ray Train's checkpoint copies go through node storage")
     return True

@@ -134,6 +134,21 @@ class AgentClient:
         ref: Ref = self.actor.store_checkpoint.remote(checkpoint, filesystem, path)
         return ref
 
+    def store_report(
+        self, worker: str, source: Any, root: str, path: str, config: TransferConfig
+    ) -> ray.ObjectRef[str]:
+        """Store Ray Train worker ``worker``'s report (a transfer's ref, resolved by
+        Ray, or a directory on the storage node) at node-storage ``path``."""
+        ref: ray.ObjectRef[str] = self.actor.store_report.remote(worker, source, root, path, config)
+        return ref
+
+    def reclaim_reports(
+        self, root: str, workers: list[str], tracked: list[str]
+    ) -> ray.ObjectRef[list[str]]:
+        """End the stopped ``workers``' reports and delete what Train does not track."""
+        ref: ray.ObjectRef[list[str]] = self.actor.reclaim_reports.remote(root, workers, tracked)
+        return ref
+
     def directory_transfer(self, root: str, path: str, config: TransferConfig) -> Ref:
         """A transfer of the node-storage directory ``path``, shared by readers:
         ``[checkpoint ref, lease]`` (nested, so the caller borrows the ref)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 from air_transfer.core.checksum import chunk_checksum
@@ -96,6 +96,19 @@ def _check_before_writing(manifest: Manifest, site: Site, target: str) -> None:
         site.recover_locked()
         if _existing_target(target):
             check_merge(manifest, target)
+
+
+def checked_chunks(chunks: Iterable[Any], check: Callable[[], None] | None) -> Iterable[Any]:
+    """``chunks``, calling ``check()`` before each: a writer that must give up when
+    told to (a report of a stopped Ray Train worker group) raises from it, and so
+    publishes nothing."""
+    return chunks if check is None else _checked(chunks, check)
+
+
+def _checked(chunks: Iterable[Any], check: Callable[[], None]) -> Iterator[Any]:
+    for chunk in chunks:
+        check()
+        yield chunk
 
 
 def _existing_target(target: str) -> bool:

@@ -127,7 +127,7 @@ def _make_registry() -> _Registry:
 def _get() -> _Registry | None:
     """The registry, made on first use; None when off, when it cannot be made, or
     outside a Ray session: making or recording a metric would start one (a Ray-free
-    caller of a transfer, e.g. ``same_node.copy_tree``, must never start Ray)."""
+    caller of a transfer, e.g. ``copy.copy_tree``, must never start Ray)."""
     global _registry, _broken
     if not ray.is_initialized():
         return None

@@ -16,7 +16,7 @@ import dataclasses
 import io
 import os
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -31,7 +31,7 @@ from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.reader import ChunkFileReader, buffered
 from air_transfer.core.scan import Source, scan
-from air_transfer.core.writer import check_chunk, write_tree
+from air_transfer.core.writer import check_chunk, checked_chunks, write_tree
 from air_transfer.errors import CheckpointLostError, ChecksumError
 from air_transfer.observe import metrics
 from air_transfer.observe.telemetry import Transfer, describe
@@ -121,12 +121,19 @@ class TransferHandle:
                 metrics.chunks_verified(1, self.strategy.name)
             yield index, view
 
-    def write_to(self, target: str | os.PathLike[str], *, follow_target: bool = True) -> str:
+    def write_to(
+        self,
+        target: str | os.PathLike[str],
+        check: Callable[[], None] | None = None,
+        *,
+        follow_target: bool = True,
+    ) -> str:
         """Rebuild the checkpoint at ``target``, writing each chunk as it arrives
         (while later ones are still being packed or fetched); the target shows the
         result only once complete and verified, and an existing directory is merged
         into (the merged tree replaces it in one step). Shows progress and records
         metrics as a transfer of phase ``read`` (``air_transfer.observe.telemetry``).
+        ``check`` is called before each chunk; what it raises ends the write.
         ``follow_target``: as for ``writer.write_tree``."""
         transfer = Transfer(
             "read",
@@ -142,7 +149,7 @@ class TransferHandle:
             try:
                 return write_tree(
                     self.manifest,
-                    written,
+                    checked_chunks(written, check),
                     target,
                     self.config.verify,
                     self.config.direct_io,

@@ -10,6 +10,7 @@ by the worker that wrote the checkpoint.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -26,7 +27,7 @@ from air_transfer import TransferConfig
 from air_transfer.storage.client.handler import node_storage_handler
 from tests.support.checkpoints import MiB, digest_tree
 from tests.support.cluster import node_ids
-from tests.support.train_fns import train_loop, tune_trainable
+from tests.support.train_fns import report_directory, train_loop, tune_trainable
 
 pytestmark = pytest.mark.usefixtures("cluster")
 CONFIG = TransferConfig(chunk_bytes=MiB, window=4)
@@ -216,3 +217,57 @@ def test_restores_on_other_nodes_share_one_transfer(
     assert after["transfers_packed"] - before["transfers_packed"] == 1
     assert after["bytes_read"] - before["bytes_read"] == size  # read from disk once
     assert after["bytes_served"] - before["bytes_served"] == 2 * size  # to each reader
+
+
+def stored_tree(root: Path) -> dict[str, tuple[str, str]]:
+    """relative path -> (kind, sha256 of a file's bytes or a link's target)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            out[rel] = ("symlink", os.readlink(path))
+        elif path.is_dir():
+            out[rel] = ("dir", "")
+        else:
+            out[rel] = ("file", hashlib.sha256(path.read_bytes()).hexdigest())
+    return out
+
+
+def test_a_checkpoint_holding_symlinks_is_stored_as_rays_own_copy_stores_it(
+    tmp_path: Path, fs: pafs.FileSystem
+) -> None:
+    """A reported checkpoint holding a symlink to a file outside it failed the report
+    under the hooks (ManifestError), where Ray's own copy stores the file. Reported
+    from another node into node storage, it is stored exactly as Ray's own path
+    stores it into a local filesystem: every link replaced by what it points to
+    (a file, a directory), a dangling one left out."""
+    outside = tmp_path / "outside"
+    (outside / "d").mkdir(parents=True)
+    (outside / "f").write_bytes(b"outside file")
+    (outside / "d" / "g").write_bytes(b"in a directory outside")
+    source = tmp_path / "source"
+    (source / "sub").mkdir(parents=True)
+    (source / "a").write_bytes(b"a")
+    (source / "sub" / "b").write_bytes(b"b")
+    (source / "to_outside_file").symlink_to(os.path.relpath(outside / "f", source))
+    (source / "sub" / "absolute_to_outside").symlink_to(outside / "f")
+    (source / "to_outside_dir").symlink_to(outside / "d")
+    (source / "to_inside_file").symlink_to("a")
+    (source / "dangling").symlink_to("nowhere")
+    stored = {}
+    for name, filesystem in (("ray-local", None), ("storage_filesystem", fs)):
+        trainer = DataParallelTrainer(
+            report_directory,
+            train_loop_config={"source": str(source)},
+            scaling_config=ray.train.ScalingConfig(num_workers=1, resources_per_worker=ON_NODE_A),
+            run_config=ray.train.RunConfig(
+                name=name, storage_path=str(tmp_path / name), storage_filesystem=filesystem
+            ),
+        )
+        checkpoint = trainer.fit().checkpoint
+        assert checkpoint is not None
+        stored[name] = stored_tree(Path(checkpoint.path))
+    assert stored["storage_filesystem"] == stored["ray-local"]
+    file_digest = hashlib.sha256(b"outside file").hexdigest()
+    assert stored["ray-local"]["to_outside_file"] == ("file", file_digest)
+    assert stored["ray-local"]["to_outside_dir/g"][0] == "file"

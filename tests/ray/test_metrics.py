@@ -26,9 +26,10 @@ from air_transfer.cluster.nodes import node_agent
 from air_transfer.config import KiB
 from air_transfer.observe import metrics, telemetry
 from air_transfer.storage.client.handler import node_storage_handler
-from air_transfer.storage.client.same_node import SameNodeWriter, copy_tree
+from air_transfer.storage.client.same_node import SameNodeWriter
 from air_transfer.storage.client.streams import open_reader
 from air_transfer.storage.client.uploads import ChunkWriter
+from air_transfer.storage.copy import copy_tree
 from air_transfer.storage.server.uploads import DiskUploads
 from tests.support.metrics import P, baseline, key, scrape, start_ray, wait_for_counts
 from tests.support.rewriters import RewriteOnce, install_in_agent

@@ -75,3 +75,40 @@ def tune_trainable(config: dict[str, Any]) -> None:
         shutil.rmtree(d)
         restored = {}
         _fail_once(config, step)
+
+
+def ranked_loop(config: dict[str, Any]) -> None:
+    """A data-parallel loop: rank 0 reports a checkpoint each step, the other ranks
+    metrics only, and rank ``fail_rank`` raises once right after its report of step
+    ``fail_after``. Every report says which step the run resumed from; in the first
+    attempt rank 0 leaves a file in ``returned_dir`` for each report that returned
+    (with ``mode="ASYNC"``, once Train has registered it)."""
+    checkpoint = ray.train.get_checkpoint()
+    start, restored = _restored(checkpoint)
+    rank = ray.train.get_context().get_world_rank()
+    mode = ray.train.CheckpointUploadMode[config.get("mode", "SYNC")]
+    for step in range(start, config["steps"]):
+        metrics = {"step": step, "restored_step": restored.get("restored_step")}
+        if rank == 0:
+            d, digests = _step_checkpoint(step, config["size"])
+            ray.train.report(
+                {**metrics, "digests": digests},
+                checkpoint=ray.train.Checkpoint.from_directory(d),
+                checkpoint_upload_mode=mode,
+            )
+            if mode == ray.train.CheckpointUploadMode.SYNC:
+                shutil.rmtree(d)
+            else:  # Ray deletes the directory once uploaded
+                committed = ray.train.CheckpointConsistencyMode.COMMITTED
+                ray.train.get_all_reported_checkpoints(consistency_mode=committed)
+            if checkpoint is None:
+                Path(config["returned_dir"], str(step)).touch()
+        else:
+            ray.train.report(metrics)
+        if rank == config["fail_rank"]:
+            _fail_once(config, step)
+
+
+def report_directory(config: dict[str, Any]) -> None:
+    """Report the directory ``config["source"]`` as it is, once."""
+    ray.train.report({}, checkpoint=ray.train.Checkpoint.from_directory(config["source"]))

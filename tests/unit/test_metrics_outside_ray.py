@@ -20,7 +20,7 @@ def _source(root: Path, sizes: list[int]) -> tuple[Path, int]:
 
 def test_recording_outside_ray_never_starts_ray(tmp_path: Path) -> None:
     """Regression: a transfer recorded in a process without a Ray session (a Train
-    copy through ``same_node.copy_tree`` in a plain script) started a local Ray
+    copy through ``copy.copy_tree`` in a plain script) started a local Ray
     instance to make its metrics. A subprocess: a fresh interpreter, with no Ray
     this test process might have."""
     src, _ = _source(tmp_path / "src", [100 * KiB])
@@ -28,7 +28,7 @@ def test_recording_outside_ray_never_starts_ray(tmp_path: Path) -> None:
 import ray
 from air_transfer import TransferConfig
 from air_transfer.observe import telemetry
-from air_transfer.storage.client.same_node import copy_tree
+from air_transfer.storage.copy import copy_tree
 copy_tree({str(src)!r}, {str(tmp_path / "out")!r}, TransferConfig(), "upload")
 telemetry.Transfer("read", strategy="x", total=1, desc="x").start().finish()
 assert not ray.is_initialized(), "Ray was started"

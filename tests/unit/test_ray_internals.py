@@ -70,9 +70,24 @@ TRAIN_HOOKS = """
 from ray.train import _checkpoint
 from ray.train.v2._internal.execution import storage
 from air_transfer.cluster import _ray
-before = (storage.StorageContext.persist_current_checkpoint, _checkpoint._download_from_fs_path)
-installed = _ray.install_train_hooks(lambda fs, path, ckpt: None, lambda fs, path, local: False)
-after = (storage.StorageContext.persist_current_checkpoint, _checkpoint._download_from_fs_path)
+from ray.train.v2._internal.execution import context
+from ray.train.v2._internal.execution.checkpoint import checkpoint_manager
+def hooked():
+    return (
+        storage.StorageContext.persist_current_checkpoint,
+        _checkpoint._download_from_fs_path,
+        context.TrainContext.report,
+        checkpoint_manager.CheckpointManager.before_worker_group_shutdown,
+    )
+before = hooked()
+installed = _ray.install_train_hooks(
+    lambda fs, path, ckpt, worker: None,
+    lambda fs, path, local: False,
+    lambda fs, workers, tracked: None,
+)
+after = hooked()
+changed = [b != a for b, a in zip(before, after)]
+assert all(changed) or not any(changed), changed
 print(installed, before == after)
 """
 

@@ -1,0 +1,88 @@
+"""Node storage, the storage-node side: the checkpoint directories Ray Train's
+reports store on this node, noted by worker until Train stops that worker's group.
+
+Ray Train registers a reported checkpoint only once every worker's report of that
+round has reached its controller. When a worker fails first, the controller stops
+the whole group, and a checkpoint another worker was still storing stays in storage,
+tracked by nobody (ray-project/ray#41700); here the storage node's agent would even
+finish it after its worker is gone. So the agent stores each hooked report through
+``ReportLedger.store``, which notes the path under the worker, and the controller,
+about to stop a group, calls ``reclaim``: it fences the group's workers (a store of
+theirs still running stops at its next chunk, a later one is refused), waits for
+their stores to end, and deletes what they stored that Train does not track.
+
+Runs in the storage node's agent, which keeps the notes for its lifetime. Plain
+Python: unit-tested without Ray.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Collection
+
+
+class GroupStoppedError(RuntimeError):
+    """A report of a worker whose group Ray Train has stopped: not stored."""
+
+
+class ReportLedger:
+    """Which checkpoint paths each worker's reports stored, and which workers'
+    groups have been stopped."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._stored: dict[str, set[str]] = {}  # worker -> paths stored or being stored
+        self._running: Counter[str] = Counter()  # worker -> stores in flight
+        self._fenced: set[str] = set()
+
+    def store(self, worker: str, path: str, write: Callable[[Callable[[], None]], str]) -> str:
+        """Run ``write(check)`` for ``worker``'s report into ``path``, noted first (a
+        write that fails midway leaves nothing, its note is harmless). ``check()``
+        raises GroupStoppedError once the worker's group is stopped: the write calls
+        it between chunks. Raises GroupStoppedError at once if it already is."""
+
+        def check() -> None:
+            if worker in self._fenced:
+                raise GroupStoppedError(
+                    f"Ray Train stopped the worker group of {worker}; its report into "
+                    f"{path!r} is not stored"
+                )
+
+        with self._changed:
+            check()
+            self._stored.setdefault(worker, set()).add(path)
+            self._running[worker] += 1
+        try:
+            return write(check)
+        finally:
+            with self._changed:
+                self._running[worker] -= 1
+                if not self._running[worker]:
+                    del self._running[worker]
+                self._changed.notify_all()
+
+    def reclaim(
+        self,
+        workers: Collection[str],
+        tracked: Collection[str],
+        delete: Callable[[str], None],
+    ) -> list[str]:
+        """Fence ``workers``, wait for their stores to end, and ``delete`` each path
+        they stored that is not in ``tracked``; returns the paths deleted, sorted
+        (one already gone, pruned by Train or never published, is skipped). Their
+        notes are dropped."""
+        with self._changed:
+            self._fenced.update(workers)
+            self._changed.wait_for(lambda: not any(self._running[w] for w in workers))
+            stored: set[str] = set()
+            for w in workers:
+                stored |= self._stored.pop(w, set())
+        deleted = []
+        for path in sorted(stored - set(tracked)):
+            try:
+                delete(path)
+            except FileNotFoundError:
+                continue
+            deleted.append(path)
+        return deleted
