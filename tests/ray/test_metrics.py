@@ -30,7 +30,6 @@ from air_transfer.storage.client.same_node import SameNodeWriter
 from air_transfer.storage.client.streams import open_reader
 from air_transfer.storage.client.uploads import ChunkWriter
 from air_transfer.storage.copy import copy_tree
-from air_transfer.storage.server.uploads import DiskUploads
 from tests.support.metrics import P, baseline, key, scrape, start_ray, wait_for_counts
 from tests.support.rewriters import RewriteOnce, install_in_agent
 from tests.support.waiting import eventually
@@ -271,9 +270,11 @@ def test_node_storage_counts_what_it_moves(endpoint: str, tmp_path: Path) -> Non
         assert reader.read() == wire
     copy_tree(str(src), str(tmp_path / "copied"), config, "upload")
     bad = str(tmp_path / "bad.bin")  # dropped unclosed (copy_files whose source failed)
-    staging, start, expect = DiskUploads().fs_open_write(str(tmp_path), bad, False)
+    staging, start, expect = handler.link.call(
+        lambda agent: agent.fs_open_write(handler.root, bad, False)
+    )
     dropped = SameNodeWriter(
-        str(tmp_path), bad, staging, start, expect, config, handler._upload(bad)
+        handler.link, bad, staging, start, expect, config, handler._upload(bad)
     )
     dropped.write(b"x" * 100)
     del dropped
