@@ -11,8 +11,6 @@ exchange is finished or rolled back by the next one.
 Paths come only from a validated Manifest, never from the chunk bytes: no tar, nothing
 that follows ``..`` or a symlink out of the target (Ray Tune's tar unpacking does:
 ray-project/ray#65670), checked against the target as it is on disk too.
-
-Plain Python: unit-tested without Ray.
 """
 
 from __future__ import annotations
