@@ -29,9 +29,13 @@ def _restored(checkpoint: Any) -> tuple[int, dict[str, Any]]:
     """The step to start from and what to report about the restored checkpoint."""
     if checkpoint is None:
         return 0, {}
-    with checkpoint.as_directory() as d:
-        step = json.loads((Path(d) / "state.json").read_text())["step"]
-        digests = digest_tree(d)
+    # A directory of this rank's own: on a mock cluster every "node" shares one disk,
+    # and Ray's default restore path (``as_directory``) is the same for both ranks, so
+    # one rank could find it locked by the other (``TempFileLock(timeout=0)``).
+    d = checkpoint.to_directory(tempfile.mkdtemp(prefix="restore-"))
+    step = json.loads((Path(d) / "state.json").read_text())["step"]
+    digests = digest_tree(d)
+    shutil.rmtree(d, ignore_errors=True)
     info = {"restored_step": step, "restored_digests": digests, "restored_path": checkpoint.path}
     return step + 1, info
 
