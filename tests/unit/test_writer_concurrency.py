@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,27 @@ from tests.support.writer_procs import TIMEOUT, Child, put_files, tree_of
 
 TAGS, ROUNDS = ("t0", "t1", "t2"), 3
 
+
+
+def write_at_once(manifests: dict[str, list[Any]], target: Path) -> list[BaseException]:
+    """One thread per writer, released together, each writing its manifests into
+    ``target`` in turn; what any of them raised."""
+    start, errors = threading.Barrier(len(manifests)), []
+
+    def run(tag: str) -> None:
+        try:
+            start.wait(timeout=TIMEOUT)
+            for manifest, chunks in manifests[tag]:
+                write_tree(manifest, chunks, target)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(tag,)) for tag in manifests]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=TIMEOUT)
+    return errors
 
 def assert_all_merged(target: Path, keep: bool, tags: tuple[str, ...] = TAGS) -> None:
     """Every writer's last round is in, whole; ``common`` is one writer's."""
@@ -40,21 +62,7 @@ def test_concurrent_merges_in_threads_each_publish_whole(tmp_path: Path, keep: b
     if keep:
         put_files(target, {"keep": b"mine"})
     manifests = {tag: [build_manifest(race_files(tag, r)) for r in range(ROUNDS)] for tag in TAGS}
-    start, errors = threading.Barrier(len(TAGS)), []
-
-    def run(tag: str) -> None:
-        try:
-            start.wait(timeout=TIMEOUT)
-            for manifest, chunks in manifests[tag]:
-                write_tree(manifest, chunks, target)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(tag,)) for tag in TAGS]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=TIMEOUT)
+    errors = write_at_once(manifests, target)
     assert not errors, errors
     assert_all_merged(target, keep)
 
@@ -137,21 +145,7 @@ def test_concurrent_writers_of_one_target_each_publish_a_whole_version(tmp_path:
         f"w{k}": [build_manifest(version(f"w{k}", r)) for r in range(WRITES)]
         for k in range(WRITERS)
     }
-    start, errors = threading.Barrier(WRITERS), []
-
-    def run(tag: str) -> None:
-        try:
-            start.wait(timeout=TIMEOUT)
-            for manifest, chunks in manifests[tag]:
-                write_tree(manifest, chunks, target)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(tag,)) for tag in manifests]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=TIMEOUT)
+    errors = write_at_once(manifests, target)
     assert not errors, errors
     last = [tree_of(version(tag, WRITES - 1)) for tag in manifests]
     assert file_contents(target) in last
