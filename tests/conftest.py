@@ -5,6 +5,7 @@ that every contract test runs over it as well."""
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,23 @@ from tests.support.procs import REPO_ROOT
 # Train runs. Set before any Ray starts here, so every Ray process (and every child
 # process: the bench's and the demo's) inherits it.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+
+# The suite runs in parallel processes (pytest-xdist, the README's command): each gets a
+# Ray temp directory of its own, where Ray keeps its sockets, its sessions and the
+# address a plain ``ray.init()`` would attach to, so that one process's Ray (a mock
+# cluster, a bench subprocess's) never meets another's.
+if _worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    _ray_tmp = os.path.join(os.environ.get("RAY_TMPDIR", tempfile.gettempdir()), f"ray-{_worker}")
+    os.makedirs(_ray_tmp, exist_ok=True)
+    os.environ["RAY_TMPDIR"] = _ray_tmp
+
+# Ray Train's placement-group cleaner asks the State API (the dashboard's HTTP server)
+# every second whether the run's controller lives, and removes the run's placement
+# group, killing its workers, when the answer does not list it: with two Ray instances
+# on one machine, or a GCS slow to answer, a live controller was once taken for dead.
+# The tests' clusters run no dashboard; point the State API at nothing, so that the
+# cleaner's query fails and it keeps watching, as it does where no dashboard is.
+os.environ.setdefault("RAY_API_SERVER_ADDRESS", "http://127.0.0.1:9")
 
 # Workers unpickle the strategy stored in a transfer handle: ship its code by value
 # rather than relying on the tests package being importable there.

@@ -13,6 +13,9 @@ from air_transfer.cluster.agent_client import AgentClient
 NOT_IN_CLIENT = {"node_id", "disk_read"}
 #: Client arguments the agent does not take: how the call is made, not what it does.
 CALL_OPTIONS = {"window"}
+#: What Ray adds to every actor method's signature once the class has been made an
+#: actor in this process (its tracing context): not a parameter of ours.
+RAY_ADDED = {"_ray_trace_ctx"}
 
 
 def _public(cls: type) -> dict[str, inspect.Signature]:
@@ -31,7 +34,7 @@ def test_every_agent_method_has_a_client_method_and_back() -> None:
 def test_client_methods_take_the_agents_parameters() -> None:
     agent, client = _public(NodeAgent), _public(AgentClient)
     for name, signature in client.items():
-        theirs = [p for p in agent[name].parameters if p != "self"]
+        theirs = [p for p in agent[name].parameters if p not in ("self", *RAY_ADDED)]
         ours = [p for p in signature.parameters if p not in ("self", *CALL_OPTIONS)]
         if name == "packed":  # the agent takes the checksums spread, the client a list
             assert theirs == ["checksums"] and ours == ["checksums"], name

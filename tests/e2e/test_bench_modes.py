@@ -1,0 +1,81 @@
+"""The bench's other modes as smoke runs (each in a subprocess, with its own Ray):
+``--train``, ``--readers`` and ``--dcp``, every transfer verified, no timing asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.bench_cli import RESULT_KEYS, run_bench_cli
+from tests.support.procs import REPO_ROOT, child_env
+
+
+def test_train_mode_reports_and_restores_verified_against_both_floors(tmp_path: Path) -> None:
+    """``--train``: every path and floor measured, every stored and restored
+    checkpoint verified, each Train row held against its floor."""
+    from benchmarks.bench.train_path import ROWS
+
+    report, proc = run_bench_cli(tmp_path, "--train", "--no-warmup")
+    assert report["mode"] == "train"
+    rows = {r["contender"]: r for r in report["results"]}
+    assert list(rows) == list(ROWS)
+    for name, r in rows.items():
+        assert set(r) >= {*RESULT_KEYS, "floor", "ratio_to_floor", "ratio_to_raw"}
+        assert r["status"] == "ok" and r["verified"] is True, r
+        assert len(r["seconds"]) == 1 and r["median_s"] > 0
+        assert r["floor"] == ROWS[name]
+        assert (r["ratio_to_floor"] is None) == (ROWS[name] is None), r
+    assert rows["report/other-node"]["floor"] == "raw"
+    assert rows["restore/storage-node"]["floor"] == "cp-direct"
+    assert "x_floor" in proc.stdout and "report/local-fs" in proc.stdout
+    assert not any((tmp_path / "data").glob("*")), "--clean left cached data behind"
+
+
+def test_readers_mode_reads_the_storage_disk_once(tmp_path: Path) -> None:
+    """``--readers 2``: one reader alone, then both at once, verified, with the
+    storage node's counters (read once whatever the readers: 1.0x; served once
+    per reader)."""
+    report, proc = run_bench_cli(tmp_path, "--readers", "2", "--no-warmup")
+    assert report["mode"] == "readers"
+    one, both = report["results"]
+    assert (one["contender"], one["readers"], both["contender"], both["readers"]) == (
+        "one-reader", 1, "n-readers", 2,
+    )  # fmt: skip
+    for r in (one, both):
+        assert r["status"] == "ok" and r["verified"] is True, r
+        assert r["read_ratio"] == [1.0], r
+        assert len(r["reader_seconds"]) == r["readers"] and r["ratio_to_one"] > 0
+    assert one["served_ratio"] == [1.0] and both["served_ratio"] == [2.0]
+    assert "read_x" in proc.stdout and "n-readers" in proc.stdout
+
+
+def test_dcp_mode_restores_each_rank_its_share_verified(tmp_path: Path) -> None:
+    """``--dcp``: Ray's recipe and ours each save and restore a hand-sharded model
+    from 2 ranks, every restore verified; ours moves each rank less than Ray's
+    recipe (the whole checkpoint per rank) and keeps no local temp copy. 1 MiB
+    chunks: the replicated ``step`` in the other rank's file costs one chunk of it."""
+    report = tmp_path / "dcp.json"
+    cmd = [
+        sys.executable, "-m", "benchmarks", "bench", "--dcp", "--dcp-mib", "4",
+        "--chunk-mib", "1",
+        "--json", str(report), "--data-dir", str(tmp_path / "data"), "--num-cpus", "2",
+        "--no-prefault",
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env=child_env(), cwd=REPO_ROOT
+    )
+    assert proc.returncode == 0, f"bench failed:\n{proc.stdout}\n{proc.stderr}"
+    result = json.loads(report.read_text())
+    assert result["mode"] == "dcp" and "sharded" in result["config"]["state"]
+    rows = {r["contender"]: r for r in result["results"]}
+    assert set(rows) == {"ray-recipe", "air-transfer"}
+    for r in rows.values():
+        assert r["status"] == "ok" and r["verified"] is True, r
+        assert len(r["save_s"]) == 2 and r["save_wall_s"] > 0 and r["restore_wall_s"] > 0
+    ours, ray_recipe = rows["air-transfer"], rows["ray-recipe"]
+    for mine, theirs in zip(ours["restore_bytes"], ray_recipe["restore_bytes"], strict=True):
+        assert 0 < mine < theirs, (ours, ray_recipe)
+    assert ours["local_temp_bytes"] == [0, 0] and min(ray_recipe["local_temp_bytes"]) > 0
+    assert "ray-recipe" in proc.stdout and "restore MiB" in proc.stdout
