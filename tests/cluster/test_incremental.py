@@ -119,3 +119,17 @@ def test_a_stopped_groups_incremental_report_is_reclaimed(tmp_path: Path) -> Non
     reclaim_reports(fs, ["w2"], [f"{root}/run/c1"])
     assert os.listdir(root / "run") == ["c1"]
     assert digest_tree(root / "run/c1") == digest_tree(src) and len(digest_tree(src)) == FILES + 1
+
+
+def test_a_report_on_the_storage_node_reads_its_source_there(tmp_path: Path) -> None:
+    """The worker on the storage node: its chunks are read from its directory by the
+    storage node's agent, none crosses the object store."""
+    root, src = tmp_path / "root", make_files(tmp_path / "src")
+    (root / "run").mkdir(parents=True)
+    ray.get(report.options(**on("node_a")).remote(str(src), str(root), f"{root}/run/c1"))
+    rewrite_chunk(src / "sub/f0", 0)
+    before = counters()
+    ray.get(report.options(**on("node_a")).remote(str(src), str(root), f"{root}/run/c2"))
+    cost = delta(before)
+    assert cost["bytes_sent"] == CHUNK and cost["bytes_written"] == FILE_BYTES
+    assert digest_tree(root / "run/c2") == digest_tree(src)
