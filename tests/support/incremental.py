@@ -1,7 +1,8 @@
 """What the incremental node-storage tests share: checkpoint directories of
 same-size files changed in known ways, the sender's description of one taken as
-its node's agent takes it (proven reads, a checksum per per-file chunk), and a
-store of one through ``IncrementalStore`` on this machine."""
+its node's agent takes it (proven reads, a checksum per per-file chunk), a store of
+one through ``IncrementalStore`` on this machine, and on the mock cluster, reports
+into node storage on ``node_a`` and its agent's counters."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.fs as pafs
+import ray
 
+from air_transfer import TransferConfig, node_agent, storage_filesystem
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.file_chunks import ChunkedFiles, file_chunk_plans
 from air_transfer.core.manifest import Manifest
@@ -18,6 +21,7 @@ from air_transfer.core.proven_read import fill_chunk
 from air_transfer.core.scan import Source, scan
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.senders import local_chunks
+from tests.support.cluster import node_ids
 
 CHUNK = 64 * 1024
 FILES = 10
@@ -74,3 +78,51 @@ def inodes(*trees: Path) -> dict[int, int]:
             if path.is_file():
                 found[st.st_ino] = st.st_blocks * 512
     return found
+
+
+INCREMENTAL_CONFIG = TransferConfig(chunk_bytes=CHUNK, window=2, incremental=True)
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def report_to(src: str, root: str, dest: str, worker: str = "") -> None:
+    """What Ray Train's report does on a worker (``upload_directory``), into node
+    storage on ``node_a`` under ``root``, incremental."""
+    from ray.train import Checkpoint
+
+    from air_transfer.train import upload_directory
+
+    fs = storage_filesystem(node_ids()["node_a"], INCREMENTAL_CONFIG, root=root)
+    upload_directory(fs, dest, Checkpoint(src), worker)
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def report_changed_meanwhile(src: str, root: str, dest: str) -> tuple[str, str]:
+    """A report whose file ``f3`` changes after its checksums were taken; what the
+    worker got (the class and message of the error)."""
+    from air_transfer.storage.client.incremental import chunked_files
+    from air_transfer.storage.client.streams import AgentLink
+
+    link = AgentLink(node_ids()["node_a"], root, INCREMENTAL_CONFIG)
+    described = chunked_files(src, CHUNK)
+    assert described is not None
+    source, files = described
+    rewrite_chunk(Path(src) / "f3", 0)
+    node = ray.get_runtime_context().get_node_id()
+    try:
+        link.call(
+            lambda a: a.store_incremental(
+                None, root, dest, source, node, files, INCREMENTAL_CONFIG
+            )
+        )
+    except Exception as e:
+        return type(e).__name__, str(e)
+    return "no error", ""
+
+
+def storage_counters() -> dict[str, int]:
+    found: dict[str, int] = ray.get(node_agent(node_ids()["node_a"]).incremental_counters.remote())
+    return found
+
+
+def storage_delta(before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before[k] for k, v in storage_counters().items()}
