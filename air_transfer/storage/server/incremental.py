@@ -16,7 +16,8 @@ no longer matches (deleted, replaced, corrupted) is sent instead. The tree is th
 published as the writer publishes (``core.publish``). A stored file is never
 written again after publishing (every write of node storage replaces a file),
 which is what makes sharing its inode safe; deleting any checkpoint only drops a
-link. Plain Python but for the senders it is handed.
+link. Plain Python but for the senders it is handed; each store counts in node
+storage's upload metrics.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from air_transfer.core.publish import check_before_writing, publish
 from air_transfer.core.reuse import clone_into, link_into, read_at, verified, write_at
 from air_transfer.core.staging import Site
 from air_transfer.errors import SourceChangedError
+from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
 from air_transfer.storage.server.chunk_index import ChunkIndex
 
 #: What the storage node is told to fetch: the plans of the chunks it lacks.
@@ -87,7 +89,18 @@ class IncrementalStore:
         each chunk sent; what it raises ends the store, nothing published."""
         key = real_root(root)
         assembly = _Assembly(key, files, self._index, check or (lambda: None))
-        stored = write_beneath(root, path, lambda target: assembly.write(target, send))
+        # Counted as node storage's uploads are (no bar: it would run in the agent).
+        transfer = Transfer(
+            "upload", strategy=NODE_STORAGE, total=files.manifest.total_bytes,
+            desc=describe(path, "store"), progress=False,
+        ).start()  # fmt: skip
+        try:
+            stored = write_beneath(root, path, lambda target: assembly.write(target, send))
+        except BaseException as e:
+            transfer.finish(e)
+            raise
+        transfer.advance(assembly.stats["bytes_written"])
+        transfer.finish()
         self._index.add(
             key,
             ((f"{stored}/{f.path}", f.size, sums) for f, _, sums in files.files()),
