@@ -35,8 +35,10 @@ from tests.support.incremental import (
     FILES,
     INCREMENTAL_CONFIG,
     TOTAL,
+    HoldAtSpan,
     make_files,
     report_changed_meanwhile,
+    report_outcome,
     report_to,
     rewrite_chunk,
     storage_counters,
@@ -236,3 +238,34 @@ def test_a_report_on_the_storage_node_reads_its_source_there(tmp_path: Path) -> 
     cost = storage_delta(before)
     assert cost["bytes_sent"] == CHUNK and cost["bytes_written"] == FILE_BYTES
     assert digest_tree(root / "run/c2") == digest_tree(src)
+
+
+@pytest.mark.parametrize("phase", ["checksums", "send"])
+def test_the_senders_agent_killed_mid_incremental_report(tmp_path: Path, phase: str) -> None:
+    """The reporting node's agent killed while it takes the checksums, or while it
+    packs the one changed chunk for the storage node: the report raises
+    CheckpointLostError itself; nothing is stored, no staging is left, and the
+    earlier checkpoint is whole."""
+    from air_transfer.cluster.nodes import node_agent
+    from tests.support.gates import hold_packing
+
+    root, src = tmp_path / "root", make_files(tmp_path / "src")
+    (root / "run").mkdir(parents=True)
+    ray.get(report_to.options(**on("node_b")).remote(str(src), str(root), f"{root}/run/c1"))
+    rewrite_chunk(src / "f2", 1)
+    agent = node_agent(node_ids()["node_b"])
+    gate = Gate.remote()
+    spans = FILES * 4  # every chunk is read once for its checksum, then the changed one
+    hold_packing(agent, HoldAtSpan(1 if phase == "checksums" else spans + 1, gate))
+    try:
+        outcome = report_outcome.options(**on("node_b")).remote(
+            str(src), str(root), f"{root}/run/c2"
+        )
+        ray.get(gate.wait_for_arrivals.remote(1), timeout=60)
+        kill_and_wait(agent, ray.get(agent.pid.remote()))
+        name, module, message = ray.get(outcome, timeout=120)
+    finally:
+        ray.get(gate.open.remote())
+        ray.kill(gate)
+    assert (name, module) == ("CheckpointLostError", "air_transfer.errors"), message
+    assert sorted(os.listdir(root / "run")) == ["c1"]

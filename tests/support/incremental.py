@@ -6,8 +6,10 @@ into node storage on ``node_a`` and its agent's counters."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -126,3 +128,35 @@ def storage_counters() -> dict[str, int]:
 
 def storage_delta(before: dict[str, int]) -> dict[str, int]:
     return {k: v - before[k] for k, v in storage_counters().items()}
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def report_outcome(src: str, root: str, dest: str) -> tuple[str, str, str]:
+    """``report_to``'s report, returning the class, module and message of what it
+    raised (``("no error", "", "")`` if nothing)."""
+    from ray.train import Checkpoint
+
+    from air_transfer.train import upload_directory
+
+    fs = storage_filesystem(node_ids()["node_a"], INCREMENTAL_CONFIG, root=root)
+    try:
+        upload_directory(fs, dest, Checkpoint(src))
+    except Exception as e:
+        return type(e).__name__, type(e).__module__, str(e)
+    return "no error", "", ""
+
+
+@dataclasses.dataclass
+class HoldAtSpan:
+    """A packing hook (``proven_read._after_span_read``) for a node agent: once it
+    has read ``count`` spans (checksums first, then chunks sent), arrive at
+    ``gate`` and wait there until the test opens it."""
+
+    count: int
+    gate: Any
+    seen: int = 0
+
+    def __call__(self, where: str, span: Any) -> None:
+        self.seen += 1
+        if self.seen == self.count:
+            ray.get(self.gate.arrive_and_wait.remote())

@@ -12,6 +12,7 @@ SourceChangedError, nothing published.
 from __future__ import annotations
 
 import pyarrow.fs as pafs
+from ray.exceptions import ObjectLostError, RayActorError
 
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.fetch import get
@@ -19,6 +20,7 @@ from air_transfer.cluster.nodes import this_node_id
 from air_transfer.core.file_chunks import ChunkedFiles, file_chunk_plans
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.scan import Source, scan
+from air_transfer.errors import CheckpointLostError
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.transfer.handle import fresh
 from air_transfer.transfer.strategies.agent_tasks import task_groups
@@ -36,7 +38,13 @@ def chunked_files(directory: str, chunk_bytes: int) -> tuple[Source, ChunkedFile
     refs = [ref for group in task_groups(plans) for ref in agent.checksum_chunks(source, group)]
     checksums = []
     for ref in refs:
-        checksum = get(ref)
+        try:
+            checksum = get(ref)
+        except (RayActorError, ObjectLostError) as e:
+            raise CheckpointLostError(
+                f"this node's air-transfer agent died while it took the checksums of "
+                f"{directory!r} ({type(e).__name__}); nothing was stored: report again"
+            ) from None
         if isinstance(checksum, BaseException):  # the packing error, as a value
             raise fresh(checksum)
         checksums.append(checksum)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from ray.exceptions import ObjectLostError, RayActorError
 
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.fetch import get
@@ -25,7 +26,7 @@ from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.proven_read import FileCursor, fill_chunk
 from air_transfer.core.scan import Source
-from air_transfer.errors import ChecksumError
+from air_transfer.errors import CheckpointLostError, ChecksumError
 from air_transfer.transfer.handle import fresh
 from air_transfer.transfer.strategies.agent_tasks import task_groups
 
@@ -62,10 +63,13 @@ def remote_chunks(node_id: str, source: Source, plans: Sequence[ChunkPlan], wind
         group, chunks, sums = pending.popleft()
         submit()
         for plan, chunk_ref, sum_ref in zip(group, chunks, sums, strict=True):
-            checksum = get(sum_ref)
-            if isinstance(checksum, BaseException):  # the packing failed: its error
-                raise fresh(checksum)
-            view = memoryview(get(chunk_ref)).cast("B")
+            try:
+                checksum = get(sum_ref)
+                if isinstance(checksum, BaseException):  # the packing failed: its error
+                    raise fresh(checksum)
+                view = memoryview(get(chunk_ref)).cast("B")
+            except (RayActorError, ObjectLostError) as e:
+                raise lost(node_id, source.root, e) from None
             if chunk_checksum(view) != checksum:
                 raise ChecksumError(
                     errno.EBADMSG,
@@ -82,3 +86,12 @@ def sender(source: Source, node_id: str, window: int) -> Callable[[Sequence[Chun
     if node_id == this_node_id():
         return lambda plans: local_chunks(source, plans)
     return lambda plans: remote_chunks(node_id, source, plans, window)
+
+
+def lost(node_id: str, directory: str, cause: BaseException) -> CheckpointLostError:
+    """The error of a store whose sender's agent died while packing for it."""
+    return CheckpointLostError(
+        f"the air-transfer agent of node {node_id}, packing {directory!r} for node "
+        f"storage, died mid-store ({type(cause).__name__}); nothing was published: "
+        "report again"
+    )
