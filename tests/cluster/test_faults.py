@@ -269,3 +269,35 @@ def test_the_senders_agent_killed_mid_incremental_report(tmp_path: Path, phase: 
         ray.kill(gate)
     assert (name, module) == ("CheckpointLostError", "air_transfer.errors"), message
     assert sorted(os.listdir(root / "run")) == ["c1"]
+
+
+def test_the_storage_agent_killed_mid_incremental_store(tmp_path: Path) -> None:
+    """The storage node's agent killed mid-store (a report on the storage node, its
+    changed chunk being read there): the report raises ConnectionError, nothing is
+    published, and the next report stores whole and removes the dead store's
+    staging."""
+    from air_transfer.cluster.nodes import node_agent
+    from tests.support.gates import hold_packing
+
+    root, src = tmp_path / "root", make_files(tmp_path / "src")
+    (root / "run").mkdir(parents=True)
+    ray.get(report_to.options(**on("node_a")).remote(str(src), str(root), f"{root}/run/c1"))
+    rewrite_chunk(src / "f2", 1)
+    agent = node_agent(node_ids()["node_a"])
+    gate = Gate.remote()
+    hold_packing(agent, HoldAtSpan(FILES * 4 + 1, gate))  # past the checksums
+    try:
+        outcome = report_outcome.options(**on("node_a")).remote(
+            str(src), str(root), f"{root}/run/c2"
+        )
+        ray.get(gate.wait_for_arrivals.remote(1), timeout=60)
+        kill_and_wait(agent, ray.get(agent.pid.remote()))
+        name, _, message = ray.get(outcome, timeout=120)
+    finally:
+        ray.get(gate.open.remote())
+        ray.kill(gate)
+    assert name == "ConnectionError", message
+    assert not (root / "run/c2").exists()
+    ray.get(report_to.options(**on("node_a")).remote(str(src), str(root), f"{root}/run/c2"))
+    assert digest_tree(root / "run/c2") == digest_tree(src)
+    assert sorted(os.listdir(root / "run")) == ["c1", "c2"]
