@@ -29,12 +29,15 @@ from air_transfer.cluster.agent_client import Expect, Info, Listed
 from air_transfer.cluster.nodes import PACK_GROUP
 from air_transfer.config import TransferConfig
 from air_transfer.core.entry import Entry
+from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.scan import Source, Stamp
 from air_transfer.storage.server.chunk_cache import DirectoryTransfers, FileChunks
+from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.metadata import DiskStorage, storage_path
 from air_transfer.storage.server.reads import read_chunks
 from air_transfer.storage.server.report_ledger import ReportLedger
+from air_transfer.storage.server.senders import sender
 from air_transfer.storage.server.sink import store_checkpoint, store_report
 from air_transfer.storage.server.uploads import DiskUploads
 from air_transfer.transfer.handle import TransferHandle
@@ -62,6 +65,7 @@ class NodeAgent:
         self._uploads = DiskUploads()
         self._stored = 0  # checkpoints written by store_checkpoint and store_report
         self._reports = ReportLedger()
+        self._incremental = IncrementalStore()
         #: Transfers packed for another process, held until it lets go (``release``).
         self._leases: dict[str, tuple[ray.ObjectRef[Any], tuple[int, str] | None]] = {}
 
@@ -86,6 +90,11 @@ class NodeAgent:
             "transfer_readers": self._directories.readers(),
             "checkpoints_stored": self._stored,
         }
+
+    def incremental_counters(self) -> dict[str, int]:
+        """What this agent's incremental stores reused and received, summed
+        (``storage.server.incremental.STATS``)."""
+        return self._incremental.totals()
 
     def clear_read_cache(self) -> None:
         """Let go of every cached node-storage chunk and directory transfer."""
@@ -172,6 +181,26 @@ class NodeAgent:
         )
         self._stored += 1
         return stored
+
+    def store_incremental(
+        self,
+        worker: str | None,
+        root: str,
+        path: str,
+        source: Source,
+        sender_node: str,
+        files: ChunkedFiles,
+        config: TransferConfig,
+    ) -> dict[str, int]:
+        """Store the checkpoint ``files`` describes at node-storage ``path`` from what
+        this node holds, fetching the rest from ``source`` on ``sender_node``; what
+        it cost. A Ray Train report (``worker`` given) is noted as ``store_report``'s."""
+        local, send = storage_path(root, path), sender(source, sender_node, config.window)
+        if worker is None:
+            return self._incremental.store(root, local, files, send)
+        return self._reports.store(
+            worker, local, lambda check: self._incremental.store(root, local, files, send, check)
+        )
 
     def reclaim_reports(self, root: str, workers: list[str], tracked: list[str]) -> list[str]:
         """Ray Train is stopping the group of ``workers``: end their reports still

@@ -55,6 +55,12 @@ class TransferConfig:
             node holding a copy. 0: none kept beyond the read that asked. A
             checkpoint directory restored by readers at the same time is shared by
             all of them whatever its size; this bounds what is kept once they are done.
+        incremental: node storage (``storage_filesystem``, ``checkpoint_upload_fn``):
+            a checkpoint directory stored there first sends a checksum per chunk of
+            each file (cut every ``chunk_bytes`` from each file's start); the storage
+            node reuses what earlier checkpoints under the same root hold (proven
+            against the bytes on disk; a whole file cloned or hard-linked, so stored
+            once) and only the other chunks travel.
         progress: show a progress bar (bytes, rate, ETA) for each transfer that runs
             longer than a second: packing (``to_object_ref``, ``to_object_ref_async``)
             and reading (``to_directory``). ``True`` or ``False`` decides; ``None``
@@ -77,6 +83,7 @@ class TransferConfig:
     owner: Literal["caller", "node"] = "caller"
     direct_io: bool = True
     cache_bytes: int = 1 * GiB
+    incremental: bool = False
     progress: bool | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -101,7 +108,7 @@ class TransferConfig:
                 f"TransferConfig.owner must be one of {', '.join(map(repr, OWNERS))}, "
                 f"got {self.owner!r}"
             )
-        for flag in ("verify", "follow_symlinks", "direct_io"):
+        for flag in ("verify", "follow_symlinks", "direct_io", "incremental"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(
                     f"TransferConfig.{flag} must be a bool, got {getattr(self, flag)!r}"

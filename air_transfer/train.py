@@ -27,6 +27,7 @@ from air_transfer.cluster.nodes import head_node_id, live_node_ids, this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import checked_path, storage_path
 from air_transfer.storage.client.handler import NodeStorageHandler, node_storage_handler
+from air_transfer.storage.client.incremental import store_incremental
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.copy import copy_tree
 
@@ -75,6 +76,13 @@ def checkpoint_upload_fn(
     fs = storage.storage_filesystem
     dest = storage.build_checkpoint_path_from_name(checkpoint_dir_name)
     handler = node_storage_handler(fs)
+    if handler is not None and node in (None, handler.node_id):
+        chosen = config or handler.config
+        local = isinstance(checkpoint.filesystem, pafs.LocalFileSystem)
+        if chosen.incremental and local and os.path.isdir(checkpoint.path):
+            link = AgentLink(handler.node_id, handler.root, chosen)
+            if store_incremental(link, os.path.abspath(checkpoint.path), dest) is not None:
+                return Checkpoint(dest, filesystem=fs)
     target = node or (handler.node_id if handler is not None else head_node_id())
     link = AgentLink(target, "/", config or TransferConfig())  # its errors as ours
     future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(config)
@@ -120,6 +128,9 @@ def upload_directory(
     if not os.path.isdir(source) or holds_symlink(source):
         return None
     config = handler.config
+    if config.incremental:  # checksums first, only what storage lacks travels
+        store_incremental(handler.link, source, path, worker)
+        return Checkpoint(path, filesystem=filesystem)
     if ray.is_initialized() and handler.node_id == this_node_id():
         handler.link.call(
             lambda agent: agent.store_report(worker, source, handler.root, path, config)

@@ -20,6 +20,7 @@ from air_transfer.cluster import _ray
 from air_transfer.cluster.nodes import node_agent, this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.entry import Entry
+from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.scan import Source, Stamp
 
@@ -54,6 +55,10 @@ class AgentClient:
 
     def read_counters(self) -> ray.ObjectRef[dict[str, int]]:
         ref: ray.ObjectRef[dict[str, int]] = self.actor.read_counters.remote()
+        return ref
+
+    def incremental_counters(self) -> ray.ObjectRef[dict[str, int]]:
+        ref: ray.ObjectRef[dict[str, int]] = self.actor.incremental_counters.remote()
         return ref
 
     def clear_read_cache(self) -> ray.ObjectRef[None]:
@@ -140,6 +145,21 @@ class AgentClient:
         """Store Ray Train worker ``worker``'s report (a transfer's ref, resolved by
         Ray, or a directory on the storage node) at node-storage ``path``."""
         ref: ray.ObjectRef[str] = self.actor.store_report.remote(worker, source, root, path, config)
+        return ref
+
+    def store_incremental(
+        self,
+        worker: str | None,
+        root: str,
+        path: str,
+        source: Source,
+        sender_node: str,
+        files: ChunkedFiles,
+        config: TransferConfig,
+    ) -> ray.ObjectRef[dict[str, int]]:
+        ref: ray.ObjectRef[dict[str, int]] = self.actor.store_incremental.remote(
+            worker, root, path, source, sender_node, files, config
+        )
         return ref
 
     def reclaim_reports(

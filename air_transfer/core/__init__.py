@@ -1,6 +1,7 @@
 """The Ray-free core: what a checkpoint is and how its bytes are read, proven and
 written, on one machine. The manifest and its checks, checksums, symlink resolution,
-the directory scan, chunk plans, proven reads, the writer, merge, publish and locks,
+the directory scan, chunk plans (per-file ones too), proven reads, the writer,
+merge, publish and locks, reuse of stored bytes (clones, links),
 the one deep-tree walker, ``O_DIRECT`` and the internal knobs. May import only
 ``air_transfer.config`` and ``air_transfer.errors`` (and the standard library, numpy,
 xxhash, pyarrow); never Ray (an import-linter contract).

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
@@ -25,9 +24,9 @@ from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.direct_io import DirectFileWriter, should_write_direct
 from air_transfer.core.entry import Entry
 from air_transfer.core.manifest import Manifest
-from air_transfer.core.merge import build_merged, check_merge
 from air_transfer.core.plan import Span, iter_chunk_spans
-from air_transfer.core.staging import Site, Staging
+from air_transfer.core.publish import check_before_writing, not_a_directory, publish
+from air_transfer.core.staging import Site
 from air_transfer.errors import ChecksumError, error_at
 
 
@@ -59,41 +58,19 @@ def write_tree(
     real = target
     if follow_target and os.path.islink(target):  # a link to a directory: write into it
         if not os.path.isdir(target):
-            raise _not_a_directory(target)
+            raise not_a_directory(target)
         real = os.path.realpath(target)
     parent, name = os.path.split(real)
     _makedirs(parent)
     site = Site(parent, name)
     site.clean_up()
-    _check_before_writing(manifest, site, real)
+    check_before_writing(manifest, site, real)
     with site.staging() as staging:
         _write_entries(manifest, chunks, staging.path, verify, direct_io, real, expected)
         with site.publish_lock():
             site.recover_locked()  # a writer may have died mid-swap meanwhile
-            _publish(manifest, staging, real)
+            publish(manifest, staging, real)
     return target
-
-
-def _check_before_writing(manifest: Manifest, site: Site, target: str) -> None:
-    """Refuse a merge that cannot be done (``check_merge``) before anything is written.
-
-    The walk takes no lock, so another writer may swap the target meanwhile and
-    remove the tree it replaced, under the walk: entries vanish (FileNotFoundError)
-    or the walk stops (ESTALE). Then the target is walked again holding the publish
-    lock, where no writer swaps it: concurrent writers each publish a whole version,
-    one at a time, and never fail on another one's swap."""
-    if not _existing_target(target):
-        return
-    try:
-        check_merge(manifest, target)
-        return
-    except OSError as e:
-        if e.errno not in (errno.ENOENT, errno.ESTALE):
-            raise
-    with site.publish_lock():
-        site.recover_locked()
-        if _existing_target(target):
-            check_merge(manifest, target)
 
 
 def checked_chunks(chunks: Iterable[Any], check: Callable[[], None] | None) -> Iterable[Any]:
@@ -107,50 +84,6 @@ def _checked(chunks: Iterable[Any], check: Callable[[], None]) -> Iterator[Any]:
     for chunk in chunks:
         check()
         yield chunk
-
-
-def _existing_target(target: str) -> bool:
-    """Whether ``target`` exists (then it must be a directory the swap can replace)."""
-    try:
-        st = os.lstat(target)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISDIR(st.st_mode):
-        raise _not_a_directory(target)
-    # stat, not lstat: the parent may be named by a symlink to it (/proc/self/fd/N).
-    if os.stat(os.path.dirname(target)).st_dev != st.st_dev:
-        raise OSError(
-            errno.EXDEV,
-            "checkpoint target is a mount point, which cannot be replaced atomically; "
-            "write into a directory inside it",
-            target,
-        )
-    return True
-
-
-def _not_a_directory(target: str) -> NotADirectoryError:
-    return NotADirectoryError(
-        errno.ENOTDIR,
-        "checkpoint target exists and is not a directory; remove it or choose another",
-        target,
-    )
-
-
-def _publish(manifest: Manifest, staging: Staging, target: str) -> None:
-    """Put the staging in place (hold the publish lock)."""
-    if not os.path.lexists(target):
-        _finish_dirs(manifest, staging.path)
-        try:
-            os.rename(staging.path, target)
-            return
-        except OSError as e:  # made meanwhile, not by air-transfer: merge into it
-            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                raise
-        _open_dirs(manifest, staging.path)
-    _existing_target(target)
-    build_merged(manifest, target, staging.path)
-    _finish_dirs(manifest, staging.path)
-    staging.swap()
 
 
 def _write_entries(
@@ -302,23 +235,6 @@ def check_chunk(
     if target is None:
         raise ChecksumError(errno.EBADMSG, message)
     raise ChecksumError(errno.EBADMSG, message, target)
-
-
-def _finish_dirs(manifest: Manifest, root: str) -> None:
-    """Directory modes and mtimes last, deepest first: writing inside a directory
-    changes its mtime, and a read-only mode would stop the writes."""
-    for e in reversed(manifest.entries):
-        if e.kind == "dir":
-            path = _join(root, e.path)
-            os.chmod(path, e.mode)
-            os.utime(path, ns=(e.mtime_ns, e.mtime_ns))
-
-
-def _open_dirs(manifest: Manifest, root: str) -> None:
-    """Undo ``_finish_dirs``'s modes, so that more entries can be written."""
-    for e in manifest.entries:
-        if e.kind == "dir":
-            os.chmod(_join(root, e.path), 0o700)
 
 
 def _makedirs(path: str) -> None:

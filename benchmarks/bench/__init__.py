@@ -56,8 +56,10 @@ Two other runs replace the contenders: ``--train`` (the Ray Train path through
 ``storage_filesystem``: report and restore, beside a local-filesystem Train run, raw
 Ray and ``cp-direct``; see ``bench.train_path``), ``--dcp`` (torch DCP save and
 restore from 2 ranks, Ray's recipe beside ``air_transfer.dcp``; see
-``bench.dcp_path``) and ``--readers N`` (N readers on N
-nodes restoring one checkpoint from node storage at once; see ``bench.readers``).
+``bench.dcp_path``), ``--readers N`` (N readers on N
+nodes restoring one checkpoint from node storage at once; see ``bench.readers``) and
+``--incremental`` (5 Train reports sharing 90% of their bytes, full beside
+incremental node storage; see ``bench.incremental_path``).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ from benchmarks.bench.data import (
     tree_digest,
 )
 from benchmarks.bench.dcp_path import format_dcp_table, run_dcp
+from benchmarks.bench.incremental_path import format_incremental_table, run_incremental
 from benchmarks.bench.measure import predicted_peak_bytes, skip_reason
 from benchmarks.bench.options import add_bench_options
 from benchmarks.bench.readers import run_readers
@@ -115,6 +118,7 @@ __all__ = [
     "predicted_peak_bytes",
     "run_bench",
     "run_dcp",
+    "run_incremental",
     "run_readers",
     "run_train",
     "skip_reason",
@@ -172,16 +176,21 @@ def main(opts: argparse.Namespace) -> int:
         except ImportError as e:
             progress(str(e))
             return 2
-    if sum(map(bool, (opts.train, opts.readers, opts.dcp))) > 1:
-        progress("--train, --readers and --dcp are separate runs: give one of them")
+    separate = (opts.train, opts.readers, opts.dcp, opts.incremental)
+    if sum(map(bool, separate)) > 1:
+        progress("--train, --readers, --dcp and --incremental are separate runs: give one")
         return 2
-    if (opts.train or opts.readers or opts.dcp) and (opts.contenders or opts.cross_node):
-        progress("--contenders and --cross-node do not apply to --train, --readers or --dcp")
+    if any(separate) and (opts.contenders or opts.cross_node):
+        progress("--contenders and --cross-node do not apply to --train, --readers, --dcp "
+                 "or --incremental")  # fmt: skip
         return 2
-    if opts.dcp and opts.plot:
-        progress("--plot does not apply to --dcp")
+    if (opts.dcp or opts.incremental) and opts.plot:
+        progress("--plot does not apply to --dcp or --incremental")
         return 2
-    if opts.dcp:
+    if opts.incremental:
+        report = run_incremental(opts)
+        print(format_incremental_table(report["results"]))
+    elif opts.dcp:
         report = run_dcp(opts)
         print(format_dcp_table(report["results"]))
     elif opts.readers:

@@ -92,6 +92,17 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
+        "--incremental", action="store_true",
+        help="instead of the contenders, 5 Ray Train reports of one checkpoint with 90%% "
+        "of its bytes unchanged between reports, into node storage from another node: "
+        "full reports beside TransferConfig(incremental=True): bytes over the wire, "
+        "bytes written, disk used, report time",
+    )  # fmt: skip
+    parser.add_argument(
+        "--incremental-mib", type=positive_int, default=2048, metavar="MiB",
+        help="--incremental: the checkpoint's size in MiB (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
         "--data-dir", default=default_data_dir(), metavar="DIR",
         help="where checkpoints are cached between runs (keyed by layout and size) and "
         "outputs written (default: %(default)s)",

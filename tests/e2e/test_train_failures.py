@@ -19,6 +19,13 @@ import pytest
 from ray.cluster_utils import Cluster
 
 import air_transfer
+from tests.support.incremental_train import (
+    INCREMENTAL,
+    MOST_SENT,
+    assert_kept_whole,
+    fit_frozen,
+    sent_to_head,
+)
 from tests.support.train_failures import (
     RACING_SIZE,
     SMALL_SIZE,
@@ -66,3 +73,18 @@ def test_a_checkpoint_reported_just_before_a_worker_failure_is_not_orphaned(
     local filesystem leaves such a checkpoint too: ray-project/ray#41700.)"""
     result = fit(tmp_path, fs, fail_rank=1, mode=mode, size=RACING_SIZE)
     assert_resumed_from_last_returned_report(result, tmp_path)
+
+
+def test_incremental_reports_send_what_changed_and_restore_whole(tmp_path: Path) -> None:
+    """With ``incremental=True`` a worker's reports share a frozen file: only the
+    changed bytes travel, Train's pruning leaves the kept checkpoints whole, and the
+    restarted worker restores the last one bit-identical."""
+    before = sent_to_head()
+    marker = tmp_path / "failed-once"
+    fs = air_transfer.storage_filesystem(config=INCREMENTAL)
+    result = fit_frozen(tmp_path, "incremental", fs, fail_after=0, fail_marker=str(marker))
+    assert marker.exists()
+    assert_kept_whole(result)
+    resumed = {m["step"]: m for _, m in result.best_checkpoints}[1]
+    assert resumed["restored_step"] == 0 and resumed["restored_digests"]
+    assert sent_to_head() - before <= MOST_SENT

@@ -27,6 +27,13 @@ from air_transfer import TransferConfig
 from air_transfer.storage.client.handler import node_storage_handler
 from tests.support.checkpoints import MiB, digest_tree
 from tests.support.cluster import node_ids
+from tests.support.incremental_train import (
+    INCREMENTAL,
+    MOST_SENT,
+    assert_kept_whole,
+    fit_frozen,
+    sent_to_head,
+)
 from tests.support.train_fns import report_directory, train_loop, tune_trainable
 
 pytestmark = pytest.mark.usefixtures("cluster")
@@ -271,3 +278,14 @@ def test_a_checkpoint_holding_symlinks_is_stored_as_rays_own_copy_stores_it(
     file_digest = hashlib.sha256(b"outside file").hexdigest()
     assert stored["ray-local"]["to_outside_file"] == ("file", file_digest)
     assert stored["ray-local"]["to_outside_dir/g"][0] == "file"
+
+
+def test_incremental_checkpoint_upload_fn_sends_what_changed(tmp_path: Path) -> None:
+    """``checkpoint_upload_fn`` with ``incremental=True`` into node storage: only the
+    changed bytes travel, the frozen file is stored once."""
+    before = sent_to_head()
+    upload = functools.partial(air_transfer.checkpoint_upload_fn, config=INCREMENTAL)
+    fs = air_transfer.storage_filesystem()
+    result = fit_frozen(tmp_path, "incremental", fs, upload_fn=upload)
+    assert_kept_whole(result)
+    assert sent_to_head() - before <= MOST_SENT

@@ -20,6 +20,9 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Collection
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class GroupStoppedError(RuntimeError):
@@ -36,7 +39,7 @@ class ReportLedger:
         self._running: Counter[str] = Counter()  # worker -> stores in flight
         self._fenced: set[str] = set()
 
-    def store(self, worker: str, path: str, write: Callable[[Callable[[], None]], str]) -> str:
+    def store(self, worker: str, path: str, write: Callable[[Callable[[], None]], T]) -> T:
         """Run ``write(check)`` for ``worker``'s report into ``path``, noted first (a
         write that fails midway leaves nothing, its note is harmless). ``check()``
         raises GroupStoppedError once the worker's group is stopped: the write calls
