@@ -15,9 +15,9 @@ from air_transfer.core import proven_read
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.mapped import Lease, lease
-from air_transfer.core.plan import ChunkPlan
+from air_transfer.core.plan import ChunkPlan, Span
 from air_transfer.core.proven_read import FileCursor, SourceFile, fill_chunk
-from air_transfer.core.scan import Source
+from air_transfer.core.scan import Source, Stamp
 
 
 class ChunkPacker:
@@ -66,20 +66,31 @@ class ChunkPacker:
                 checksums.append(checksum)
         return chunks, checksums
 
-    def pack_into(
-        self, source: Source, plans: Sequence[ChunkPlan], out: np.ndarray
-    ) -> list[str]:
-        """Fill ``out`` with the chunks of ``plans`` end to end (``inline``'s one
-        object) and return their checksums."""
+    def pack_stream(
+        self, source: Source, plans: Sequence[ChunkPlan]
+    ) -> tuple[np.ndarray, list[str]]:
+        """The chunks of ``plans`` end to end as one array (``inline``'s one object)
+        and their checksums: a mapped view where they are all of one local file,
+        else read into a fresh array."""
+        paths = {path for plan in plans for path, _ in plan.files}
+        if len(paths) == 1 and plans:
+            (path, stamp), first = plans[0].files[0], plans[0].spans[0]
+            length = sum(plan.length for plan in plans)
+            span = Span(first.file_index, first.file_offset, length, 0)
+            with FileCursor(source) as cursor, _GroupLeases(source) as leases:
+                mapped = leases.map_range(cursor, path, stamp, span, [p.length for p in plans])
+            if mapped is not None:
+                return mapped
+        stream = np.empty(sum(plan.length for plan in plans), dtype=np.uint8)
         checksums = []
         offset = 0
         with FileCursor(source) as cursor:
             for plan in plans:
-                view = memoryview(out)[offset : offset + plan.length]
+                view = memoryview(stream)[offset : offset + plan.length]
                 fill_chunk(source, plan, view, cursor)
                 checksums.append(chunk_checksum(view))
                 offset += plan.length
-        return checksums
+        return stream, checksums
 
     def checksums(self, source: Source, plans: Sequence[ChunkPlan]) -> list[str]:
         """Only the checksums of ``plans``' chunks (``streamed`` reads the bytes again
@@ -98,26 +109,37 @@ class _GroupLeases:
         self.leases: dict[str, Lease | None] = {}
 
     def map(self, cursor: FileCursor, plan: ChunkPlan) -> tuple[np.ndarray, str] | None:
-        """Chunk ``plan`` as a mapped view and its checksum, proven against its stamp
-        (the lease is taken, then the file checked, mapped, hashed and checked again);
+        """Chunk ``plan`` as a mapped view and its checksum, proven against its stamp;
         None where it is to be read instead."""
-        if not self.source.is_local or len(plan.spans) != 1:
-            return None
-        if plan.length < KNOBS.mapped_chunk_min_bytes:
+        if len(plan.spans) != 1:
             return None
         (span,), ((path, stamp),) = plan.spans, plan.files
+        mapped = self.map_range(cursor, path, stamp, span, [span.length])
+        return None if mapped is None else (mapped[0], mapped[1][0])
+
+    def map_range(
+        self, cursor: FileCursor, path: str, stamp: Stamp, span: Span, pieces: list[int]
+    ) -> tuple[np.ndarray, list[str]] | None:
+        """``span`` of file ``path`` as a mapped view and the checksums of its
+        ``pieces`` (lengths, end to end): the lease is taken, then the file checked,
+        mapped, hashed and checked again. None where it is to be read instead."""
+        if not self.source.is_local or span.length < KNOBS.mapped_chunk_min_bytes:
+            return None
         file = cursor.open(path, stamp)
         held = self._lease(path, file)
         if held is None:
             return None
         file.check()
-        chunk = held.view(span.file_offset, span.length)
+        view = held.view(span.file_offset, span.length)
         hook = proven_read._after_span_read
         if hook is not None:
             hook(file.where, span)
-        checksum = chunk_checksum(chunk)
+        checksums, offset = [], 0
+        for length in pieces:
+            checksums.append(chunk_checksum(view[offset : offset + length]))
+            offset += length
         file.check()
-        return chunk, checksum
+        return view, checksums
 
     def _lease(self, path: str, file: SourceFile) -> Lease | None:
         if path not in self.leases:

@@ -137,3 +137,19 @@ def test_a_chunk_of_a_file_that_shrank_before_it_was_mapped_is_refused(tmp_path:
     with pytest.raises(SourceChangedError, match="shrank"):
         ChunkPacker().pack(source, plans[1:2])
     assert not leased(src / "w.bin")
+
+
+def test_an_inline_stream_of_one_file_is_one_mapped_view(tmp_path: Path) -> None:
+    src = make_source(tmp_path)
+    source, scanned = local_scan(src)
+    plans = list(plan_chunks(scanned.files, scanned.stamps, CHUNK))
+    stream, checksums = ChunkPacker().pack_stream(source, plans)  # two files: read
+    assert not is_mapped(stream) and bytes(stream) == pack(src)[2]
+    (src / "z.txt").unlink()
+    source, scanned = local_scan(src)
+    plans = list(plan_chunks(scanned.files, scanned.stamps, CHUNK))
+    stream, checksums = ChunkPacker().pack_stream(source, plans)
+    data = (src / "w.bin").read_bytes()
+    assert is_mapped(stream) and bytes(stream) == data
+    starts = range(0, len(data), CHUNK)
+    assert checksums == [chunk_checksum(data[i : i + CHUNK]) for i in starts]
