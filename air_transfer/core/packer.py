@@ -130,7 +130,10 @@ class _GroupLeases:
         if held is None:
             return None
         file.check()
-        view = held.view(span.file_offset, span.length)
+        try:
+            view = held.view(span.file_offset, span.length)
+        except OSError:  # a filesystem that cannot map files (ENODEV): read it
+            return None
         hook = proven_read._after_span_read
         if hook is not None:
             hook(file.where, span)

@@ -7,6 +7,7 @@ packer (SIGBUS)."""
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import pytest
 
 from air_transfer import SourceChangedError
 from air_transfer.config import MiB
+from air_transfer.core import mapped
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.mapped import is_mapped
 from air_transfer.core.packer import ChunkPacker
@@ -153,3 +155,17 @@ def test_an_inline_stream_of_one_file_is_one_mapped_view(tmp_path: Path) -> None
     assert is_mapped(stream) and bytes(stream) == data
     starts = range(0, len(data), CHUNK)
     assert checksums == [chunk_checksum(data[i : i + CHUNK]) for i in starts]
+
+
+def test_a_filesystem_that_cannot_map_the_file_falls_back_to_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_mmap(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENODEV, "No such device")
+
+    monkeypatch.setattr(mapped.Lease, "view", no_mmap)
+    src = make_source(tmp_path)
+    chunks, checksums, expected = pack(src)
+    assert not any(is_mapped(c) for c in chunks)
+    assert_packed(chunks, checksums, expected)
+    assert not leased(src / "w.bin")
