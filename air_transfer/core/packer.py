@@ -7,7 +7,7 @@ buffer per thread. Every chunk is checksummed and proven against its plan's stam
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -18,6 +18,11 @@ from air_transfer.core.mapped import Lease, lease
 from air_transfer.core.plan import ChunkPlan, Span
 from air_transfer.core.proven_read import FileCursor, SourceFile, fill_chunk
 from air_transfer.core.scan import Source, Stamp
+
+#: Test-only seam, None in production: called as ``hook(path, span)`` once a chunk is
+#: mapped under its lease and before it is hashed (``_after_span_read`` runs before
+#: the lease is taken, so that a rewrite from a hook need not wait for it).
+_while_mapped: Callable[[str, Span], None] | None = None
 
 
 class ChunkPacker:
@@ -126,6 +131,9 @@ class _GroupLeases:
         if not self.source.is_local or span.length < KNOBS.mapped_chunk_min_bytes:
             return None
         file = cursor.open(path, stamp)
+        hook = proven_read._after_span_read
+        if hook is not None:  # before the lease: a rewrite here must not wait for it
+            hook(file.where, span)
         held = self._lease(path, file)
         if held is None:
             return None
@@ -134,9 +142,9 @@ class _GroupLeases:
             view = held.view(span.file_offset, span.length)
         except OSError:  # a filesystem that cannot map files (ENODEV): read it
             return None
-        hook = proven_read._after_span_read
-        if hook is not None:
-            hook(file.where, span)
+        mapped = _while_mapped
+        if mapped is not None:
+            mapped(file.where, span)
         checksums, offset = [], 0
         for length in pieces:
             checksums.append(chunk_checksum(view[offset : offset + length]))

@@ -21,8 +21,12 @@ from air_transfer.cluster.nodes import node_agent, this_node_id
 from air_transfer.config import MiB
 from air_transfer.core.plan import Span
 from tests.support import leases
-from tests.support.leases import lease_breaking, leased, truncate_elsewhere
-from tests.support.rewriters import install_in_agent
+from tests.support.leases import (
+    install_while_mapped,
+    lease_breaking,
+    leased,
+    truncate_elsewhere,
+)
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -35,7 +39,7 @@ CONFIG = TransferConfig(chunk_bytes=2 * MiB, window=4, strategy="chunked")
 def agent() -> Any:
     handle = node_agent()
     yield handle
-    install_in_agent(handle, None)
+    install_while_mapped(handle, None)
 
 
 def make_source(tmp_path: Path, nbytes: int) -> tuple[Path, bytes]:
@@ -48,7 +52,7 @@ def make_source(tmp_path: Path, nbytes: int) -> tuple[Path, bytes]:
 
 class RecordLease:
     """Agent hook: write to ``marker`` whether a lease on the packed file was held
-    while its chunk was mapped (the hook runs between mapping and hashing)."""
+    while its chunk was mapped (``packer._while_mapped``)."""
 
     def __init__(self, marker: str) -> None:
         self.marker = marker
@@ -62,7 +66,7 @@ def test_the_agent_maps_chunks_and_lets_go_of_the_lease_once_they_are_stored(
     tmp_path: Path, agent: Any
 ) -> None:
     src, data = make_source(tmp_path, 6 * MiB)
-    install_in_agent(agent, RecordLease("leases.log"))
+    install_while_mapped(agent, RecordLease("leases.log"))
     ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config=CONFIG)
     assert (tmp_path / "leases.log").read_text().split() == ["True"] * 3
     # Packed and still referenced: the store has its copy, the file is free.
@@ -95,7 +99,7 @@ def test_a_truncate_while_the_agent_maps_a_chunk_never_crashes_it(
     raises SourceChangedError; the agent lives on either way."""
     src, data = make_source(tmp_path, size)
     pid = ray.get(agent.pid.remote())
-    install_in_agent(agent, TruncateWhileMapped())
+    install_while_mapped(agent, TruncateWhileMapped())
     out = tmp_path / "out"
     try:
         ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config=CONFIG)

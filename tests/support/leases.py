@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def leased(path: Path) -> bool:
@@ -60,3 +61,16 @@ def _leases_of(path: str) -> list[str]:
     inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
     with open("/proc/locks") as f:
         return [line for line in f if "LEASE" in line and inode in line]
+
+
+def _set_while_mapped(agent: Any, hook: Any) -> None:
+    from air_transfer.core import packer
+
+    packer._while_mapped = hook
+
+
+def install_while_mapped(agent: Any, hook: Any) -> None:
+    """Set (or with None, clear) ``packer._while_mapped`` in node agent ``agent``."""
+    import ray
+
+    ray.get(agent.__ray_call__.remote(_set_while_mapped, hook))

@@ -19,7 +19,7 @@ import pytest
 
 from air_transfer import SourceChangedError
 from air_transfer.config import MiB
-from air_transfer.core import mapped
+from air_transfer.core import mapped, packer
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.mapped import is_mapped
 from air_transfer.core.packer import ChunkPacker
@@ -30,7 +30,7 @@ from tests.support.leases import (
     leased,
     truncate_elsewhere,
 )
-from tests.support.rewriters import CHANGED, local_scan, rewrite
+from tests.support.rewriters import CHANGED, HOW, local_scan, rewrite
 from tests.support.waiting import eventually
 
 CHUNK = 1 * MiB
@@ -95,17 +95,20 @@ def test_a_lease_refused_to_a_file_open_for_writing_falls_back_to_reading(
         writer.communicate("")
 
 
-def test_a_rename_over_a_mapped_file_is_caught_by_the_stamps(
-    tmp_path: Path, in_driver: Callable[[Any], None]
+@pytest.mark.parametrize("how", HOW)
+def test_a_rewrite_of_a_file_being_mapped_is_caught_by_the_stamps(
+    tmp_path: Path, in_driver: Callable[[Any], None], how: str
 ) -> None:
+    """The packing seam runs before the file is leased (a rewrite there does not wait
+    for it); the stamps taken under the lease then see the rewrite."""
     src = make_source(tmp_path)
-    in_driver(lambda where, span: span.file_offset == CHUNK and rewrite(where, "rename"))
+    in_driver(lambda where, span: span.file_offset == 0 and rewrite(where, how))
     with pytest.raises(SourceChangedError, match=CHANGED):
         pack(src)
 
 
 def test_a_truncate_while_a_chunk_is_mapped_waits_for_the_lease(
-    tmp_path: Path, in_driver: Callable[[Any], None]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The truncate is started once the chunk is mapped and waits (the kernel lists
     the lease as breaking) while the chunk is hashed: no SIGBUS, the chunk and its
@@ -120,7 +123,7 @@ def test_a_truncate_while_a_chunk_is_mapped_waits_for_the_lease(
             truncaters.append(truncate_elsewhere(where))
             eventually(lambda: lease_breaking(where), "the truncate to wait for the lease")
 
-    in_driver(truncate_now)
+    monkeypatch.setattr(packer, "_while_mapped", truncate_now)
     chunks, checksums, expected = pack(src)
     assert is_mapped(chunks[0]) and truncaters
     assert_packed(chunks, checksums, expected)
