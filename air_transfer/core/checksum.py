@@ -18,6 +18,12 @@ def chunk_checksum(data: Any) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
+def chunk_hasher() -> Any:
+    """A streaming xxh3-128: fed a chunk's bytes in order, its ``hexdigest()`` is
+    ``chunk_checksum`` of the chunk (the writer hashes pieces as it writes them)."""
+    return xxhash.xxh3_128()
+
+
 def is_checksum(value: object) -> bool:
     """Whether ``value`` is a well-formed checksum (32 lowercase hex digits)."""
     return isinstance(value, str) and _CHECKSUM_RE.fullmatch(value) is not None

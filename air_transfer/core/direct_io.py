@@ -12,10 +12,14 @@ threshold; measured in the round trip, the page-cache writes it kept for 0.5-1 G
 files took 0.48-1.70 s per GB against 0.52-0.55 s direct, so every large file goes
 direct.
 
-``O_DIRECT`` needs the buffer address, the file offset and the length aligned to the
-device's block size, which bytes fetched from the object store are not, so they are
-copied into page-aligned bounce buffers that a thread writes out while the next one
-fills. Files under ``MIN_DIRECT_FILE_BYTES`` go through the page cache.
+``O_DIRECT`` needs the file offset and length aligned to the device's block size and
+the buffer to its DMA alignment. A view of the object store written at an aligned
+offset goes straight from the store's memory when its address is ``MEM_ALIGN``
+aligned (the store aligns buffers to 64 bytes: about one chunk in eight); other
+bytes are copied into page-aligned bounce buffers, in pieces that are hashed right
+after the copy while they are in cache (verify and copy in one pass over memory),
+and a thread writes full buffers out while the next one fills. Files under
+``MIN_DIRECT_FILE_BYTES`` go through the page cache.
 
 Plain Python (Linux; elsewhere every file goes through the page cache): unit-tested
 without Ray.
@@ -24,35 +28,50 @@ without Ray.
 from __future__ import annotations
 
 import errno
-import fcntl
-import logging
 import os
 import queue
 import threading
+from typing import Any, Protocol
 
 import numpy as np
 
+from air_transfer.core.direct_base import (
+    ALIGN,
+    BOUNCE_BYTES,
+    MIN_DIRECT_FILE_BYTES,
+    aligned_buffer,
+    disable_direct,
+    enable_direct,
+    pwrite_direct,
+    refused,
+    should_write_direct,
+)
 from air_transfer.errors import error_at
 
-#: Alignment of direct writes: a page covers every common logical block size
-#: (512 B and 4 KiB); ``statx`` ``DIOALIGN`` is not exposed before Python 3.14.
-ALIGN = 4096
-#: Size of one bounce buffer: measured here, 8 MiB direct writes run at full disk
-#: speed, and three of them keep private memory far below one chunk.
-BOUNCE_BYTES = 8 * 1024 * 1024
-#: Files smaller than this always go through the page cache: the whole file is a
-#: write or two, and the cache serves the reader that follows.
-MIN_DIRECT_FILE_BYTES = 16 * 1024 * 1024
-
-logger = logging.getLogger(__name__)
-
-_O_DIRECT: int = getattr(os, "O_DIRECT", 0)
+__all__ = [
+    "ALIGN",
+    "BOUNCE_BYTES",
+    "MIN_DIRECT_FILE_BYTES",
+    "DirectFileWriter",
+    "Hasher",
+    "pwrite_direct",
+    "should_write_direct",
+]
 
 
-def should_write_direct(size: int, enabled: bool = True) -> bool:
-    """Whether a file of ``size`` bytes is written with ``O_DIRECT``: if ``enabled``,
-    the platform has it, and the file has at least ``MIN_DIRECT_FILE_BYTES``."""
-    return enabled and bool(_O_DIRECT) and size >= MIN_DIRECT_FILE_BYTES
+class Hasher(Protocol):
+    """A streaming hash (``xxhash.xxh3_128``): what ``write`` feeds every byte to."""
+
+    def update(self, data: Any, /) -> None: ...
+
+
+#: Buffer address alignment of a direct write (a block queue's DMA alignment: 511 + 1
+#: on common disks); a write refused for it retries through a bounce buffer.
+MEM_ALIGN = 512
+#: Bytes copied into a bounce buffer and then hashed at a time (cache-resident).
+PIECE_BYTES = 1024 * 1024
+#: Shortest view written straight from its buffer (below, a copy costs little).
+DIRECT_VIEW_MIN_BYTES = 1024 * 1024
 
 
 class DirectFileWriter:
@@ -86,14 +105,17 @@ class DirectFileWriter:
                 raise error_at(e, path, "truncating it") from e
         self.fd = fd
         try:
-            self.direct = _enable_direct(self.fd)
+            self.direct = enable_direct(self.fd)
         except OSError as e:
             os.close(self.fd)
             raise error_at(e, path, "enabling O_DIRECT") from e
         self._free: queue.Queue[np.ndarray] = queue.Queue()
         for _ in range(depth):
-            self._free.put(_aligned_buffer(buffer_bytes))
-        self._full: queue.Queue[tuple[np.ndarray, int, int] | None] = queue.Queue()
+            self._free.put(aligned_buffer(buffer_bytes))
+        #: (buffer, bytes, offset): a bounce buffer, or a view written from in place.
+        self._full: queue.Queue[tuple[Any, int, int] | None] = queue.Queue()
+        self._views = threading.Semaphore(depth)
+        self._mem_align = MEM_ALIGN
         self._error: BaseException | None = None
         self._buffer: np.ndarray | None = None
         self._fill = 0
@@ -108,20 +130,49 @@ class DirectFileWriter:
         )
         self._thread.start()
 
-    def write(self, data: memoryview) -> None:
-        """Append ``data`` (a byte view) to the file."""
+    def write(self, data: memoryview, hasher: Hasher | None = None) -> None:
+        """Append ``data`` (a byte view) to the file; ``hasher``, if given, is updated
+        with every byte, from the bounce buffer right after it is filled (in cache)."""
         view = memoryview(data).cast("B")
+        head = self._direct_head(view)
+        if head is not None:  # straight from ``view`` after ``head`` bytes
+            self._bounce(view[:head], hasher)
+            view = view[head:]
+            if self._fill:
+                self._submit(self._fill)  # a multiple of ALIGN: the offset is aligned
+            n = len(view) - len(view) % ALIGN
+            if hasher is not None:
+                hasher.update(view[:n])
+            self._views.acquire()  # at most ``depth`` views queued (they pin chunks)
+            self._full.put((view[:n], n, self._offset))
+            self._offset += n
+            view = view[n:]
+        self._bounce(view, hasher)
+
+    def _direct_head(self, view: memoryview) -> int | None:
+        """How many bytes of ``view`` to copy before the rest can be written from
+        ``view`` itself (at an ALIGN offset, from a ``MEM_ALIGN`` address); None
+        where it cannot."""
+        if not self.direct or len(view) < DIRECT_VIEW_MIN_BYTES:
+            return None
+        head = -(self._offset + self._fill) % ALIGN
+        address = np.frombuffer(view, np.uint8).ctypes.data + head
+        return None if address % self._mem_align else head
+
+    def _bounce(self, view: memoryview, hasher: Hasher | None) -> None:
         while view:
             if self._error is not None:
                 self.abort()
                 self._raise_if_failed()
             if self._buffer is None:
                 self._buffer = self._free.get()
-            take = min(len(self._buffer) - self._fill, len(view))
+            take = min(len(self._buffer) - self._fill, len(view), PIECE_BYTES)
             # numpy copies without the GIL (a slice assignment into an mmap or
             # bytearray holds it), so the writing thread is never kept waiting.
-            source = np.frombuffer(view[:take], np.uint8)
-            np.copyto(self._buffer[self._fill : self._fill + take], source)
+            piece = self._buffer[self._fill : self._fill + take]
+            np.copyto(piece, np.frombuffer(view[:take], np.uint8))
+            if hasher is not None:
+                hasher.update(piece)
             self._fill += take
             view = view[take:]
             if self._fill == len(self._buffer):
@@ -179,12 +230,36 @@ class DirectFileWriter:
             buffer, nbytes, offset = item
             try:
                 if self._error is None:
-                    self._pwrite_all(buffer, nbytes, offset)
+                    if isinstance(buffer, memoryview):
+                        self._pwrite_view(buffer, offset)
+                    else:
+                        self._pwrite_all(buffer, nbytes, offset)
                     self._written += nbytes
             except BaseException as e:  # re-raised in the caller's thread, never lost
                 self._error = e
             finally:
-                self._free.put(buffer)
+                if isinstance(buffer, memoryview):
+                    self._views.release()
+                else:
+                    self._free.put(buffer)
+
+    def _pwrite_view(self, view: memoryview, offset: int) -> None:
+        """Write ``view`` from where it is; where the kernel refuses its address
+        (``EINVAL``), through a bounce buffer, and only page-aligned views after."""
+        try:
+            written = os.pwrite(self.fd, view, offset)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            written, self._mem_align = 0, ALIGN
+        if written == len(view):
+            return
+        bounce = aligned_buffer(min(BOUNCE_BYTES, len(view)))
+        while written < len(view):
+            n = min(len(bounce), len(view) - written)
+            np.copyto(bounce[:n], np.frombuffer(view[written : written + n], np.uint8))
+            self._pwrite_all(bounce, n, offset + written)
+            written += n
 
     def _pwrite_all(self, buffer: np.ndarray, nbytes: int, offset: int) -> None:
         done = 0
@@ -194,8 +269,8 @@ class DirectFileWriter:
             except OSError as e:
                 if e.errno != errno.EINVAL or not self.direct:
                     raise
-                _refused(self.path, "a write")
-                self.direct = _disable_direct(self.fd)  # refused: page cache from here on
+                refused(self.path, "a write")
+                self.direct = disable_direct(self.fd)  # refused: page cache from here on
 
     def _raise_if_failed(self) -> None:
         """Raise the writing thread's error here: an OSError keeps its errno (ENOSPC
@@ -216,92 +291,3 @@ class DirectFileWriter:
         self._buffer = None
         while not self._free.empty():
             self._free.get_nowait()
-
-
-def pwrite_direct(path: str, data: memoryview, offset: int) -> bool:
-    """Write ``data`` at ``offset`` of the existing file ``path`` with ``O_DIRECT``,
-    through page-aligned bounce buffers, and return True; or return False where that
-    cannot be done: an ``offset`` or length that is not a multiple of ``ALIGN``, a
-    platform without ``O_DIRECT``, a filesystem that refuses it (``EINVAL``), a short
-    write off a block boundary. The caller then writes all of ``data`` through the
-    page cache; any part already written gets the same bytes again.
-
-    For writers that place whole chunks at known offsets, possibly out of order and
-    from several threads (node-storage uploads), where ``DirectFileWriter``'s front
-    to back stream does not fit. Other errors (``ENOSPC``, ``EIO``) are raised.
-    """
-    view = memoryview(data).cast("B")
-    if not _O_DIRECT or offset % ALIGN or len(view) % ALIGN:
-        return False
-    try:
-        fd = os.open(path, os.O_WRONLY | _O_DIRECT | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno == errno.EINVAL:
-            _refused(path, "the open")
-            return False
-        raise  # names the path
-    try:
-        bounce = _aligned_buffer(min(BOUNCE_BYTES, len(view)))
-        done = 0
-        while done < len(view):
-            n = min(len(bounce), len(view) - done)
-            np.copyto(bounce[:n], np.frombuffer(view[done : done + n], np.uint8))
-            written = 0
-            while written < n:
-                step = os.pwrite(fd, bounce[written:n], offset + done + written)
-                if step <= 0 or step % ALIGN:  # not resumable with O_DIRECT
-                    logger.debug("air-transfer: a short O_DIRECT write of %s: %d bytes", path, step)
-                    return False
-                written += step
-            done += n
-    except OSError as e:
-        if e.errno == errno.EINVAL:
-            _refused(path, "a write")
-            return False
-        raise error_at(e, path, f"writing at offset {offset}") from e
-    finally:
-        os.close(fd)
-    return True
-
-
-def _aligned_buffer(nbytes: int) -> np.ndarray:
-    """``nbytes`` of private memory starting on an ``ALIGN`` boundary."""
-    raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start : start + nbytes]
-
-
-def _enable_direct(fd: int) -> bool:
-    if not _O_DIRECT:
-        return False
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | _O_DIRECT)
-    except OSError as e:
-        if e.errno == errno.EINVAL:
-            _refused(f"descriptor {fd}", "fcntl(O_DIRECT)")
-            return False
-        raise
-    return True
-
-
-_refusals_logged: set[str] = set()
-
-
-def _refused(where: str, what: str) -> None:
-    """Log that the filesystem refused ``O_DIRECT`` (once per directory at warning:
-    writes there are slower and fill the page cache; the rest at debug)."""
-    directory = os.path.dirname(where) or where
-    level = logging.DEBUG if directory in _refusals_logged else logging.WARNING
-    _refusals_logged.add(directory)
-    logger.log(
-        level,
-        "air-transfer: the filesystem of %s refused O_DIRECT (%s); writing through the "
-        "page cache instead",
-        where,
-        what,
-    )
-
-
-def _disable_direct(fd: int) -> bool:
-    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
-    return False

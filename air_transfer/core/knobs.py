@@ -40,6 +40,10 @@ class Knobs:
     #: is busy on a 2-core node), so four 32 MiB chunks per task keep an 8 GB
     #: checkpoint's call at ~40 ms (two: 85 ms); the packing thread holds them all.
     pack_task_bytes: int = 128 * MiB
+    #: A chunk of one local file and at least this many bytes is packed as a view of
+    #: the file mapped under a read lease (``core.mapped``), without a copy; smaller
+    #: ones, and chunks of several files, are read into the packing buffer.
+    mapped_chunk_min_bytes: int = 1 * MiB
     #: Chunk size of node-storage reads (kept within ``chunk_bytes`` and twice that):
     #: Ray Train copies checkpoints with pyarrow in 64 MiB reads
     #: (``_pyarrow_fs_copy_files``), and a read that one chunk holds is served as a
@@ -79,6 +83,7 @@ class Knobs:
             "pack_threads",
             "single_chunk_tasks",
             "pack_task_bytes",
+            "mapped_chunk_min_bytes",
             "storage_read_chunk_bytes",
             "pack_ring_buffers",
         ):

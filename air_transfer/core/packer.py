@@ -1,29 +1,41 @@
-"""``ChunkPacker``: the node agent's packing step, chunks filled from their plans
-into one reusable buffer per thread, and checksummed."""
+"""``ChunkPacker``: the node agent's packing step. A chunk of one large local file is
+handed out as a view of the file mapped under a read lease (``core.mapped``): Ray's
+copy of the task's return value into the object store is then its only copy. Other
+chunks (several files, small, remote, lease refused) are read into one reusable
+buffer per thread. Every chunk is checksummed and proven against its plan's stamps."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from air_transfer.core import proven_read
 from air_transfer.core.checksum import chunk_checksum
-from air_transfer.core.plan import ChunkPlan
-from air_transfer.core.proven_read import FileCursor, fill_chunk
-from air_transfer.core.scan import Source
+from air_transfer.core.knobs import KNOBS
+from air_transfer.core.mapped import Lease, lease
+from air_transfer.core.plan import ChunkPlan, Span
+from air_transfer.core.proven_read import FileCursor, SourceFile, fill_chunk
+from air_transfer.core.scan import Source, Stamp
+
+#: Test-only seam, None in production: called as ``hook(path, span)`` once a chunk is
+#: mapped under its lease and before it is hashed (``_after_span_read`` runs before
+#: the lease is taken, so that a rewrite from a hook need not wait for it).
+_while_mapped: Callable[[str, Span], None] | None = None
 
 
 class ChunkPacker:
-    """Fills chunks from their plans (a few per call, from any number of threads) into
-    a reusable buffer per thread, and checksums them.
+    """Packs chunks from their plans (a few per call, from any number of threads).
 
     For the node agent, which packs every chunk of every transfer on its node as one
-    task each: a fresh chunk-sized buffer per task would fault in new pages every
-    time (~8k page faults per 32 MiB chunk). The view ``pack`` returns stays valid
-    until the same thread packs again; Ray stores a task's return value in the object
-    store in the thread that ran the task, before that thread runs another, so an
-    actor method may return it directly. Memory: one buffer per packing thread.
+    task each. A chunk read rather than mapped goes into a reusable buffer per thread:
+    a fresh chunk-sized buffer per task would fault in new pages every time (~8k page
+    faults per 32 MiB chunk). The views ``pack`` returns stay valid until the same
+    thread packs again; Ray stores a task's return value in the object store in the
+    thread that ran the task, before that thread runs another, so an actor method may
+    return them directly. Memory: one buffer per packing thread, only as large as the
+    read chunks of one call; a mapped chunk is page cache, not private memory.
     """
 
     def __init__(self) -> None:
@@ -39,36 +51,116 @@ class ChunkPacker:
         self, source: Source, plans: Sequence[ChunkPlan]
     ) -> tuple[list[np.ndarray], list[str]]:
         """The chunks of ``plans`` of ``source`` and their checksums, each proven
-        against its plan's stamps (SourceChangedError otherwise); one buffer holds
-        them all, so they stay valid together until this thread packs again."""
-        buffer = self._buffer(sum(plan.length for plan in plans))
+        against its plan's stamps (SourceChangedError otherwise); they stay valid
+        together until this thread packs again."""
         chunks, checksums = [], []
-        offset = 0
-        with FileCursor(source) as cursor:
-            for plan in plans:
-                chunk = buffer[offset : offset + plan.length]
-                fill_chunk(source, plan, memoryview(chunk), cursor)
+        with FileCursor(source) as cursor, _GroupLeases(source) as leases:
+            mapped = [leases.map(cursor, plan) for plan in plans]
+            read = sum(plan.length for plan, m in zip(plans, mapped, strict=True) if m is None)
+            buffer = self._buffer(read)
+            offset = 0
+            for plan, found in zip(plans, mapped, strict=True):
+                if found is not None:
+                    chunk, checksum = found
+                else:
+                    chunk = buffer[offset : offset + plan.length]
+                    fill_chunk(source, plan, memoryview(chunk), cursor)
+                    checksum = chunk_checksum(chunk)
+                    offset += plan.length
                 chunks.append(chunk)
-                checksums.append(chunk_checksum(chunk))
-                offset += plan.length
+                checksums.append(checksum)
         return chunks, checksums
 
-    def pack_into(
-        self, source: Source, plans: Sequence[ChunkPlan], out: np.ndarray
-    ) -> list[str]:
-        """Fill ``out`` with the chunks of ``plans`` end to end (``inline``'s one
-        object) and return their checksums."""
+    def pack_stream(
+        self, source: Source, plans: Sequence[ChunkPlan]
+    ) -> tuple[np.ndarray, list[str]]:
+        """The chunks of ``plans`` end to end as one array (``inline``'s one object)
+        and their checksums: a mapped view where they are all of one local file,
+        else read into a fresh array."""
+        paths = {path for plan in plans for path, _ in plan.files}
+        if len(paths) == 1 and plans:
+            (path, stamp), first = plans[0].files[0], plans[0].spans[0]
+            length = sum(plan.length for plan in plans)
+            span = Span(first.file_index, first.file_offset, length, 0)
+            with FileCursor(source) as cursor, _GroupLeases(source) as leases:
+                mapped = leases.map_range(cursor, path, stamp, span, [p.length for p in plans])
+            if mapped is not None:
+                return mapped
+        stream = np.empty(sum(plan.length for plan in plans), dtype=np.uint8)
         checksums = []
         offset = 0
         with FileCursor(source) as cursor:
             for plan in plans:
-                view = memoryview(out)[offset : offset + plan.length]
+                view = memoryview(stream)[offset : offset + plan.length]
                 fill_chunk(source, plan, view, cursor)
                 checksums.append(chunk_checksum(view))
                 offset += plan.length
-        return checksums
+        return stream, checksums
 
     def checksums(self, source: Source, plans: Sequence[ChunkPlan]) -> list[str]:
         """Only the checksums of ``plans``' chunks (``streamed`` reads the bytes again
-        at transfer time), through one chunk buffer."""
+        at transfer time): of the mapped file where it can be, else read through one
+        chunk buffer."""
         return [self.pack(source, [plan])[1][0] for plan in plans]
+
+
+class _GroupLeases:
+    """The read leases of one packing call, one per file (None: refused). Each is held
+    by the call until it ends and by every view mapped under it until Ray has copied
+    it: a truncate by another process waits, rather than making an access SIGBUS."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.leases: dict[str, Lease | None] = {}
+
+    def map(self, cursor: FileCursor, plan: ChunkPlan) -> tuple[np.ndarray, str] | None:
+        """Chunk ``plan`` as a mapped view and its checksum, proven against its stamp;
+        None where it is to be read instead."""
+        if len(plan.spans) != 1:
+            return None
+        (span,), ((path, stamp),) = plan.spans, plan.files
+        mapped = self.map_range(cursor, path, stamp, span, [span.length])
+        return None if mapped is None else (mapped[0], mapped[1][0])
+
+    def map_range(
+        self, cursor: FileCursor, path: str, stamp: Stamp, span: Span, pieces: list[int]
+    ) -> tuple[np.ndarray, list[str]] | None:
+        """``span`` of file ``path`` as a mapped view and the checksums of its
+        ``pieces`` (lengths, end to end): the lease is taken, then the file checked,
+        mapped, hashed and checked again. None where it is to be read instead."""
+        if not self.source.is_local or span.length < KNOBS.mapped_chunk_min_bytes:
+            return None
+        file = cursor.open(path, stamp)
+        hook = proven_read._after_span_read
+        if hook is not None:  # before the lease: a rewrite here must not wait for it
+            hook(file.where, span)
+        held = self._lease(path, file)
+        if held is None:
+            return None
+        file.check()
+        try:
+            view = held.view(span.file_offset, span.length)
+        except OSError:  # a filesystem that cannot map files (ENODEV): read it
+            return None
+        mapped = _while_mapped
+        if mapped is not None:
+            mapped(file.where, span)
+        checksums, offset = [], 0
+        for length in pieces:
+            checksums.append(chunk_checksum(view[offset : offset + length]))
+            offset += length
+        file.check()
+        return view, checksums
+
+    def _lease(self, path: str, file: SourceFile) -> Lease | None:
+        if path not in self.leases:
+            self.leases[path] = lease(file.fd)
+        return self.leases[path]
+
+    def __enter__(self) -> _GroupLeases:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for held in self.leases.values():
+            if held is not None:
+                held.drop()

@@ -66,12 +66,12 @@ class FileCursor:
 
     def __init__(self, source: Source) -> None:
         self.source = source
-        self.current: _SourceFile | None = None
+        self.current: SourceFile | None = None
 
-    def open(self, path: str, stamp: Stamp) -> _SourceFile:
+    def open(self, path: str, stamp: Stamp) -> SourceFile:
         if self.current is None or self.current.path != path:
             self.close()
-            self.current = _SourceFile(self.source, path, stamp)
+            self.current = SourceFile(self.source, path, stamp)
         return self.current
 
     def close(self) -> None:
@@ -86,7 +86,7 @@ class FileCursor:
         self.close()
 
 
-class _SourceFile:
+class SourceFile:
     """One source file open for reading, checked against its scan stamp."""
 
     def __init__(self, source: Source, path: str, stamp: Stamp) -> None:

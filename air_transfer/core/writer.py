@@ -18,16 +18,16 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
-from air_transfer.core.checksum import chunk_checksum
-from air_transfer.core.direct_io import DirectFileWriter, should_write_direct
+from air_transfer.core.checksum import chunk_checksum, chunk_hasher
 from air_transfer.core.entry import Entry
+from air_transfer.core.file_sink import FileSink
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.plan import Span, iter_chunk_spans
 from air_transfer.core.publish import check_before_writing, not_a_directory, publish
 from air_transfer.core.staging import Site
-from air_transfer.errors import ChecksumError, error_at
+from air_transfer.errors import ChecksumError
 
 
 def write_tree(
@@ -100,7 +100,7 @@ def _write_entries(
         if e.kind == "dir":
             os.mkdir(_join(root, e.path), 0o700)
     files = list(manifest.files())
-    with _FileSink(root, files, direct_io) as sink:
+    with FileSink(root, files, direct_io) as sink:
         spans = iter_chunk_spans([f.size for f in files], manifest.chunk_bytes)
         count = 0
         for index, chunk in enumerate(chunks):
@@ -114,10 +114,15 @@ def _write_entries(
             chunk_spans = next(spans)
             view = memoryview(chunk).cast("B")
             checksum = next(checksums) if checksums is not None else None
-            check_chunk(manifest, index, view, verify, files, chunk_spans, target, checksum)
+            # The length first; the checksum of the bytes as they are written (one
+            # pass): nothing is published before the whole chunk matched.
+            check_chunk(manifest, index, view, False, files, chunk_spans, target)
+            hasher = chunk_hasher() if verify else None
             for span in chunk_spans:
                 end = span.chunk_offset + span.length
-                sink.write(span.file_index, view[span.chunk_offset : end])
+                sink.write(span.file_index, view[span.chunk_offset : end], hasher)
+            if hasher is not None and hasher.hexdigest() != _checksum(manifest, index, checksum):
+                raise chunk_mismatch(manifest, index, view, files, chunk_spans, target)
             count += 1
         if count != manifest.num_chunks:
             raise ChecksumError(
@@ -134,63 +139,6 @@ def _write_entries(
         elif e.kind == "file":
             os.chmod(path, e.mode)
             os.utime(path, ns=(e.mtime_ns, e.mtime_ns))
-
-
-class _FileSink:
-    """Writes the stream's bytes into files in order; one file open at a time, large
-    ones around the page cache if ``direct_io``."""
-
-    def __init__(self, root: str, files: Sequence[Entry], direct_io: bool) -> None:
-        self.root, self.files, self.direct_io = root, files, direct_io
-        self.index = -1
-        self.path = ""
-        self.written = 0
-        self.handle: BinaryIO | DirectFileWriter | None = None
-
-    def _advance_to(self, file_index: int) -> None:
-        while self.index < file_index:
-            self._close()
-            self.index += 1
-            entry = self.files[self.index]
-            self.path, self.written = _join(self.root, entry.path), 0
-            if should_write_direct(entry.size, self.direct_io):
-                self.handle = DirectFileWriter(self.path)
-            else:
-                self.handle = open(self.path, "wb", buffering=0)
-
-    def _close(self, failed: bool = False) -> None:
-        handle, self.handle = self.handle, None
-        if isinstance(handle, DirectFileWriter) and failed:
-            handle.abort()
-        elif handle is not None:
-            try:
-                handle.close()
-            except OSError as e:
-                if isinstance(handle, DirectFileWriter):
-                    raise  # it names the file and keeps the errno
-                raise error_at(e, self.path, f"closing it after {self.written} bytes") from e
-
-    def write(self, file_index: int, view: memoryview) -> None:
-        self._advance_to(file_index)
-        if isinstance(self.handle, DirectFileWriter):
-            self.handle.write(view)
-            return
-        assert self.handle is not None
-        while view:
-            try:
-                written = self.handle.write(view)
-            except OSError as e:
-                raise error_at(e, self.path, f"writing it after {self.written} bytes") from e
-            view = view[written:]
-            self.written += written
-
-    def __enter__(self) -> _FileSink:
-        return self
-
-    def __exit__(self, exc_type: object, *_: object) -> None:
-        if exc_type is None:
-            self._advance_to(len(self.files) - 1)  # trailing empty files
-        self._close(failed=exc_type is not None)
 
 
 def _checksum(manifest: Manifest, index: int, expected: str | None) -> str:
@@ -223,6 +171,19 @@ def check_chunk(
         not verify or chunk_checksum(view) == _checksum(manifest, index, expected)
     ):
         return
+    raise chunk_mismatch(manifest, index, view, files, spans, target)
+
+
+def chunk_mismatch(
+    manifest: Manifest,
+    index: int,
+    view: memoryview,
+    files: Sequence[Entry] | None = None,
+    spans: Sequence[Span] | None = None,
+    target: str | None = None,
+) -> ChecksumError:
+    """The ChecksumError of chunk ``index`` (``check_chunk``)."""
+    length = manifest.chunk_length(index)
     if files is None or spans is None:
         files = list(manifest.files())
         sizes = [f.size for f in files]
@@ -233,8 +194,8 @@ def check_chunk(
         "The payload is corrupt or was altered; nothing was published"
     )
     if target is None:
-        raise ChecksumError(errno.EBADMSG, message)
-    raise ChecksumError(errno.EBADMSG, message, target)
+        return ChecksumError(errno.EBADMSG, message)
+    return ChecksumError(errno.EBADMSG, message, target)
 
 
 def _makedirs(path: str) -> None:

@@ -85,7 +85,12 @@ class TransferFuture:
         """Call ``fn(self)`` once packing has finished (at once if it has; when the
         session ends first, then), in a thread of Ray's or of this module's; an error
         ``fn`` raises is logged by ``concurrent.futures``."""
-        self._future.add_done_callback(lambda _: fn(self))
+        # ``concurrent.futures`` keeps its callbacks after running them: one that held
+        # this future would make a cycle (future -> callbacks -> future) that keeps
+        # the checkpoint's chunks in the store until the cyclic GC runs, which in an
+        # idle process can be many seconds. It holds a box, emptied as it runs.
+        box = [self]
+        self._future.add_done_callback(lambda _: _run_once(box, fn))
         if not self._future.done():
             _watch(self)
 
@@ -151,6 +156,12 @@ def session() -> tuple[str, str] | None:
         return str(context.gcs_address), str(context.get_job_id())
     except Exception:  # shutting down meanwhile
         return None
+
+
+def _run_once(box: list[TransferFuture], fn: Callable[[TransferFuture], object]) -> None:
+    """Call ``fn`` with the future in ``box`` and empty it (see ``add_done_callback``)."""
+    if box:
+        fn(box.pop())
 
 
 _watched: set[TransferFuture] = set()

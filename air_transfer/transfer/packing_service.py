@@ -101,9 +101,8 @@ class PackingService:
     def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
         """The whole (small, ``inline``) stream as one array, then the checksum of each
         chunk: ``1 + len(plans)`` objects (the caller sets ``num_returns``)."""
-        stream = np.empty(sum(plan.length for plan in plans), dtype=np.uint8)
         try:
-            checksums = self._packer.pack_into(source, plans, stream)
+            stream, checksums = self._packer.pack_stream(source, plans)
         except Exception as e:
             return _failed(e, 1, len(plans))
         _packed(plans, "inline")

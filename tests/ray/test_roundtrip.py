@@ -274,9 +274,9 @@ def test_large_files_written_around_the_page_cache(tmp_path: Path, strategy_name
     @ray.remote
     def consume(refs: list, target: str) -> list[tuple[str, bool]]:
         """Restores in a worker; the files it wrote direct, with whether they stayed so."""
-        from air_transfer.core import writer
+        from air_transfer.core import file_sink
 
-        with direct_writers(writer) as writers:
+        with direct_writers(file_sink) as writers:
             ChunkedCheckpoint.from_object_ref(refs[0]).to_directory(target)
         return [(os.path.basename(w.path), w.direct) for w in writers]
 

@@ -1,0 +1,164 @@
+"""Mapped packing in the node agent: chunks of a large file go into the store as
+views of the file under a read lease, which the agent lets go of once Ray has
+stored them; a truncate while a chunk is mapped never crashes the agent; and a
+transfer's chunks leave the store once it is done and dropped."""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+import ray.cloudpickle
+
+from air_transfer import ChunkedCheckpoint, SourceChangedError, TransferConfig
+from air_transfer.cluster._ray import object_store_free_bytes
+from air_transfer.cluster.nodes import node_agent, this_node_id
+from air_transfer.config import MiB
+from air_transfer.core.plan import Span
+from tests.support import leases
+from tests.support.leases import (
+    install_while_mapped,
+    lease_breaking,
+    leased,
+    truncate_elsewhere,
+)
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+ray.cloudpickle.register_pickle_by_value(leases)
+
+CONFIG = TransferConfig(chunk_bytes=2 * MiB, window=4, strategy="chunked")
+
+
+@pytest.fixture
+def agent() -> Any:
+    handle = node_agent()
+    yield handle
+    install_while_mapped(handle, None)
+
+
+def make_source(tmp_path: Path, nbytes: int) -> tuple[Path, bytes]:
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(nbytes)
+    (src / "w.bin").write_bytes(data)
+    return src, data
+
+
+class RecordLease:
+    """Agent hook: write to ``marker`` whether a lease on the packed file was held
+    while its chunk was mapped (``packer._while_mapped``)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __call__(self, where: str, span: Span) -> None:
+        with open(os.path.join(os.path.dirname(os.path.dirname(where)), self.marker), "a") as f:
+            f.write(f"{leases.lease_listed(where)}\n")
+
+
+def test_the_agent_maps_chunks_and_lets_go_of_the_lease_once_they_are_stored(
+    tmp_path: Path, agent: Any
+) -> None:
+    src, data = make_source(tmp_path, 6 * MiB)
+    install_while_mapped(agent, RecordLease("leases.log"))
+    ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config=CONFIG)
+    assert (tmp_path / "leases.log").read_text().split() == ["True"] * 3
+    # Packed and still referenced: the store has its copy, the file is free.
+    eventually(lambda: not leased(src / "w.bin"), "the agent to release its lease")
+    out = tmp_path / "out"
+    ChunkedCheckpoint.from_object_ref(ref).to_directory(str(out))
+    assert (out / "w.bin").read_bytes() == data
+
+
+class TruncateWhileMapped:
+    """Agent hook: the first time, have another process truncate the file and wait
+    until it is blocked on the agent's lease."""
+
+    fired = False
+
+    def __call__(self, where: str, span: Span) -> None:
+        if not self.fired:
+            self.fired = True
+            truncate_elsewhere(where)
+            eventually(lambda: lease_breaking(where), "the truncate to wait for the lease")
+
+
+@pytest.mark.parametrize("size", [2 * MiB, 6 * MiB])
+def test_a_truncate_while_the_agent_maps_a_chunk_never_crashes_it(
+    tmp_path: Path, agent: Any, size: int
+) -> None:
+    """One chunk: packed whole from the version scanned, the truncate waiting for it.
+    Several: later chunks see either version (the truncate may run between two
+    packing tasks), so the transfer either completes with the scanned bytes or
+    raises SourceChangedError; the agent lives on either way."""
+    src, data = make_source(tmp_path, size)
+    pid = ray.get(agent.pid.remote())
+    install_while_mapped(agent, TruncateWhileMapped())
+    out = tmp_path / "out"
+    try:
+        ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config=CONFIG)
+        ChunkedCheckpoint.from_object_ref(ref).to_directory(str(out))
+    except SourceChangedError as e:
+        assert size > CONFIG.chunk_bytes and e.filename == str(src / "w.bin")
+        assert not out.exists()
+    else:
+        assert (out / "w.bin").read_bytes() == data
+    eventually(lambda: os.path.getsize(src / "w.bin") == 0, "the truncate to go through")
+    assert ray.get(agent.pid.remote()) == pid
+
+
+def store_free() -> int:
+    free = object_store_free_bytes(this_node_id())
+    assert free is not None
+    return free
+
+
+@ray.remote(num_cpus=0)
+def restore(ckpt: ChunkedCheckpoint, target: str) -> None:
+    ckpt.to_directory(target)
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_the_chunks_leave_the_store_once_the_transfer_is_done_and_dropped(
+    tmp_path: Path, blocking: bool
+) -> None:
+    src, data = make_source(tmp_path, 48 * MiB)
+    baseline = eventually(store_free, "the store's free bytes")
+    ckpt = ChunkedCheckpoint.from_directory(src)
+    future = None if blocking else ckpt.to_object_ref_async(config=CONFIG)
+    ref = ckpt.to_object_ref(config=CONFIG) if future is None else future.ref
+    ray.get(restore.remote(ChunkedCheckpoint.from_object_ref(ref), str(tmp_path / "out")))
+    if future is not None:
+        future.result()
+    assert (tmp_path / "out" / "w.bin").read_bytes() == data
+    # Still referenced: in the store (else the check below could not fail).
+    eventually(lambda: store_free() < baseline - len(data) // 2, "the chunks in the store")
+    del future, ref
+    eventually(
+        lambda: store_free() >= baseline - 2 * CONFIG.chunk_bytes,
+        lambda: f"the chunks to leave the store ({baseline - store_free()} bytes still held)",
+    )
+
+
+def test_a_done_future_with_a_callback_is_freed_without_the_cyclic_gc(tmp_path: Path) -> None:
+    """Its callbacks stay in ``concurrent.futures`` after they ran: a future they
+    referenced would be freed (with the checkpoint's chunks) only by the cyclic GC."""
+    src, _ = make_source(tmp_path, 4 * MiB)
+    gc.disable()
+    try:
+        future = ChunkedCheckpoint.from_directory(src).to_object_ref_async(config=CONFIG)
+        ran: list[bool] = []
+        future.add_done_callback(lambda f: ran.append(f.done()))
+        future.result()
+        eventually(lambda: ran, "the callback to run", interval_s=0)
+        freed = weakref.ref(future)
+        del future
+        eventually(lambda: freed() is None, "the future freed by refcount", interval_s=0)
+    finally:
+        gc.enable()

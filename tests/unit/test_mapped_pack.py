@@ -1,0 +1,174 @@
+"""Mapped packing (``core.mapped``, ``core.packer``): a chunk of one large local file
+is a view of the file mapped under a read lease, with the checksum of exactly the
+bytes handed out; the lease lasts as long as the views; a lease the kernel refuses
+(a writer has the file open) falls back to reading, still proven; a truncate by
+another process while a chunk is mapped waits for the lease instead of crashing the
+packer (SIGBUS)."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from air_transfer import SourceChangedError
+from air_transfer.config import MiB
+from air_transfer.core import mapped, packer
+from air_transfer.core.checksum import chunk_checksum
+from air_transfer.core.mapped import is_mapped
+from air_transfer.core.packer import ChunkPacker
+from air_transfer.core.plan import ChunkPlan, Span, plan_chunks
+from tests.support.leases import (
+    hold_open_for_write,
+    lease_breaking,
+    leased,
+    truncate_elsewhere,
+)
+from tests.support.rewriters import CHANGED, HOW, local_scan, rewrite
+from tests.support.waiting import eventually
+
+CHUNK = 1 * MiB
+
+
+def make_source(tmp_path: Path) -> Path:
+    """``w.bin`` spans chunks 0-2 (its last one shared with ``z.txt``)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(2 * CHUNK + 4096 + 7))
+    (src / "z.txt").write_bytes(b"small" * 10)
+    return src
+
+
+def pack(src: Path) -> tuple[list[np.ndarray], list[str], bytes]:
+    source, scanned = local_scan(src)
+    plans = list(plan_chunks(scanned.files, scanned.stamps, CHUNK))
+    chunks, checksums = ChunkPacker().pack(source, plans)
+    expected = b"".join(p.read_bytes() for p in (src / "w.bin", src / "z.txt"))
+    return chunks, checksums, expected
+
+
+def assert_packed(chunks: list[np.ndarray], checksums: list[str], expected: bytes) -> None:
+    assert b"".join(bytes(c) for c in chunks) == expected
+    assert checksums == [chunk_checksum(bytes(c)) for c in chunks]
+
+
+def test_one_file_chunks_are_mapped_and_leased_while_their_views_live(tmp_path: Path) -> None:
+    src = make_source(tmp_path)
+    chunks, checksums, expected = pack(src)
+    assert [is_mapped(c) for c in chunks] == [True, True, False]
+    assert_packed(chunks, checksums, expected)
+    assert not chunks[0].flags.writeable
+    assert leased(src / "w.bin")
+    del chunks
+    gc.collect()
+    assert not leased(src / "w.bin")
+
+
+def test_a_lease_refused_to_a_file_open_for_writing_falls_back_to_reading(
+    tmp_path: Path, in_driver: Callable[[Any], None]
+) -> None:
+    src = make_source(tmp_path)
+    writer = hold_open_for_write(src / "w.bin")
+    try:
+        chunks, checksums, expected = pack(src)
+        assert not any(is_mapped(c) for c in chunks)
+        assert_packed(chunks, checksums, expected)
+        # Read, not mapped, so a rewrite while packed is still caught by the stamps.
+        fired: list[str] = []
+
+        def rewrite_once(where: str, span: Span) -> None:
+            if not fired:
+                fired.append(where)
+                rewrite(where, "in-place")
+
+        in_driver(rewrite_once)
+        with pytest.raises(SourceChangedError, match=CHANGED):
+            pack(src)
+        assert fired == [str(src / "w.bin")]
+    finally:
+        writer.communicate("")
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_rewrite_of_a_file_being_mapped_is_caught_by_the_stamps(
+    tmp_path: Path, in_driver: Callable[[Any], None], how: str
+) -> None:
+    """The packing seam runs before the file is leased (a rewrite there does not wait
+    for it); the stamps taken under the lease then see the rewrite."""
+    src = make_source(tmp_path)
+    in_driver(lambda where, span: span.file_offset == 0 and rewrite(where, how))
+    with pytest.raises(SourceChangedError, match=CHANGED):
+        pack(src)
+
+
+def test_a_truncate_while_a_chunk_is_mapped_waits_for_the_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The truncate is started once the chunk is mapped and waits (the kernel lists
+    the lease as breaking) while the chunk is hashed: no SIGBUS, the chunk and its
+    checksum are of the version scanned, and the truncate goes through once the
+    views are gone."""
+    src = make_source(tmp_path)
+    path = str(src / "w.bin")
+    truncaters: list[Any] = []
+
+    def truncate_now(where: str, span: Span) -> None:
+        if not truncaters:
+            truncaters.append(truncate_elsewhere(where))
+            eventually(lambda: lease_breaking(where), "the truncate to wait for the lease")
+
+    monkeypatch.setattr(packer, "_while_mapped", truncate_now)
+    chunks, checksums, expected = pack(src)
+    assert is_mapped(chunks[0]) and truncaters
+    assert_packed(chunks, checksums, expected)
+    assert truncaters[0].poll() is None  # still waiting: the views hold the lease
+    del chunks
+    gc.collect()
+    assert truncaters[0].wait(timeout=30) == 0
+    assert os.path.getsize(path) == 0
+
+
+def test_a_chunk_of_a_file_that_shrank_before_it_was_mapped_is_refused(tmp_path: Path) -> None:
+    src = make_source(tmp_path)
+    source, scanned = local_scan(src)
+    plans: list[ChunkPlan] = list(plan_chunks(scanned.files, scanned.stamps, CHUNK))
+    os.truncate(src / "w.bin", CHUNK)
+    with pytest.raises(SourceChangedError, match="shrank"):
+        ChunkPacker().pack(source, plans[1:2])
+    assert not leased(src / "w.bin")
+
+
+def test_an_inline_stream_of_one_file_is_one_mapped_view(tmp_path: Path) -> None:
+    src = make_source(tmp_path)
+    source, scanned = local_scan(src)
+    plans = list(plan_chunks(scanned.files, scanned.stamps, CHUNK))
+    stream, checksums = ChunkPacker().pack_stream(source, plans)  # two files: read
+    assert not is_mapped(stream) and bytes(stream) == pack(src)[2]
+    (src / "z.txt").unlink()
+    source, scanned = local_scan(src)
+    plans = list(plan_chunks(scanned.files, scanned.stamps, CHUNK))
+    stream, checksums = ChunkPacker().pack_stream(source, plans)
+    data = (src / "w.bin").read_bytes()
+    assert is_mapped(stream) and bytes(stream) == data
+    starts = range(0, len(data), CHUNK)
+    assert checksums == [chunk_checksum(data[i : i + CHUNK]) for i in starts]
+
+
+def test_a_filesystem_that_cannot_map_the_file_falls_back_to_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_mmap(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENODEV, "No such device")
+
+    monkeypatch.setattr(mapped.Lease, "view", no_mmap)
+    src = make_source(tmp_path)
+    chunks, checksums, expected = pack(src)
+    assert not any(is_mapped(c) for c in chunks)
+    assert_packed(chunks, checksums, expected)
+    assert not leased(src / "w.bin")
