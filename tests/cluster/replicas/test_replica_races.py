@@ -1,0 +1,94 @@
+"""Races of a replicated storage: writes racing the loss of the storage node, and a
+copy that missed a write and a delete (its agent died mid-write) that is never
+read until repair has made it whole again."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import ray
+from ray.cluster_utils import Cluster
+
+from air_transfer import node_agent
+from tests.support.checkpoints import MiB, on
+from tests.support.cluster import node_ids
+from tests.support.node_storage import read
+from tests.support.replicas import copies_identical, remove, replicated, tree, view, workers
+
+
+def test_writes_racing_the_loss_of_the_storage_node(cluster4: Cluster, tmp_path: Path) -> None:
+    w = workers()
+    fs, h = replicated(tmp_path, 2, w[0], named=(w[1],))
+    bodies = {f"f{i}": os.urandom(MiB + i) for i in range(8)}
+    outcome: dict[str, BaseException | None] = {}
+    first_done = threading.Event()
+
+    def writer() -> None:
+        for name, body in bodies.items():
+            try:
+                with fs.open_output_stream(f"{h.root}/{name}") as out:
+                    out.write(body)
+                outcome[name] = None
+            except Exception as e:  # a write that raised: absent or whole, never partial
+                outcome[name] = e
+            first_done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    first_done.wait(120)
+    remove(cluster4, node_ids()[w[0]])
+    thread.join(300)
+    assert not thread.is_alive() and len(outcome) == len(bodies)
+    assert outcome["f0"] is None
+    for name, error in outcome.items():  # every write that returned is stored
+        if error is None:
+            assert read(fs, f"{h.root}/{name}") == bodies[name]
+    stored = copies_identical(h, 2)
+    assert all(stored[name] == bodies[name] for name in stored)  # nothing partial
+    assert {n for n, e in outcome.items() if e is None} <= set(stored)
+
+
+@ray.remote(num_cpus=0)
+def read_local(fs: pafs.FileSystem, path: str) -> bytes | None:
+    """What a reader on this node reads at ``path`` (None: absent)."""
+    try:
+        return read(fs, path)
+    except FileNotFoundError:
+        return None
+
+
+def test_a_copy_that_missed_changes_is_never_read(cluster4: Cluster, tmp_path: Path) -> None:
+    w = workers()
+    fs, h = replicated(tmp_path, 2, w[0], named=(w[1],))
+    replica = node_ids()[w[1]]
+    for name in ("f", "g"):
+        with fs.open_output_stream(f"{h.root}/{name}") as out:
+            out.write(b"v1" * MiB)
+    with fs.open_output_stream(f"{h.root}/f") as out:  # its agent dies mid-write
+        out.write(b"v2" * MiB)
+        ray.kill(node_agent(replica))
+        out.write(b"v2" * MiB)
+    _, fresh, _ = view(h)
+    assert replica not in fresh  # marked before close returned
+    fs.delete_file(f"{h.root}/g")
+    # A reader on the stale copy's node (which prefers its own disk) reads the others'.
+    assert ray.get(read_local.options(**on(w[1])).remote(fs, f"{h.root}/f")) == b"v2" * 2 * MiB
+    assert ray.get(read_local.options(**on(w[1])).remote(fs, f"{h.root}/g")) is None
+    assert copies_identical(h, 2) == {"f": b"v2" * 2 * MiB}  # repaired, the delete included
+    copies, _, _ = view(h)
+    assert replica in copies and tree(copies[replica]) == {"f": b"v2" * 2 * MiB}
+
+
+def test_a_lost_copy_is_made_again_on_a_live_node(cluster4: Cluster, tmp_path: Path) -> None:
+    w = workers()
+    fs, h = replicated(tmp_path, 3, w[0], named=(w[1], w[2]))
+    body = os.urandom(3 * MiB)
+    with fs.open_output_stream(f"{h.root}/f") as out:
+        out.write(body)
+    lost = node_ids()[w[2]]
+    remove(cluster4, lost)
+    assert copies_identical(h, 3) == {"f": body}  # on the head, the one spare
+    assert lost not in view(h)[0]
