@@ -17,6 +17,7 @@ import os
 import posixpath
 import threading
 import time
+from collections.abc import Callable
 
 import pyarrow.fs as pafs
 import ray
@@ -38,16 +39,23 @@ POLL_S = 0.5
 
 
 class Pace:
-    """At most ``rate`` bytes per second, on average, through ``take``."""
+    """At most ``rate`` bytes per second, on average, through ``take`` (which sleeps
+    as long as the bytes taken are ahead of the rate)."""
 
-    def __init__(self, rate: float) -> None:
-        self.rate, self.start, self.taken = rate, time.monotonic(), 0
+    def __init__(
+        self,
+        rate: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.rate, self.clock, self.sleep = rate, clock, sleep
+        self.start, self.taken = clock(), 0
 
     def take(self, nbytes: int) -> None:
         self.taken += nbytes
-        ahead = self.taken / self.rate - (time.monotonic() - self.start)
+        ahead = self.taken / self.rate - (self.clock() - self.start)
         if ahead > 0:
-            time.sleep(ahead)
+            self.sleep(ahead)
 
 
 def repair_rate() -> float:
