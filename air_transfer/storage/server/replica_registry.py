@@ -137,12 +137,12 @@ class ReplicaRegistry:
                     out.append((key, have, s.wanted))
             return out
 
-    def missing_bytes(self, live: set[str]) -> int:
-        """Bytes short of K copies: per storage, its size times the copies missing."""
+    def missing_bytes(self, live: set[str], key: str | None = None) -> int:
+        """Bytes short of K copies: per storage (every one, or ``key``), its size
+        times the copies missing."""
         with self._lock:
-            return sum(
-                s.bytes * max(0, s.wanted - len(s.fresh & live)) for s in self._storages.values()
-            )
+            storages = [self._storages[key]] if key else list(self._storages.values())
+            return sum(s.bytes * max(0, s.wanted - len(s.fresh & live)) for s in storages)
 
     def plan_repair(self, key: str, live: set[str]) -> tuple[Copy, Copy] | None:
         """The next copy to re-make: ``(source, target)``, a fresh live source and a

@@ -13,10 +13,20 @@ import ray
 from ray.cluster_utils import Cluster
 
 from air_transfer import node_agent
+from air_transfer.storage.client.replica_set import registry
 from tests.support.checkpoints import MiB, on
 from tests.support.cluster import node_ids
 from tests.support.node_storage import read
-from tests.support.replicas import copies_identical, remove, replicated, tree, view, workers
+from tests.support.replicas import (
+    copies_identical,
+    remove,
+    replicated,
+    top_up,
+    tree,
+    view,
+    workers,
+)
+from tests.support.waiting import eventually
 
 
 def test_writes_racing_the_loss_of_the_storage_node(cluster4: Cluster, tmp_path: Path) -> None:
@@ -92,3 +102,26 @@ def test_a_lost_copy_is_made_again_on_a_live_node(cluster4: Cluster, tmp_path: P
     remove(cluster4, lost)
     assert copies_identical(h, 3) == {"f": body}  # on the head, the one spare
     assert lost not in view(h)[0]
+
+
+def test_a_node_that_joins_gets_the_missing_copy(cluster4: Cluster, tmp_path: Path) -> None:
+    w = workers()
+    fs, h = replicated(tmp_path, 4, w[0], named=(w[1], w[2], "head"))  # every node
+    body = os.urandom(2 * MiB)
+    with fs.open_output_stream(f"{h.root}/f") as out:
+        out.write(body)
+    remove(cluster4, node_ids()[w[1]])
+    live = set(node_ids().values())
+
+    def counted() -> int:
+        missing: int = ray.get(registry().missing_bytes.remote(live, h.key))
+        return missing
+
+    # No node to repair onto: one copy's worth short, counted, until a node joins.
+    assert eventually(counted, "the missing copy counted") == 2 * MiB
+    with fs.open_output_stream(f"{h.root}/g") as out:  # written while short
+        out.write(b"while short")
+    top_up(cluster4, 4)
+    assert copies_identical(h, 4) == {"f": body, "g": b"while short"}
+    live = set(node_ids().values())
+    assert eventually(lambda: counted() == 0 or None, "nothing counted short") is True
