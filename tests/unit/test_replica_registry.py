@@ -101,3 +101,18 @@ def test_repair_is_paced() -> None:
     now[0] = 5.0
     pace.take(10)  # behind the rate: no sleep
     assert slept == [0.5, 0.8]
+
+
+def test_what_counts_as_a_lost_copy() -> None:
+    from ray.exceptions import ActorDiedError
+
+    from air_transfer.errors import CheckpointLostError
+    from air_transfer.storage.client.replica_set import is_lost
+
+    assert is_lost(ConnectionError("gone")) and is_lost(ActorDiedError())
+    assert not is_lost(FileNotFoundError("answered"))
+    # A reader fails over when the copy's chunks are gone; a writer whose source's
+    # chunks are gone gets that answer from every copy, none of them stale.
+    assert is_lost(CheckpointLostError("x")) and not is_lost(
+        CheckpointLostError("x"), reading=False
+    )

@@ -103,9 +103,13 @@ def on_copy(root: str, rel: str) -> str:
     return posixpath.normpath(posixpath.join(root, rel)) if rel else root
 
 
-def is_lost(error: BaseException) -> bool:
-    """Whether ``error`` says a copy is unreachable (its node or agent is gone, or
-    the objects it owned), rather than what the copy answered."""
+def is_lost(error: BaseException, reading: bool = True) -> bool:
+    """Whether ``error`` says a copy is unreachable (its node or agent is gone, or,
+    ``reading``, the objects it owned), rather than what the copy answered. In a
+    write, CheckpointLostError is an answer: the source's chunks are gone, for every
+    copy alike."""
     if isinstance(error, RayTaskError):
         return False
-    return isinstance(error, ConnectionError | RayError | CheckpointLostError)
+    if isinstance(error, CheckpointLostError):
+        return reading
+    return isinstance(error, ConnectionError | RayError)

@@ -41,7 +41,7 @@ T = TypeVar("T")
 
 
 def _lost(outcome: BaseException | None) -> bool:
-    return outcome is not None and is_lost(outcome)
+    return outcome is not None and is_lost(outcome, reading=False)
 
 
 class ReplicatedHandler(NodeStorageHandler):
