@@ -12,7 +12,7 @@ import pyarrow.fs as pafs
 import ray
 from ray.cluster_utils import Cluster
 
-from air_transfer import storage_filesystem
+from air_transfer import TransferConfig, storage_filesystem
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.replica_set import registry
 from air_transfer.storage.client.replicas import ReplicatedHandler
@@ -24,7 +24,7 @@ _names = itertools.count()
 
 
 def replicated(
-    tmp: Path, k: int, node: str, named: tuple[str, ...] = ()
+    tmp: Path, k: int, node: str, named: tuple[str, ...] = (), config: TransferConfig = CONFIG
 ) -> tuple[pafs.FileSystem, ReplicatedHandler]:
     """Node storage on the node with resource ``node`` plus K-1 copies (those named
     first), copy n rooted at ``tmp/copies/<n's id>``."""
@@ -32,7 +32,7 @@ def replicated(
     primary = ids[node]
     fs = storage_filesystem(
         primary,
-        CONFIG,
+        config,
         root=str(tmp / "copies" / primary),
         replicas=k,
         replica_nodes=tuple(ids[n] for n in named),

@@ -12,7 +12,7 @@ import pyarrow.fs as pafs
 import ray
 from ray.cluster_utils import Cluster
 
-from air_transfer import node_agent
+from air_transfer import TransferConfig, node_agent
 from air_transfer.storage.client.replica_set import registry
 from tests.support.checkpoints import MiB, on
 from tests.support.cluster import node_ids
@@ -125,3 +125,41 @@ def test_a_node_that_joins_gets_the_missing_copy(cluster4: Cluster, tmp_path: Pa
     assert copies_identical(h, 4) == {"f": body, "g": b"while short"}
     live = set(node_ids().values())
     assert eventually(lambda: counted() == 0 or None, "nothing counted short") is True
+
+
+def test_storage_node_removed_mid_report(cluster4: Cluster, tmp_path: Path) -> None:
+    from ray.train import Checkpoint
+
+    from air_transfer.train import download_directory, upload_directory
+    from tests.support.checkpoints import digest_tree, make_checkpoint
+    from tests.support.gates import Gate, HoldPackingAt, hold_packing
+
+    w = workers()
+    config = TransferConfig(chunk_bytes=MiB, window=2, strategy="chunked")
+    fs, h = replicated(tmp_path, 2, w[0], named=(w[1],), config=config)
+    src = make_checkpoint(tmp_path / "src", 4 * MiB)
+    gate = Gate.options(**on("head")).remote()
+    agent = node_agent(node_ids()["head"])  # packs this process's chunks
+    hold_packing(agent, HoldPackingAt(2 * MiB, gate))
+    try:
+        stored: list[object] = []
+        path = f"{h.root}/run/checkpoint_0"
+        report = threading.Thread(
+            target=lambda: stored.append(
+                upload_directory(fs, path, Checkpoint.from_directory(str(src)), "worker")
+            )
+        )
+        report.start()
+        ray.get(gate.wait_for_arrivals.remote(1))  # half packed, copies writing
+        remove(cluster4, node_ids()[w[0]])
+        gate.open.remote()
+        report.join(120)
+    finally:
+        hold_packing(agent, None)
+    assert len(stored) == 1 and stored[0] is not None  # the report returned, stored
+    assert download_directory(fs, path, str(tmp_path / "restored"))
+    assert digest_tree(tmp_path / "restored") == digest_tree(src)
+    copies = copies_identical(h, 2)
+    assert {p: b for p, b in copies.items() if b is not None} == {
+        f"run/checkpoint_0/{p}": b for p, b in tree(str(src)).items() if b is not None
+    }
