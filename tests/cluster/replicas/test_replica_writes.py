@@ -90,3 +90,38 @@ def test_bad_replica_settings_are_refused(cluster4: Cluster, tmp_path: Path) -> 
         storage_filesystem(
             node, CONFIG, root=str(tmp_path), replicas=2, replica_root="rel/{node_id}"
         )
+
+
+@ray.remote(num_cpus=0)
+def read_here(fs: pafs.FileSystem, path: str) -> bytes:
+    return read(fs, path)
+
+
+def test_reads_take_the_local_copy_else_the_one_read_order_names(
+    cluster4: Cluster, tmp_path: Path
+) -> None:
+    from air_transfer.storage.client import replica_set
+    from tests.support.node_storage import read_counters
+
+    w = workers()
+    fs, h = replicated(tmp_path, 2, w[0], named=(w[1],))
+    with fs.open_output_stream(f"{h.root}/f") as out:
+        out.write(BODY)
+
+    def served() -> dict[str, int]:
+        return {n: read_counters(n)["bytes_served"] for n in (w[0], w[1])}
+
+    before = served()
+    assert (
+        ray.get(read_here.options(num_cpus=0, resources={w[1]: 0.01}).remote(fs, f"{h.root}/f"))
+        == BODY
+    )
+    assert served() == before  # its own disk: no agent served a byte
+    copies, fresh, _ = view(h)
+    ids, names = node_ids(), {v: k for k, v in node_ids().items()}
+    [(first, _), _] = replica_set.read_order(h.key, list(copies.items()), fresh, ids["head"])
+    assert read(fs, f"{h.root}/f") == BODY  # from the head, which holds no copy
+    after = served()
+    assert after[names[first]] >= before[names[first]] + len(BODY)
+    other = next(n for n in (w[0], w[1]) if n != names[first])
+    assert after[other] == before[other]
