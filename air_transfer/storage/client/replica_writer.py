@@ -71,34 +71,34 @@ class ReplicatedWriter(UploadStream):
         self.buffer = bytearray()
         deferred.start()  # here, never from a finalizer
         replicas.ensure()
-        copies, _ = get(replicas.registry().targets.remote(replicas.key))
+        copies, fresh = get(replicas.registry().targets.remote(replicas.key))
         self.staged: dict[str, Staged] = {}
+        outcomes: dict[str, BaseException | None] = {}
         calls = []
         for node, root in copies:
             link, where = replicas.link_to(node, root), on_copy(root, self.rel)
             try:
-                call = link.submit(_opener(root, where, append))
-                calls.append((node, link, where, call))
+                calls.append((node, link, where, link.submit(_opener(root, where, append))))
             except Exception as e:
-                if not is_lost(e):
-                    raise
-        errors: list[BaseException] = []
+                outcomes[node] = e
         for node, link, where, call in calls:
             try:
                 staging, start, expect = link.wait(call)
                 self.staged[node] = Staged(link, where, staging, start, expect)
+                outcomes[node] = None
             except Exception as e:
-                errors.append(e)
-        own = [e for e in errors if not is_lost(e)]
-        if own or not self.staged:
+                outcomes[node] = e
+        # The fresh copies' answer is the storage's (a syncing copy may lack the
+        # directory yet: repair copies the file onto it after); a fresh copy that
+        # answered otherwise is not staged, so its commit counts it stale.
+        answer, missed = replicas.judge(outcomes, fresh)
+        if answer is not None:
             self._abort()
-            raise (
-                own[0]
-                if own
-                else ConnectionError(
-                    f"no copy of {path!r} could be staged: every copy's node is unreachable"
-                )
-            )
+            raise answer
+        for node in missed:
+            s = self.staged.pop(node, None)
+            if s is not None:
+                _abort_one(s)
 
     def write(self, data: Any) -> int:
         self.check_writable()

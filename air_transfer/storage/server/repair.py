@@ -18,12 +18,14 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pyarrow.fs as pafs
 import ray
 
 from air_transfer.cluster.agent_client import AgentClient
-from air_transfer.cluster.fetch import get
+from air_transfer.cluster.fetch import get as _ray_get
+from air_transfer.cluster.fetch import raise_own
 from air_transfer.cluster.nodes import live_node_ids
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum
@@ -56,6 +58,16 @@ class Pace:
         ahead = self.taken / self.rate - (self.clock() - self.start)
         if ahead > 0:
             self.sleep(ahead)
+
+
+def get(refs: Any) -> Any:
+    """The result of agent calls, an error they raised as itself (FileNotFoundError
+    for a file deleted while repair copies it), not Ray's wrapper."""
+    try:
+        return _ray_get(refs)
+    except ray.exceptions.RayTaskError as e:
+        raise_own(e)
+        raise
 
 
 def repair_rate() -> float:
@@ -101,7 +113,10 @@ class Copier:
             if kind == pafs.FileType.Directory:
                 get(self.t.fs_create_dir(self.troot, _join(self.troot, path), True))
             elif kind == pafs.FileType.File:
-                copied += self.copy_file(path, sub_size or 0)
+                try:
+                    copied += self.copy_file(path, sub_size or 0)
+                except FileNotFoundError:  # deleted meanwhile: that delete is touched,
+                    continue  # and the next pass makes the target agree
         return copied
 
     def copy_file(self, rel: str, size: int) -> int:
