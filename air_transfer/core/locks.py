@@ -201,3 +201,5 @@ def disown(suffix: str) -> None:
     """The writer ``suffix`` of this process is done."""
     with _OWN_GUARD:
         _OWN.discard(suffix)
+
+

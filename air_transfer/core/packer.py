@@ -53,7 +53,9 @@ class ChunkPacker:
                 offset += plan.length
         return chunks, checksums
 
-    def pack_into(self, source: Source, plans: Sequence[ChunkPlan], out: np.ndarray) -> list[str]:
+    def pack_into(
+        self, source: Source, plans: Sequence[ChunkPlan], out: np.ndarray
+    ) -> list[str]:
         """Fill ``out`` with the chunks of ``plans`` end to end (``inline``'s one
         object) and return their checksums."""
         checksums = []

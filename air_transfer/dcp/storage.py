@@ -6,6 +6,7 @@ into node storage and appear only whole; a read fetches only its items' byte ran
 and copies nothing into the caller's tensors until every one is read and decoded.
 """
 
+
 from __future__ import annotations
 
 import contextlib

@@ -4,6 +4,7 @@ checkpoint from every rank straight into the run's storage and reports it in-ban
 (``ChecksumError``, ``PermissionError``), not DCP's ``CheckpointException``.
 """
 
+
 from __future__ import annotations
 
 import copy

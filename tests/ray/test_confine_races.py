@@ -1,6 +1,7 @@
 """A symlink swapped in mid-call never leads Ray Train's report and restore hooks, or
 the storage sink, out of the storage root (the attacker: ``tests.support.attack``)."""
 
+
 from __future__ import annotations
 
 import os
@@ -22,7 +23,6 @@ from tests.support.attack import Attack, attacked, make_attack, no_secret
 def attack(tmp_path: Path) -> Attack:
     return make_attack(tmp_path)
 
-
 ITERATIONS = 150
 SIZE = 3000
 INSIDE, SECRET = b"inside".ljust(SIZE, b"."), b"SECRET".ljust(SIZE, b".")
@@ -31,6 +31,8 @@ PLANTED = "planted-outside"
 CHUNK = 1024
 #: How often the attacker and the caller may take turns (Python's default: 5 ms).
 SWITCH_S = 1e-5
+
+
 
 
 @pytest.fixture
@@ -115,6 +117,7 @@ def test_a_refused_report_names_the_storage_path(attack: Attack, local_checkpoin
     with pytest.raises(NotADirectoryError) as caught:
         upload_directory(fs, f"{attack.r}/d/f", Checkpoint(str(local_checkpoint)))
     assert f"{attack.r}/d/f" in str(caught.value) and "/proc/" not in str(caught.value)
+
 
 
 @pytest.mark.usefixtures("ray_local")

@@ -44,7 +44,6 @@ from tests.support.attack import (
 def attack(tmp_path: Path) -> Attack:
     return make_attack(tmp_path)
 
-
 ITERATIONS = 150
 SIZE = 3000
 INSIDE, SECRET = b"inside".ljust(SIZE, b"."), b"SECRET".ljust(SIZE, b".")
@@ -53,6 +52,8 @@ PLANTED = "planted-outside"
 CHUNK = 1024
 #: How often the attacker and the caller may take turns (Python's default: 5 ms).
 SWITCH_S = 1e-5
+
+
 
 
 def test_metadata_and_file_reads_stay_inside(attack: Attack) -> None:
