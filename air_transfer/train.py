@@ -26,8 +26,10 @@ from air_transfer.cluster import _ray
 from air_transfer.cluster.nodes import head_node_id, live_node_ids, this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import checked_path, storage_path
+from air_transfer.storage.client import replica_train
 from air_transfer.storage.client.handler import NodeStorageHandler, node_storage_handler
 from air_transfer.storage.client.incremental import store_incremental
+from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.copy import copy_tree
 
@@ -35,7 +37,13 @@ logger = logging.getLogger(__name__)
 
 
 def storage_filesystem(
-    node: str | None = None, config: TransferConfig | None = None, *, root: str = "/"
+    node: str | None = None,
+    config: TransferConfig | None = None,
+    *,
+    root: str = "/",
+    replicas: int = 1,
+    replica_nodes: tuple[str, ...] = (),
+    replica_root: str | None = None,
 ) -> pafs.PyFileSystem:
     """A ``pyarrow`` filesystem whose files live on the disk of ``node`` (a Ray node
     id; default: the driver's node) and that every node of the cluster can use.
@@ -43,6 +51,11 @@ def storage_filesystem(
     Paths are that node's absolute paths; ``root`` confines them (a path leaving it
     is refused). ``config`` sets the chunk size and window of the transfers. Made
     before ``ray.init``, the default node is that of the process that first uses it.
+
+    ``replicas=K`` keeps every file on K distinct nodes (``node``, the
+    ``replica_nodes`` named, then others picked), under the same root on each or
+    ``replica_root.format(node_id=...)``; reads and writes fail over to a live
+    copy (``storage.client.replicas``, README "Replicas").
     """
     if config is not None and not isinstance(config, TransferConfig):
         raise TypeError(f"config must be a TransferConfig, got {type(config).__name__}")
@@ -53,6 +66,13 @@ def storage_filesystem(
             f"node {node!r} is not a live node of this Ray cluster; pass a node id "
             "from ray.nodes() (or None for the driver's node)"
         )
+    if replicas != 1 or replica_nodes:
+        handler = ReplicatedTrainHandler(
+            node, root, config, replicas, tuple(replica_nodes), replica_root
+        )
+        if ray.is_initialized():
+            handler.ensure()  # the copies are placed now, by the maker
+        return pafs.PyFileSystem(handler)
     return pafs.PyFileSystem(TrainStorageHandler(node, root, config))
 
 
@@ -108,6 +128,15 @@ class TrainStorageHandler(NodeStorageHandler):
         _ray.install_train_hooks(upload_directory, download_directory, reclaim_reports)
 
 
+class ReplicatedTrainHandler(ReplicatedHandler):
+    """``storage_filesystem(replicas=K)``'s handler: node storage on K nodes, with
+    Ray Train's hooks (``replica_train``) as ``TrainStorageHandler`` has them."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        _ray.install_train_hooks(upload_directory, download_directory, reclaim_reports)
+
+
 def upload_directory(
     filesystem: pafs.FileSystem, path: str, checkpoint: Checkpoint, worker: str = ""
 ) -> Any:
@@ -128,10 +157,11 @@ def upload_directory(
     if not os.path.isdir(source) or holds_symlink(source):
         return None
     config = handler.config
-    if config.incremental:  # checksums first, only what storage lacks travels
+    if isinstance(handler, ReplicatedHandler):  # every copy, whole (not incremental)
+        replica_train.upload_report(handler, path, source, worker)
+    elif config.incremental:  # checksums first, only what storage lacks travels
         store_incremental(handler.link, source, path, worker)
-        return Checkpoint(path, filesystem=filesystem)
-    if ray.is_initialized() and handler.node_id == this_node_id():
+    elif ray.is_initialized() and handler.node_id == this_node_id():
         handler.link.call(
             lambda agent: agent.store_report(worker, source, handler.root, path, config)
         )
@@ -166,9 +196,12 @@ def reclaim_reports(filesystem: pafs.FileSystem, workers: list[str], tracked: li
     if handler is None or not workers:
         return
     try:
-        deleted = handler.link.call(
-            lambda agent: agent.reclaim_reports(handler.root, workers, tracked)
-        )
+        if isinstance(handler, ReplicatedHandler):
+            deleted = replica_train.reclaim(handler, workers, tracked)
+        else:
+            deleted = handler.link.call(
+                lambda agent: agent.reclaim_reports(handler.root, workers, tracked)
+            )
     except Exception as e:  # a cleanup: never fail Train's shutdown of the group
         logger.warning(
             "air-transfer: could not delete the checkpoints of a stopped Ray Train round "
@@ -197,6 +230,8 @@ def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) 
     handler = node_storage_handler(filesystem)
     if handler is None:
         return False
+    if isinstance(handler, ReplicatedHandler):
+        return replica_train.download(handler, path, local_path)
     local = storage_path(handler.root, path)
     try:
         if ray.is_initialized() and handler.node_id == this_node_id():

@@ -73,6 +73,12 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "nodes and cp-direct, at every --sizes, --repeats times",
     )  # fmt: skip
     parser.add_argument(
+        "--replicas", type=positive_int, default=1, metavar="K",
+        help="--train: node storage keeps K copies (storage_filesystem(replicas=K); "
+        "at most the cluster's 2 nodes): run once with 1 and once with 2 to compare "
+        "a replicated report's and restore's cost",
+    )  # fmt: skip
+    parser.add_argument(
         "--readers", type=positive_int, default=None, metavar="N",
         help="instead of the contenders, N readers on N nodes (plus the storage node) "
         "restore one checkpoint in node storage at once: total time, one reader alone, "

@@ -146,9 +146,32 @@ class TrainBench:
         self.skips: dict[tuple[str, str, int], str] = {}
 
     def clear_storage(self) -> None:
-        """Delete what the last Train run stored (the disk holds one run at a time)."""
+        """Delete what the last Train run stored (the disk holds one run at a time),
+        on every copy alike (``--replicas``: each copy's root stays, emptied)."""
         shutil.rmtree(self.storage_dir, ignore_errors=True)
         os.makedirs(self.storage_dir, exist_ok=True)
+        for root in self.replica_roots():
+            shutil.rmtree(root, ignore_errors=True)
+            os.makedirs(root, exist_ok=True)
+
+    def replica_roots(self) -> list[str]:
+        copies = self.storage_dir + "-copies"
+        return (
+            [os.path.join(copies, n) for n in os.listdir(copies)] if os.path.isdir(copies) else []
+        )
+
+    def storage(self, node: str) -> Any:
+        """The run's node storage on ``node``, with ``--replicas`` copies (the others
+        under ``train-storage-copies/<node id>``: the mock nodes share this disk)."""
+        if self.opts.replicas == 1:
+            return storage_filesystem(node, self.setup.config, root=self.storage_dir)
+        return storage_filesystem(
+            node,
+            self.setup.config,
+            root=self.storage_dir,
+            replicas=self.opts.replicas,
+            replica_root=self.storage_dir + "-copies/{node_id}",
+        )
 
     def keys(self) -> Iterator[tuple[str, int]]:
         for layout, sizes in self.setup.plan.items():
@@ -287,7 +310,7 @@ def run_train(opts: argparse.Namespace) -> dict[str, Any]:
         storage = str(ray.get_runtime_context().get_node_id())
         ends = start_pair(RAW, setup.config, setup.sources.get("warmup"), opts)
         bench = TrainBench(opts, setup, ends)
-        fs = storage_filesystem(storage, setup.config, root=bench.storage_dir)
+        fs = bench.storage(storage)
         try:
             for rep in range(1, opts.repeats + 1):
                 progress(f"repeat {rep}/{opts.repeats}: {CP_DIRECT} and {RAW}")
@@ -304,6 +327,7 @@ def run_train(opts: argparse.Namespace) -> dict[str, Any]:
         finally:
             ends.kill()
             shutil.rmtree(bench.storage_dir, ignore_errors=True)
+            shutil.rmtree(bench.storage_dir + "-copies", ignore_errors=True)
         store = ray.cluster_resources().get("object_store_memory", 0) / len(CROSS_NODES)
     return {
         "mode": "train",

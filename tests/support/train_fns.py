@@ -65,7 +65,20 @@ def train_loop(config: dict[str, Any]) -> None:
         if mode == ray.train.CheckpointUploadMode.SYNC:
             shutil.rmtree(d)
         restored = {}
+        _pause(config, step)
         _fail_once(config, step)
+
+
+def _pause(config: dict[str, Any], step: int) -> None:
+    """After step ``pause_after`` (first attempt only): say so in ``pause_dir`` and
+    wait there until the test says go (the test changes the cluster meanwhile)."""
+    where = config.get("pause_dir")
+    if config.get("pause_after") != step or not where or os.path.exists(f"{where}/go"):
+        return
+    from tests.support.waiting import eventually
+
+    Path(where, "paused").touch()
+    eventually(lambda: os.path.exists(f"{where}/go"), "the test's go", timeout_s=300)
 
 
 def tune_trainable(config: dict[str, Any]) -> None:

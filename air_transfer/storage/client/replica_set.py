@@ -1,0 +1,115 @@
+"""Node storage replicas, the caller's view: the cluster's replica registry (one
+actor on the head node, started by the first user) and which copy to use.
+
+The registry's class sits in ``storage.server`` (the other room), so it is started
+by its dotted name, as ``cluster.nodes`` starts the agent. ``read_order`` is how a
+reader picks among the fresh copies: its own node's copy first (a local read), else
+the copies in an order rotated by a hash of the reader's node, so the readers of N
+nodes spread over the K copies, and each reader keeps to one (the copy's chunk
+cache serves its later reads); the others follow, for failover.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import posixpath
+import zlib
+from typing import Any
+
+import ray
+from ray.exceptions import RayError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from air_transfer.cluster.fetch import get
+from air_transfer.cluster.nodes import NAMESPACE, head_node_id, live_node_ids
+from air_transfer.errors import CheckpointLostError
+
+#: The registry's class, imported on first start by name (see above).
+REGISTRY_CLASS = "air_transfer.storage.server.replica_host:ReplicaHost"
+REGISTRY_NAME = "air-transfer-replicas"
+
+#: A copy: (node id, its root on that node).
+Copy = tuple[str, str]
+
+
+@functools.cache
+def _remote_class() -> Any:
+    module, _, name = REGISTRY_CLASS.partition(":")
+    remote: Any = ray.remote
+    return remote(getattr(importlib.import_module(module), name))
+
+
+def registry() -> Any:
+    """The registry actor, started on the head node if none runs."""
+    return (
+        _remote_class()
+        .options(
+            name=REGISTRY_NAME,
+            namespace=NAMESPACE,
+            get_if_exists=True,
+            lifetime="detached",
+            num_cpus=0,
+            max_concurrency=32,
+            max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id(), soft=False),
+        )
+        .remote()
+    )
+
+
+def place(
+    primary: str, root: str, wanted: int, named: tuple[str, ...], template: str
+) -> list[Copy]:
+    """The K copies of a new storage: ``primary`` (its root ``root``), the nodes the
+    user ``named``, then other live nodes in id order (each root ``template``)."""
+    live = live_node_ids()
+    for node in (primary, *named):
+        if node not in live:
+            raise ValueError(f"node {node!r} is not a live node of this Ray cluster")
+    if len({primary, *named}) != 1 + len(named):
+        raise ValueError(f"replica nodes must be distinct, got {[primary, *named]}")
+    chosen = [primary, *named, *sorted(live - {primary, *named})]
+    if len(chosen) < wanted or len(named) >= wanted:
+        raise ValueError(
+            f"replicas={wanted} needs {wanted} distinct live nodes; this cluster has "
+            f"{len(live)}, and {1 + len(named)} were named (the storage node included)"
+        )
+    return [(primary, root)] + [(n, template.format(node_id=n)) for n in chosen[1:wanted]]
+
+
+def view(key: str) -> tuple[list[Copy], list[str], list[str], int] | None:
+    """``(member copies, fresh nodes, syncing nodes, K)`` of storage ``key``."""
+    result: tuple[list[Copy], list[str], list[str], int] | None = get(registry().view.remote(key))
+    return result
+
+
+def read_order(key: str, copies: list[Copy], fresh: list[str], here: str) -> list[Copy]:
+    """The fresh copies in the order a reader on node ``here`` tries them."""
+    roots = dict(copies)
+    nodes = sorted(n for n in fresh if n in roots)
+    if not nodes:
+        return []
+    turn = zlib.crc32(f"{here}:{key}".encode()) % len(nodes)
+    ordered = nodes[turn:] + nodes[:turn]
+    if here in ordered:
+        ordered.remove(here)
+        ordered.insert(0, here)
+    return [(n, roots[n]) for n in ordered]
+
+
+def on_copy(root: str, rel: str) -> str:
+    """The path of relative path ``rel`` in the copy rooted at ``root``."""
+    return posixpath.normpath(posixpath.join(root, rel)) if rel else root
+
+
+def is_lost(error: BaseException, reading: bool = True) -> bool:
+    """Whether ``error`` says a copy is unreachable (its node or agent is gone, or,
+    ``reading``, the objects it owned), rather than what the copy answered. In a
+    write, CheckpointLostError is an answer: the source's chunks are gone, for every
+    copy alike."""
+    if isinstance(error, RayTaskError):
+        return False
+    if isinstance(error, CheckpointLostError):
+        return reading
+    return isinstance(error, ConnectionError | RayError)

@@ -1,0 +1,117 @@
+"""Node storage on K nodes, Ray Train's copies: a report stored on every copy from
+one packing, a restore from one fresh copy (failing over), and a stopped round's
+reports reclaimed on every copy. ``train``'s hooks call these for a replicated
+storage; the single-copy versions stay there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow.fs as pafs
+import ray
+
+from air_transfer.cluster.agent_client import AgentClient
+from air_transfer.cluster.fetch import get
+from air_transfer.cluster.nodes import this_node_id
+from air_transfer.config import TransferConfig
+from air_transfer.core.confine import checked_path
+from air_transfer.core.scan import Source
+from air_transfer.storage.client import replica_set
+from air_transfer.storage.client.replica_set import is_lost, on_copy
+from air_transfer.storage.client.replicas import ReplicatedHandler
+from air_transfer.storage.copy import copy_tree
+from air_transfer.transfer.submit import submit_transfer
+
+logger = logging.getLogger(__name__)
+
+
+def upload_report(handler: ReplicatedHandler, path: str, source: str, worker: str) -> None:
+    """Store the checkpoint directory ``source`` at ``path`` on every copy: packed
+    once here, each copy's agent writing it from the same chunk objects (and noting
+    it under ``worker`` for ``reclaim``); returns once every live copy holds it."""
+    config, rel = handler.config, handler.rel(path)
+    ref, done, _ = submit_transfer(Source(pafs.LocalFileSystem(), source), config)
+    handler.change(
+        [path],
+        lambda link, root: link.submit(
+            lambda a: a.store_report(worker, ref, root, on_copy(root, rel), config)
+        ),
+    )
+    if done is not None:
+        get(done)  # stored means packed, but a packing error is raised as such
+
+
+def download(handler: ReplicatedHandler, path: str, local_path: str) -> bool:
+    """Copy directory ``path`` into ``local_path`` from a fresh copy (this node's,
+    else one in ``read_order``; the next when one is lost on the way); False for a
+    file (Ray copies it)."""
+    rel, config = handler.rel(path), handler.config
+    copies, fresh, _, _ = handler.ensure()
+    here = this_node_id()
+    lost = []
+    for node, root in replica_set.read_order(handler.key, copies, fresh, here):
+        where, link = on_copy(root, rel), handler.link_to(node, root)
+        try:
+            if node == here:
+                if not os.path.isdir(checked_path(root, where)):
+                    return False
+                copy_tree(where, local_path, config, root=root)
+                return True
+            [ref, lease] = link.call(_transfer(root, where, config))
+        except NotADirectoryError:
+            return False
+        except Exception as e:
+            if not is_lost(e):
+                raise
+            lost.append(node)
+            continue
+        try:
+            get(ref).to_directory(local_path)
+            return True
+        except Exception as e:
+            if not is_lost(e):
+                raise
+            lost.append(node)
+            logger.warning(
+                "air-transfer: the copy on node %s was lost mid-restore of %s; trying another",
+                node[:12],
+                path,
+            )
+        finally:
+            with contextlib.suppress(ray.exceptions.RayError, ConnectionError):
+                get(link.agent().release_directory_transfer(lease))
+    raise ConnectionError(
+        f"no live complete copy of {path!r} is left in node storage {handler.root!r} "
+        f"(lost: {', '.join(n[:12] for n in lost) or 'none fresh'})"
+    )
+
+
+def reclaim(handler: ReplicatedHandler, workers: list[str], tracked: list[str]) -> list[str]:
+    """Have every copy's agent end the stopped ``workers``' reports and delete what
+    Train does not track; what was deleted (by any copy)."""
+    copies, _, _, _ = handler.ensure()
+    rels = [handler.rel(t) for t in tracked]
+    deleted: set[str] = set()
+    for node, root in copies:
+        keep = [on_copy(root, r) for r in rels]
+        try:
+            gone = handler.link_to(node, root).call(_reclaim(root, workers, keep))
+        except Exception as e:
+            if not is_lost(e):
+                raise
+            continue
+        deleted.update(os.path.relpath(g, root) for g in gone)
+    return sorted(deleted)
+
+
+def _transfer(root: str, where: str, config: TransferConfig) -> Callable[[AgentClient], Any]:
+    return lambda a: a.directory_transfer(root, where, config)
+
+
+def _reclaim(root: str, workers: list[str], keep: list[str]) -> Callable[[AgentClient], Any]:
+    return lambda a: a.reclaim_reports(root, workers, keep)

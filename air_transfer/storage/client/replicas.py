@@ -1,0 +1,324 @@
+"""Node storage on K nodes: ``ReplicatedHandler``, the pyarrow handler of a
+``storage_filesystem(replicas=K)``.
+
+Every change (a file written, a directory made, a delete, a move) goes to every
+copy the registry names (``replica_set``), each applied by its own node's agent, and
+returns once every live copy took it; a copy that missed it is marked stale before
+the call returns, so no later read uses it. Reads, listings and infos go to one
+fresh copy (``replica_set.read_order``) and fail over to the next when its node or
+agent is gone, mid-read included. The paths callers use are those under ``root`` on
+the first storage node; copy i keeps the same relative paths under its own root.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import posixpath
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import ray
+
+from air_transfer.cluster.agent_client import AgentClient
+from air_transfer.cluster.fetch import get
+from air_transfer.cluster.nodes import this_node_id
+from air_transfer.config import TransferConfig
+from air_transfer.core.reader import ChunkFileReader
+from air_transfer.observe import replica_metrics
+from air_transfer.storage.client import replica_set
+from air_transfer.storage.client.handler import NodeStorageHandler
+from air_transfer.storage.client.replica_set import Copy, is_lost, on_copy
+from air_transfer.storage.client.replica_writer import ReplicatedWriter
+from air_transfer.storage.client.same_node import open_native
+from air_transfer.storage.client.streams import AgentLink, _chunks, read_chunk_bytes
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _lost(outcome: BaseException | None) -> bool:
+    return outcome is not None and is_lost(outcome, reading=False)
+
+
+class ReplicatedHandler(NodeStorageHandler):
+    """Files under ``root``, kept on ``replicas`` nodes: ``node_id`` (the storage
+    node), the ``nodes`` named, then others the registry picks; a copy on node n
+    lives under ``replica_root.format(node_id=n)`` (default: ``root`` on each)."""
+
+    def __init__(
+        self,
+        node_id: str | None,
+        root: str = "/",
+        config: TransferConfig | None = None,
+        replicas: int = 2,
+        nodes: tuple[str, ...] = (),
+        replica_root: str | None = None,
+    ) -> None:
+        super().__init__(node_id, root, config)
+        if not isinstance(replicas, int) or replicas < 1:
+            raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
+        self.replicas, self.nodes = replicas, tuple(nodes)
+        self.replica_root = replica_root or self.root
+        if not self.replica_root.startswith("/"):
+            raise ValueError(f"replica_root must be absolute, got {replica_root!r}")
+        self._links: dict[str, AgentLink] = {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        node = self.node_id if ray.is_initialized() else self._node_id
+        args = (node, self.root, self.config, self.replicas, self.nodes, self.replica_root)
+        return (type(self), args)
+
+    def __repr__(self) -> str:
+        return f"ReplicatedHandler(node={self.node_id[:12]}, root={self.root!r}, K={self.replicas})"
+
+    @property
+    def location(self) -> Any:
+        """None: a replicated storage is no one node's disk (so the sink and torch
+        DCP write it through this handler, to every copy)."""
+        return None
+
+    @property
+    def key(self) -> str:
+        return f"{self.node_id}:{self.root}"
+
+    # -- the copies --------------------------------------------------------------------
+    def registry(self) -> Any:
+        return replica_set.registry()
+
+    def ensure(self) -> tuple[list[Copy], list[str], list[str], int]:
+        """The registry's view of this storage, registering it on first use."""
+        found = replica_set.view(self.key)
+        if found is None:
+            copies = replica_set.place(
+                self.node_id, self.root, self.replicas, self.nodes, self.replica_root
+            )
+            for node, root in copies:  # each copy's root, as a repaired copy gets it
+                self.link_to(node, root).call(_make_root(root))
+            get(self.registry().register.remote(self.key, copies, self.replicas, self.replica_root))
+            found = replica_set.view(self.key)
+            assert found is not None
+        return found
+
+    def link_to(self, node: str, root: str) -> AgentLink:
+        link = self._links.get(node)
+        if link is None or link.root != root:
+            link = self._links[node] = AgentLink(node, root, self.config)
+        return link
+
+    def rel(self, path: str) -> str:
+        """``path`` relative to the storage root ('' for the root)."""
+        rel = posixpath.relpath(self._path(path), self.root)
+        return "" if rel == "." else rel
+
+    def read(self, what: str, method: Callable[[AgentLink, str], T]) -> T:
+        """``method(link, root)`` on the first fresh copy in read order that answers."""
+        copies, fresh, _, _ = self.ensure()
+        here = this_node_id()
+        errors = []
+        for node, root in replica_set.read_order(self.key, copies, fresh, here):
+            try:
+                return method(self.link_to(node, root), root)
+            except Exception as e:
+                if not is_lost(e):
+                    raise
+                errors.append(f"{node[:12]}: {type(e).__name__}")
+        raise ConnectionError(
+            f"no live complete copy of node storage {self.root!r} can {what} "
+            f"(tried {', '.join(errors) or 'none: every copy is stale or gone'})"
+        )
+
+    def change(self, paths: list[str], method: Callable[[AgentLink, str], Any]) -> None:
+        """Apply ``method(link, root)`` (which submits and returns a ref) to every
+        copy; the storage's answer is its fresh copies' (the storage node's first),
+        a fresh copy that answered otherwise or not at all is stale from now on."""
+        self.ensure()
+        rels = [self.rel(p) for p in paths]
+        op, targets, fresh = get(self.registry().begin.remote(self.key, rels))
+        outcomes: dict[str, BaseException | None] = {}
+        try:
+            refs = {}
+            for node, root in targets:
+                try:
+                    refs[node] = method(self.link_to(node, root), root)
+                except Exception as e:
+                    outcomes[node] = e
+            for node, ref in refs.items():
+                try:
+                    self.link_to(node, dict(targets)[node]).wait(ref)
+                    outcomes[node] = None
+                except Exception as e:
+                    outcomes[node] = e
+        finally:
+            answer, missed = self.judge(outcomes, fresh)
+            get(self.registry().end.remote(self.key, op, missed, rels))
+        if missed:
+            self.degraded(missed, rels)
+        if answer is not None:
+            raise answer
+
+    def judge(
+        self, outcomes: dict[str, BaseException | None], fresh: list[str]
+    ) -> tuple[BaseException | None, list[str]]:
+        """The storage's answer and the fresh copies that missed it."""
+        order = [n for n in [self.node_id, *fresh] if n in fresh and n in outcomes]
+        answered = [n for n in order if not _lost(outcomes[n])]
+        if not answered:
+            lost = [f"{n[:12]}: {outcomes[n]!r}" for n in order]
+            return ConnectionError(
+                f"no copy of node storage {self.root!r} is reachable ({'; '.join(lost)})"
+            ), []
+        first = outcomes[answered[0]]
+        kind = type(first) if first is not None else None
+        missed = [n for n in order if (type(outcomes[n]) if outcomes[n] else None) is not kind]
+        return first, missed
+
+    def degraded(self, missed: list[str], rels: list[str]) -> None:
+        replica_metrics.degraded_write()
+        logger.warning(
+            "air-transfer: node storage %s: %s completed without the copies on %s "
+            "(unreachable or disagreeing); they are stale until repaired",
+            self.root,
+            ", ".join(rels) or "the root",
+            ", ".join(n[:12] for n in missed),
+        )
+
+    # -- metadata ----------------------------------------------------------------------
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        rels = [self.rel(p) for p in paths]
+        infos = self.read(
+            "answer",
+            lambda link, root: link.call(
+                lambda a: a.fs_info(root, [on_copy(root, r) for r in rels])
+            ),
+        )
+        pairs = zip(paths, infos, strict=True)
+        return [pafs.FileInfo(p, t, mtime_ns=m, size=s) for p, (t, s, m) in pairs]
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        base, rel = selector.base_dir, self.rel(selector.base_dir)
+        recursive, missing_ok = selector.recursive, selector.allow_not_found
+        found = self.read(
+            "list",
+            lambda link, root: link.call(
+                lambda a: a.fs_list(root, on_copy(root, rel), recursive, missing_ok)
+            ),
+        )
+        prefix = base.rstrip("/") + "/" if base.strip("/") else base[:1]
+        return [pafs.FileInfo(prefix + r, t, mtime_ns=m, size=s) for r, t, s, m in found]
+
+    def create_dir(self, path: str, recursive: bool) -> None:
+        rel = self.rel(path)
+        self.change(
+            [path],
+            lambda link, root: link.submit(
+                lambda a: a.fs_create_dir(root, on_copy(root, rel), recursive)
+            ),
+        )
+
+    def delete_dir(self, path: str) -> None:
+        rel = self.rel(path)
+        self.change(
+            [path],
+            lambda link, root: link.submit(lambda a: a.fs_delete_dir(root, on_copy(root, rel))),
+        )
+
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        rel = self.rel(path)
+        self.change(
+            [path],
+            lambda link, root: link.submit(
+                lambda a: a.fs_delete_dir_contents(root, on_copy(root, rel), missing_dir_ok)
+            ),
+        )
+
+    def delete_root_dir_contents(self) -> None:
+        self.delete_dir_contents(self.root)
+
+    def delete_file(self, path: str) -> None:
+        rel = self.rel(path)
+        self.change(
+            [path],
+            lambda link, root: link.submit(lambda a: a.fs_delete_file(root, on_copy(root, rel))),
+        )
+
+    def move(self, src: str, dest: str) -> None:
+        a_rel, b_rel = self.rel(src), self.rel(dest)
+        self.change(
+            [src, dest],
+            lambda link, root: link.submit(
+                lambda a: a.fs_move(root, on_copy(root, a_rel), on_copy(root, b_rel))
+            ),
+        )
+
+    def copy_file(self, src: str, dest: str) -> None:
+        a_rel, b_rel = self.rel(src), self.rel(dest)
+        self.change(
+            [dest],
+            lambda link, root: link.submit(
+                lambda a: a.fs_copy_file(root, on_copy(root, a_rel), on_copy(root, b_rel))
+            ),
+        )
+
+    # -- file bodies -------------------------------------------------------------------
+    def _open_input(self, path: str) -> Any:
+        rel = self.rel(path)
+        copies, fresh, _, _ = self.ensure()
+        here = this_node_id() if ray.is_initialized() else ""
+        order = replica_set.read_order(self.key, copies, fresh, here)
+        if order and order[0][0] == here:
+            return open_native(order[0][1], on_copy(order[0][1], rel))
+        [(ftype, size, _)] = self.read(
+            "answer", lambda link, root: link.call(lambda a: a.fs_info(root, [on_copy(root, rel)]))
+        )
+        if ftype == pafs.FileType.NotFound:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        if ftype != pafs.FileType.File or size is None:
+            raise IsADirectoryError(errno.EISDIR, "Cannot open for reading", path)
+        cb = read_chunk_bytes(self.config)
+        chunks = lambda first, last: self.chunks(rel, size, first, last)  # noqa: E731
+        return pa.PythonFile(ChunkFileReader(path, size, 0, cb, chunks), mode="r")
+
+    def chunks(
+        self, rel: str, size: int, first: int, last: int
+    ) -> Iterator[tuple[int, memoryview]]:
+        """The file's chunks from ``first``, from one fresh copy; when that copy is
+        lost mid-read, from the next, resuming at the chunk not yet handed out."""
+        tried: set[str] = set()
+        while True:
+            copies, fresh, _, _ = self.ensure()
+            order = [c for c in replica_set.read_order(self.key, copies, fresh, this_node_id())]
+            order = [c for c in order if c[0] not in tried]
+            if not order:
+                raise ConnectionError(
+                    f"no live complete copy of {rel!r} in node storage {self.root!r} is left "
+                    f"to read from (lost: {', '.join(n[:12] for n in tried)})"
+                )
+            node, root = order[0]
+            try:
+                link, where = self.link_to(node, root), on_copy(root, rel)
+                for index, view in _chunks(link, where, size, first, last):
+                    yield index, view
+                    first = index + 1
+                return
+            except Exception as e:
+                if not is_lost(e):
+                    raise
+                tried.add(node)
+                logger.warning(
+                    "air-transfer: the copy of %s on node %s was lost mid-read (%s); "
+                    "reading on from another copy",
+                    rel,
+                    node[:12],
+                    type(e).__name__,
+                )
+
+    def _open_output(self, path: str, append: bool) -> Any:
+        return pa.PythonFile(ReplicatedWriter(self, path, append), mode="w")
+
+
+def _make_root(root: str) -> Callable[[AgentClient], ray.ObjectRef[None]]:
+    return lambda a: a.fs_create_dir(root, root, True)

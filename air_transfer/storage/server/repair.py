@@ -1,0 +1,215 @@
+"""Node storage replicas, repair: re-make the copies a storage is short of, in the
+background, at a bounded rate.
+
+Runs in the replica registry's actor (``replica_host``), one storage and one copy
+at a time. Bytes never pass through it: the target's agent writes the chunks the
+source's agent packs (``file_chunks``, verified by ``fs_write``), and each file is
+published whole (``fs_commit``). A copy being re-made is emptied first, then takes
+every write (``ReplicaRegistry.begin``) while the tree is copied; what was written
+meanwhile is copied again from the source until a pass finds nothing new, and only
+then is it fresh. A copy that fails part-way stays stale and is tried again later.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow.fs as pafs
+import ray
+
+from air_transfer.cluster.agent_client import AgentClient
+from air_transfer.cluster.fetch import get as _ray_get
+from air_transfer.cluster.fetch import raise_own
+from air_transfer.cluster.nodes import live_node_ids
+from air_transfer.config import TransferConfig
+from air_transfer.core.checksum import chunk_checksum
+from air_transfer.observe import replica_metrics
+from air_transfer.storage.server.replica_registry import Copy, ReplicaRegistry
+
+logger = logging.getLogger(__name__)
+
+#: Repair's bandwidth bound, per registry (MiB/s of file bytes copied).
+RATE_ENV = "AIR_TRANSFER_REPAIR_MIB_S"
+#: How often the registry looks for storages short of copies (seconds).
+POLL_S = 0.5
+
+
+class Pace:
+    """At most ``rate`` bytes per second, on average, through ``take`` (which sleeps
+    as long as the bytes taken are ahead of the rate)."""
+
+    def __init__(
+        self,
+        rate: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.rate, self.clock, self.sleep = rate, clock, sleep
+        self.start, self.taken = clock(), 0
+
+    def take(self, nbytes: int) -> None:
+        self.taken += nbytes
+        ahead = self.taken / self.rate - (self.clock() - self.start)
+        if ahead > 0:
+            self.sleep(ahead)
+
+
+def get(refs: Any) -> Any:
+    """The result of agent calls, an error they raised as itself (FileNotFoundError
+    for a file deleted while repair copies it), not Ray's wrapper."""
+    try:
+        return _ray_get(refs)
+    except ray.exceptions.RayTaskError as e:
+        raise_own(e)
+        raise
+
+
+def repair_rate() -> float:
+    return float(os.environ.get(RATE_ENV, "256")) * 1024 * 1024
+
+
+def _join(root: str, rel: str) -> str:
+    return posixpath.normpath(posixpath.join(root, rel)) if rel else root
+
+
+class Copier:
+    """Copies paths of a storage from the ``source`` copy to the ``target`` copy."""
+
+    def __init__(self, source: Copy, target: Copy, pace: Pace) -> None:
+        (self.snode, self.sroot), (self.tnode, self.troot) = source, target
+        self.s, self.t = AgentClient(self.snode), AgentClient(self.tnode)
+        self.pace, self.cb = pace, TransferConfig().chunk_bytes
+
+    def empty_target(self) -> None:
+        get(self.t.fs_create_dir(self.troot, self.troot, True))
+        get(self.t.fs_delete_dir_contents(self.troot, self.troot, True))
+
+    def sync(self, rel: str) -> int:
+        """Make ``rel`` on the target what it is on the source now; bytes copied."""
+        [(ftype, size, _)] = get(self.s.fs_info(self.sroot, [_join(self.sroot, rel)]))
+        tpath = _join(self.troot, rel)
+        if rel:
+            [(ttype, _, _)] = get(self.t.fs_info(self.troot, [tpath]))
+            if ttype == pafs.FileType.Directory:
+                get(self.t.fs_delete_dir(self.troot, tpath))
+            elif ttype != pafs.FileType.NotFound and ftype != pafs.FileType.File:
+                get(self.t.fs_delete_file(self.troot, tpath))
+        if ftype == pafs.FileType.File:
+            get(self.t.fs_create_dir(self.troot, posixpath.dirname(tpath), True))
+            return self.copy_file(rel, size or 0)
+        if ftype != pafs.FileType.Directory:
+            return 0
+        get(self.t.fs_create_dir(self.troot, tpath, True))
+        listed = get(self.s.fs_list(self.sroot, _join(self.sroot, rel), True, True))
+        copied = 0
+        for sub, kind, sub_size, _ in sorted(listed):
+            path = posixpath.join(rel, sub) if rel else sub
+            if kind == pafs.FileType.Directory:
+                get(self.t.fs_create_dir(self.troot, _join(self.troot, path), True))
+            elif kind == pafs.FileType.File:
+                try:
+                    copied += self.copy_file(path, sub_size or 0)
+                except FileNotFoundError:  # deleted meanwhile: that delete is touched,
+                    continue  # and the next pass makes the target agree
+        return copied
+
+    def copy_file(self, rel: str, size: int) -> int:
+        """One file, chunk by chunk from the source's agent to the target's."""
+        spath, tpath = _join(self.sroot, rel), _join(self.troot, rel)
+        staging, _, _ = get(self.t.fs_open_write(self.troot, tpath, False))
+        try:
+            count = -(-size // self.cb)
+            for first in range(0, count, 4):
+                n = min(4, count - first)
+                [pairs] = get(self.s.file_chunks(self.sroot, spath, size, self.cb, first, n, 0))
+                writes = [
+                    self.t.fs_write(self.troot, staging, (first + i) * self.cb, chunk, checksum)
+                    for i, (chunk, checksum) in enumerate(pairs)
+                ]
+                get(writes)
+                self.pace.take(min(size, (first + n) * self.cb) - first * self.cb)
+            empty = b""
+            get(
+                self.t.fs_commit(
+                    self.troot, tpath, staging, size, empty, chunk_checksum(empty), size
+                )
+            )
+        except BaseException:
+            try:
+                get(self.t.fs_abort(self.troot, staging))
+            except Exception as e:  # the target is gone: the staging file goes with it
+                logger.debug("air-transfer: could not remove repair staging %s: %r", staging, e)
+            raise
+        return size
+
+
+def repair_one(registry: ReplicaRegistry, key: str, live: set[str], pace: Pace) -> bool:
+    """Re-make one copy of storage ``key`` (True if one was made fresh)."""
+    plan = registry.plan_repair(key, live)
+    if plan is None:
+        return False
+    source, target = plan
+    try:
+        copier = Copier(source, target, pace)
+        copier.empty_target()
+        total = copier.sync("")
+        registry.note_bytes(key, total)
+        while True:
+            got = registry.take_touched(key, target[0])
+            if got is None:
+                return False  # it missed a write meanwhile: planned again later
+            touched, busy = got
+            if not touched and not busy and registry.finish_sync(key, target[0]):
+                break
+            for rel in sorted(touched):
+                copier.sync(rel)
+            if busy and not touched:
+                time.sleep(0.05)  # a write in flight: its end names what it touched
+    except Exception as e:
+        registry.abandon_sync(key, target[0])
+        logger.warning(
+            "air-transfer: repair of the copy of %s on node %s failed (%s: %s); tried again later",
+            key,
+            target[0][:12],
+            type(e).__name__,
+            e,
+        )
+        return False
+    logger.info("air-transfer: storage %s has a complete copy again on node %s", key, target[0])
+    return True
+
+
+def measure(registry: ReplicaRegistry, key: str, live: set[str]) -> None:
+    """Note how many bytes storage ``key`` holds (from a fresh live copy)."""
+    view = registry.view(key)
+    if view is None:
+        return
+    copies, fresh, _, _ = view
+    roots = dict(copies)
+    for node in (n for n in fresh if n in live):
+        try:
+            listed = get(AgentClient(node).fs_list(roots[node], roots[node], True, True))
+        except (OSError, ray.exceptions.RayError):
+            continue
+        registry.note_bytes(key, sum(size or 0 for _, kind, size, _ in listed if kind == 2))
+        return
+
+
+def repair_forever(registry: ReplicaRegistry, stop: threading.Event) -> None:
+    """The registry's background thread: every ``POLL_S``, re-make what is short."""
+    while not stop.wait(POLL_S):
+        try:
+            live = live_node_ids()
+            for key, _, _ in registry.under_replicated(live):
+                measure(registry, key, live)
+            replica_metrics.under_replicated(registry.missing_bytes(live))
+            for key, _, _ in registry.under_replicated(live):
+                repair_one(registry, key, live, Pace(repair_rate()))
+        except Exception as e:  # never let the thread die: log and look again
+            logger.warning("air-transfer: replica repair pass failed: %r", e)

@@ -1,0 +1,108 @@
+"""A Ray Train run on replicated node storage loses its storage node mid-run: the
+run goes on, the next reports land on the live copies, a worker restart restores the
+latest checkpoint from a copy byte for byte, and ``num_to_keep`` deletes apply to
+every copy (the one repair re-makes included)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+import ray.train
+from ray.cluster_utils import Cluster
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+from air_transfer import TransferConfig, storage_filesystem
+from air_transfer.storage.client.handler import node_storage_handler
+from air_transfer.storage.client.replicas import ReplicatedHandler
+from tests.support.checkpoints import MiB, digest_tree
+from tests.support.cluster import node_ids, start_cluster
+from tests.support.replicas import copies_identical, remove
+from tests.support.train_fns import train_loop
+from tests.support.waiting import eventually
+
+CONFIG = TransferConfig(chunk_bytes=MiB, window=4)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """The tier's head, node_a and node_b, but a removed node is known dead after 3
+    missed health checks 0.5 s apart, not Ray's default 5 x 3 s."""
+    c = start_cluster(
+        "node_a",
+        "node_b",
+        system_config={"health_check_period_ms": 500, "health_check_failure_threshold": 3},
+    )
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+ON_NODE_A = {"CPU": 1, "node_a": 0.01}
+
+
+def test_the_storage_node_is_removed_mid_run(cluster: Cluster, tmp_path: Path) -> None:
+    ids = node_ids()
+    copies = tmp_path / "copies"
+    fs = storage_filesystem(
+        ids["node_b"],
+        CONFIG,
+        root=str(copies / ids["node_b"]),
+        replicas=2,
+        replica_nodes=(ids["head"],),
+        replica_root=str(copies / "{node_id}"),
+    )
+    handler = node_storage_handler(fs)
+    assert isinstance(handler, ReplicatedHandler)
+    storage = f"{handler.root}/runs"
+    (tmp_path / "pause").mkdir()
+    trainer = DataParallelTrainer(
+        train_loop,
+        train_loop_config={
+            "size": 2 * MiB + 3,
+            "steps": 4,
+            "pause_after": 1,
+            "pause_dir": str(tmp_path / "pause"),
+            "fail_after": 2,
+            "fail_marker": str(tmp_path / "failed"),
+        },
+        scaling_config=ray.train.ScalingConfig(num_workers=1, resources_per_worker=ON_NODE_A),
+        run_config=ray.train.RunConfig(
+            name="replicated",
+            storage_path=storage,
+            storage_filesystem=fs,
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            failure_config=ray.train.FailureConfig(max_failures=1),
+        ),
+    )
+    outcome: dict[str, Any] = {}
+    run = threading.Thread(target=lambda: outcome.update(result=trainer.fit()))
+    run.start()
+    eventually(lambda: (tmp_path / "pause" / "paused").exists(), "step 1 reported", 300)
+    remove(cluster, ids["node_b"])  # the storage node, with checkpoints 0 and 1
+    (tmp_path / "pause" / "go").touch()
+    run.join(600)
+    result: ray.train.Result = outcome["result"]
+
+    # Step 2 landed on the live copy, the restart restored it byte for byte from there,
+    # and step 3 was reported after it.
+    metrics = [m for _, m in result.best_checkpoints]
+    assert [m["step"] for m in metrics] == [2, 3]
+    assert metrics[1]["restored_step"] == 2
+    assert metrics[1]["restored_digests"] == metrics[0]["digests"]
+    # Every copy (the head's, and the one repair made on node_a) holds the kept two.
+    stored = copies_identical(handler, 2)
+    run_dir = "runs/replicated/"
+    names = sorted(
+        p[len(run_dir) :]
+        for p, body in stored.items()
+        if p.startswith(run_dir + "checkpoint_") and body is None and p.count("/") == 2
+    )
+    kept = sorted(c.path.split("/")[-1] for c, _ in result.best_checkpoints)
+    assert names == kept
+    for checkpoint, m in result.best_checkpoints:
+        assert digest_tree(checkpoint.to_directory()) == m["digests"]

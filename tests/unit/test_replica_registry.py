@@ -1,0 +1,118 @@
+"""The replica registry's record, without Ray: a copy that misses a change is stale
+at once, repair makes a copy fresh only after a pass saw no write, commits of one
+path are one at a time, under-replicated bytes are counted, and repair is paced."""
+
+from __future__ import annotations
+
+import threading
+
+from air_transfer.storage.server.repair import Pace
+from air_transfer.storage.server.replica_registry import ReplicaRegistry
+
+KEY = "n0:/r"
+
+
+def registry(k: int = 2) -> ReplicaRegistry:
+    r = ReplicaRegistry()
+    r.register(KEY, [("n0", "/r"), ("n1", "/c/n1")][:k], k, "/c/{node_id}")
+    return r
+
+
+def test_a_copy_that_misses_a_change_is_stale_before_it_returns() -> None:
+    r = registry()
+    op, targets, fresh = r.begin(KEY, ["f"])
+    assert targets == [("n0", "/r"), ("n1", "/c/n1")] and fresh == ["n0", "n1"]
+    assert r.end(KEY, op, ["n1"], ["f"]) == ["n0"]
+    assert r.view(KEY) == ([("n0", "/r"), ("n1", "/c/n1")], ["n0"], [], 2)
+    assert r.targets(KEY) == ([("n0", "/r")], ["n0"])  # the next write skips it
+    r.register(KEY, [("x", "/x")], 1, "/{node_id}")  # a known key keeps its record
+    assert r.view(KEY) is not None and r.view(KEY)[1] == ["n0"]  # type: ignore[index]
+
+
+def test_repair_takes_a_stale_member_first_then_a_new_node() -> None:
+    r = registry()
+    r.end(KEY, r.begin(KEY, ["f"])[0], ["n1"], ["f"])
+    assert r.plan_repair(KEY, {"n0", "n1", "n2"}) == (("n0", "/r"), ("n1", "/c/n1"))
+    assert r.plan_repair(KEY, {"n0", "n1", "n2"}) is None  # one repair at a time
+    r.abandon_sync(KEY, "n1")
+    # n1 is gone for good (Ray never reuses a node id): n2 takes its place
+    assert r.plan_repair(KEY, {"n0", "n2"}) == (("n0", "/r"), ("n2", "/c/n2"))
+    assert [n for n, _ in r.view(KEY)[0]] == ["n0", "n2"]  # type: ignore[index]
+
+
+def test_a_syncing_copy_is_fresh_only_after_a_pass_without_writes() -> None:
+    r = registry()
+    r.end(KEY, r.begin(KEY, [])[0], ["n1"], [])
+    r.plan_repair(KEY, {"n0", "n1"})
+    op, targets, fresh = r.begin(KEY, ["a"])  # a write while n1 syncs goes to it too
+    assert [n for n, _ in targets] == ["n0", "n1"] and fresh == ["n0"]
+    assert r.take_touched(KEY, "n1") == ({"a"}, True)
+    assert not r.finish_sync(KEY, "n1")  # a write in flight
+    r.end(KEY, op, [], ["a"])
+    assert not r.finish_sync(KEY, "n1")  # "a" was touched since the last take
+    assert r.take_touched(KEY, "n1") == ({"a"}, False)
+    assert r.finish_sync(KEY, "n1")
+    assert r.view(KEY)[1:3] == (["n0", "n1"], [])  # type: ignore[index]
+
+
+def test_a_syncing_copy_that_misses_a_write_starts_over() -> None:
+    r = registry()
+    r.end(KEY, r.begin(KEY, [])[0], ["n1"], [])
+    r.plan_repair(KEY, {"n0", "n1"})
+    r.end(KEY, r.begin(KEY, ["a"])[0], ["n1"], ["a"])
+    assert r.take_touched(KEY, "n1") is None and not r.finish_sync(KEY, "n1")
+
+
+def test_commits_of_one_path_are_one_at_a_time() -> None:
+    r = registry()
+    first, _, _ = r.begin(KEY, ["f"])
+    order: list[str] = []
+
+    def second() -> None:
+        op, _, _ = r.begin(KEY, ["f"])
+        order.append("second")
+        r.end(KEY, op, [], ["f"])
+
+    t = threading.Thread(target=second)
+    t.start()
+    other, _, _ = r.begin(KEY, ["g"])  # another path is not held up
+    r.end(KEY, other, [], ["g"])
+    order.append("first")
+    r.end(KEY, first, [], ["f"])
+    t.join(30)
+    assert order == ["first", "second"]
+
+
+def test_under_replicated_bytes() -> None:
+    r = registry()
+    r.note_bytes(KEY, 100)
+    assert r.missing_bytes({"n0", "n1"}) == 0 and r.under_replicated({"n0", "n1"}) == []
+    assert r.missing_bytes({"n0"}) == 100 and r.under_replicated({"n0"}) == [(KEY, 1, 2)]
+    assert r.missing_bytes(set()) == 200
+
+
+def test_repair_is_paced() -> None:
+    now = [0.0]
+    slept: list[float] = []
+    pace = Pace(100.0, clock=lambda: now[0], sleep=slept.append)
+    pace.take(50)
+    now[0] = 0.2
+    pace.take(50)  # 100 bytes by 0.2 s: 0.8 s ahead of 100 B/s
+    now[0] = 5.0
+    pace.take(10)  # behind the rate: no sleep
+    assert slept == [0.5, 0.8]
+
+
+def test_what_counts_as_a_lost_copy() -> None:
+    from ray.exceptions import ActorDiedError
+
+    from air_transfer.errors import CheckpointLostError
+    from air_transfer.storage.client.replica_set import is_lost
+
+    assert is_lost(ConnectionError("gone")) and is_lost(ActorDiedError())
+    assert not is_lost(FileNotFoundError("answered"))
+    # A reader fails over when the copy's chunks are gone; a writer whose source's
+    # chunks are gone gets that answer from every copy, none of them stale.
+    assert is_lost(CheckpointLostError("x")) and not is_lost(
+        CheckpointLostError("x"), reading=False
+    )
