@@ -26,7 +26,7 @@ from tests.support.procs import REPO_ROOT
 # process: the bench's and the demo's) inherits it.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
-# The suite runs in parallel processes (pytest-xdist, the README's command): each gets a
+# Where the suite runs in parallel processes (pytest-xdist's ``-n``), each gets a
 # Ray temp directory of its own, where Ray keeps its sockets, its sessions and the
 # address a plain ``ray.init()`` would attach to, so that one process's Ray (a mock
 # cluster, a bench subprocess's) never meets another's.
