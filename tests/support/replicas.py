@@ -4,10 +4,12 @@ registry's view of it, the copies compared on disk, and nodes removed and added.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from pathlib import Path
 
+import psutil
 import pyarrow.fs as pafs
 import ray
 from ray.cluster_utils import Cluster
@@ -82,9 +84,19 @@ def copies_identical(h: ReplicatedHandler, k: int) -> dict[str, bytes | None]:
 
 
 def remove(cluster: Cluster, node_id: str) -> None:
-    """Remove the node ``node_id`` for good, and wait until Ray knows it is dead."""
+    """Remove the node ``node_id`` for good, as a machine is lost: every process of it
+    gone (``remove_node`` kills the raylet, but its workers, the node's agent among
+    them, live on until they notice, and on a mock cluster still reach the shared
+    disk), and wait until Ray knows it is dead."""
     doomed = next(n for n in cluster.worker_nodes if n.node_id == node_id)
+    raylet = doomed.all_processes["raylet"][0].process
+    workers = psutil.Process(raylet.pid).children(recursive=True)
     cluster.remove_node(doomed, allow_graceful=False)
+    for worker in workers:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            worker.kill()
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, f"processes of node {node_id} still alive: {alive}"
     eventually(lambda: node_id not in node_ids().values(), f"node {node_id} declared dead")
 
 

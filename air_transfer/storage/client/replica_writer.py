@@ -159,6 +159,9 @@ class ReplicatedWriter(UploadStream):
         checksum = chunk_checksum(tail)
         reg = self.replicas.registry()
         op, targets, fresh = get(reg.begin.remote(self.replicas.key, [self.rel]))
+        # Copies staged here whose node the registry has since found gone: this write
+        # lacks them too (degraded), though no commit was tried there.
+        gone = [node for node in self.staged if node not in dict(targets)]
         outcomes: dict[str, BaseException | None] = {}
         try:
             for node, _ in targets:
@@ -174,8 +177,8 @@ class ReplicatedWriter(UploadStream):
             if node not in dict(targets) or outcomes.get(node) is not None:
                 _abort_one(s)
         self.staged.clear()
-        if missed:
-            self.replicas.degraded(missed, [self.rel])
+        if missed or gone:
+            self.replicas.degraded([*missed, *gone], [self.rel])
         if answer is not None:
             raise answer
 
