@@ -17,7 +17,7 @@ import ray.cloudpickle
 from air_transfer import register_strategy
 from air_transfer.core import proven_read
 from air_transfer.transfer.strategies import registry
-from tests.support import strategies_for_tests
+from tests.support import shared_ray, strategies_for_tests
 from tests.support.procs import REPO_ROOT
 
 # Ray Train's controller polls its workers every 2 s, and a run ends (and a report
@@ -25,6 +25,9 @@ from tests.support.procs import REPO_ROOT
 # Train runs. Set before any Ray starts here, so every Ray process (and every child
 # process: the bench's and the demo's) inherits it.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+# Each Train run starts a preemption watcher actor (a process, ~1.5 s of CPU) that
+# waits for a cloud's preemption notice; no test's node is preempted that way.
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 # Where the suite runs in parallel processes (pytest-xdist's ``-n``), each gets a
 # Ray temp directory of its own, where Ray keeps its sockets, its sessions and the
@@ -66,23 +69,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    """A local Ray shared by the tests of one module (starting Ray costs seconds;
-    per module, so that other modules can start their own cluster). Its workers
-    import ``tests.support`` (and, in a checkout, ``air_transfer``) from the root."""
-    if not ray.is_initialized():
-        ray.init(
-            # "local": always a fresh instance, never a cluster that happens to be
-            # running on this machine (ray.init() would attach to it).
-            address="local",
-            num_cpus=2,
-            object_store_memory=512 * 1024 * 1024,
-            include_dashboard=False,
-            logging_level="ERROR",
-            runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT}},
-        )
+def ray_local() -> None:
+    """The local Ray the suite shares (``tests.support.shared_ray``): started at the
+    first module that asks, kept for the next (starting Ray costs seconds)."""
+    shared_ray.local()
+
+
+@pytest.fixture(scope="module")
+def no_ray() -> None:
+    """For a module whose tests start a Ray of their own (a bench or example
+    subprocess, ``main()`` starting a cluster): the shared one stopped first."""
+    shared_ray.release()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_ray_released() -> Iterator[None]:
+    """Whatever Ray the modules shared is stopped when the session ends."""
     yield
-    ray.shutdown()
+    shared_ray.release()
 
 
 @pytest.fixture

@@ -14,6 +14,9 @@ from air_transfer.transfer.strategies import strategies
 from benchmarks import bench
 from tests.support.bench_cli import RESULT_KEYS, run_bench_cli
 
+# Each test runs a bench (or the demo) with its own Ray: the shared one is stopped.
+pytestmark = pytest.mark.usefixtures("no_ray")
+
 
 def check_report(report: dict, contenders: list[str], layouts: list[str], tmp: Path) -> None:
     assert set(report) >= {"config", "machine", "results", "linearity"}

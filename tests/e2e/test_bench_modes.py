@@ -8,8 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.bench_cli import RESULT_KEYS, run_bench_cli
 from tests.support.procs import REPO_ROOT, child_env
+
+# Each test runs a bench (or the demo) with its own Ray: the shared one is stopped.
+pytestmark = pytest.mark.usefixtures("no_ray")
 
 
 def test_train_mode_reports_and_restores_verified_against_both_floors(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from ray.train.torch import TorchTrainer
 
 import air_transfer
 from air_transfer import TransferConfig
-from tests.support.cluster import node_ids, start_cluster
+from tests.support.cluster import node_ids, shared_cluster
 from tests.support.dcp_fns import MiB, dcp_train_loop, torch_save_loop
 
 CONFIG = TransferConfig(chunk_bytes=MiB, window=4)
@@ -33,11 +33,9 @@ STEPS = 4
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    """Head (driver, storage) plus nodes a and b, which alone offer ``trainer``."""
-    c = start_cluster("node_a", "node_b", node_resources={"trainer": 1})
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    """Head (driver, storage) plus nodes a and b, which alone offer ``trainer``: the
+    cluster the suite shares."""
+    yield shared_cluster()
 
 
 @pytest.fixture(scope="module")

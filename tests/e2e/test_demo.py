@@ -7,7 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.procs import REPO_ROOT, child_env
+
+# Each test runs a bench (or the demo) with its own Ray: the shared one is stopped.
+pytestmark = pytest.mark.usefixtures("no_ray")
 
 
 def test_demo_reports_checkpoints_to_the_driver_node_and_restores_them(tmp_path: Path) -> None:

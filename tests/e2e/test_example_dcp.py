@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import ray
 
 from tests.support.examples import load
 
+pytestmark = pytest.mark.usefixtures("no_ray")  # main() starts a cluster of its own
+
 
 def test_torch_dcp_resumes_after_a_failure(tmp_path: Path) -> None:
-    if ray.is_initialized():
-        ray.shutdown()
     storage = tmp_path / "storage"
     out = load("torch_dcp").main(steps=3, width=128, storage_path=str(storage))
     assert out["step"] == 2
@@ -22,5 +23,3 @@ def test_torch_dcp_resumes_after_a_failure(tmp_path: Path) -> None:
     assert out["loaded_step"] == 2 and out["loaded_model_matches"]
     assert Path(out["checkpoint_path"]).is_relative_to(storage)
     assert not ray.is_initialized(), "main() left the cluster it started running"
-
-

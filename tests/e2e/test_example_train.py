@@ -6,15 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import ray
 
 from air_transfer.config import MiB
 from tests.support.examples import load
 
+pytestmark = pytest.mark.usefixtures("no_ray")  # main() starts a cluster of its own
+
 
 def test_train_without_shared_storage_resumes_after_a_failure(tmp_path: Path) -> None:
-    if ray.is_initialized():
-        ray.shutdown()
     storage = tmp_path / "storage"
     out = load("train_without_shared_storage").main(
         epochs=3, size_bytes=2 * MiB + 12, chunk_bytes=MiB, storage_path=str(storage)
@@ -27,5 +28,3 @@ def test_train_without_shared_storage_resumes_after_a_failure(tmp_path: Path) ->
     checkpoint = Path(out["checkpoint_path"])
     assert checkpoint.is_relative_to(storage) and (checkpoint / "weights.bin").is_file()
     assert not ray.is_initialized(), "main() left the cluster it started running"
-
-

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,8 @@ def assert_landed(result: ray.train.Result, storage: Path, name: str) -> None:
         assert Path(checkpoint.path).parent == storage / name
         assert metrics["node"] == ids["node_a"]
         assert digest_tree(checkpoint.path) == metrics["digests"]
-    assert digest_tree(result.checkpoint.to_directory()) == kept[-1][1]["digests"]
+    restored = result.checkpoint.to_directory(tempfile.mkdtemp(prefix="restored-", dir=storage))
+    assert digest_tree(restored) == kept[-1][1]["digests"]
 
 
 @pytest.fixture(scope="module")
@@ -90,15 +92,21 @@ def fs() -> pafs.FileSystem:
 
 
 @pytest.fixture(scope="module")
-def sync_run(tmp_path_factory: pytest.TempPathFactory, fs: pafs.FileSystem) -> tuple[Any, Path]:
+def sync_run(
+    tmp_path_factory: pytest.TempPathFactory, fs: pafs.FileSystem
+) -> tuple[Any, Path, int]:
+    """A run of 3 SYNC reports keeping 2; also how many checkpoints the storage
+    node's agent stored meanwhile."""
     storage = tmp_path_factory.mktemp("storage")
-    return fit(storage, "sync", fs, num_to_keep=2, steps=3, mode="SYNC"), storage
+    before = storage_counters()["checkpoints_stored"]
+    result = fit(storage, "sync", fs, num_to_keep=2, steps=3, mode="SYNC")
+    return result, storage, storage_counters()["checkpoints_stored"] - before
 
 
 def test_sync_reports_land_on_the_driver_node_and_old_ones_are_deleted(
-    sync_run: tuple[ray.train.Result, Path],
+    sync_run: tuple[ray.train.Result, Path, int],
 ) -> None:
-    result, storage = sync_run
+    result, storage, _ = sync_run
     assert_landed(result, storage, "sync")
     assert [m["step"] for _, m in result.best_checkpoints] == [1, 2]
     assert checkpoint_dirs(storage / "sync") == sorted(
@@ -114,9 +122,9 @@ def test_async_reports_land_on_the_driver_node(tmp_path: Path, fs: pafs.FileSyst
 
 
 def test_a_second_run_with_the_same_name_resumes(
-    sync_run: tuple[ray.train.Result, Path], fs: pafs.FileSystem
+    sync_run: tuple[ray.train.Result, Path, int], fs: pafs.FileSystem
 ) -> None:
-    first, storage = sync_run
+    first, storage, _ = sync_run
     last_checkpoint, last_metrics = first.best_checkpoints[-1]
     result = fit(storage, "sync", fs, num_to_keep=2, steps=4, mode="SYNC")
     resumed = result.metrics
@@ -175,7 +183,8 @@ def test_tune_function_trainable_reports_and_restores(tmp_path: Path, fs: pafs.F
         assert Path(checkpoint.path).is_relative_to(tmp_path / "tune")
         assert metrics["node"] == node_ids()["node_a"]
         assert digest_tree(checkpoint.path) == metrics["digests"]
-    assert digest_tree(result.checkpoint.to_directory()) == history[2]["digests"]
+    restored = result.checkpoint.to_directory(str(tmp_path / "restored"))
+    assert digest_tree(restored) == history[2]["digests"]
 
 
 def storage_counters() -> dict[str, int]:
@@ -185,29 +194,33 @@ def storage_counters() -> dict[str, int]:
     return counters
 
 
-def test_reports_go_through_one_chunked_transfer_each(tmp_path: Path, fs: pafs.FileSystem) -> None:
+def test_reports_go_through_one_chunked_transfer_each(
+    sync_run: tuple[ray.train.Result, Path, int],
+) -> None:
     """A worker's ``report`` into node storage is not pyarrow's file-by-file
     copy (every byte through a Python ``bytes``) but one transfer per checkpoint,
     written by the storage node's agent (``TrainStorageHandler``'s hooks)."""
-    before = storage_counters()["checkpoints_stored"]
-    result = fit(tmp_path, "hooked", fs, steps=2, mode="SYNC")
-    assert_landed(result, tmp_path, "hooked")
-    assert storage_counters()["checkpoints_stored"] - before == 2
+    _, _, stored = sync_run
+    assert stored == 3
 
 
 @ray.remote(num_cpus=0)
 def restore_digests(checkpoint: ray.train.Checkpoint) -> dict[str, str]:
     # A directory of its own: without one, Ray's to_directory() picks one path per
     # checkpoint, and on a mock cluster (one disk) a second node may find it filled.
-    return digest_tree(checkpoint.to_directory(tempfile.mkdtemp(prefix="restore-")))
+    d = checkpoint.to_directory(tempfile.mkdtemp(prefix="restore-"))
+    try:
+        return digest_tree(d)
+    finally:
+        shutil.rmtree(d)
 
 
 def test_restores_on_other_nodes_share_one_transfer(
-    sync_run: tuple[ray.train.Result, Path],
+    sync_run: tuple[ray.train.Result, Path, int],
 ) -> None:
     """Two workers restoring one checkpoint on other nodes at once: the storage node
     packs it once (one directory transfer), both get its exact bytes."""
-    result, _ = sync_run
+    result, _, _ = sync_run
     before = storage_counters()
     checkpoint = result.checkpoint
     assert checkpoint is not None

@@ -13,6 +13,9 @@ import ray
 from benchmarks.bench import session
 from benchmarks.units import MiB
 
+# These tests start Ray the bench's way, in this process: none may be running.
+pytestmark = pytest.mark.usefixtures("no_ray")
+
 
 def raylets() -> list[psutil.Process]:
     return [p for p in psutil.Process().children(recursive=True) if p.name() == "raylet"]

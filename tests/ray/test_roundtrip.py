@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -173,8 +174,11 @@ def test_as_directory_cleans_up(tmp_path: Path, strategy: str) -> None:
     with restored.as_directory() as d:
         assert_same_tree(src, Path(d))
     assert not os.path.exists(d)
-    tmp = restored.to_directory()
-    assert_same_tree(src, Path(tmp))
+    tmp = restored.to_directory()  # Ray's default: a fresh temporary directory
+    try:
+        assert_same_tree(src, Path(tmp))
+    finally:
+        shutil.rmtree(tmp)
 
 
 def test_restored_view_is_a_read_only_pyarrow_filesystem(tmp_path: Path, strategy: str) -> None:

@@ -18,6 +18,7 @@ from ray.cluster_utils import Cluster
 
 from air_transfer.cluster._ray import object_store_free_bytes
 from air_transfer.cluster.nodes import NAMESPACE, agent_name
+from tests.support import shared_ray
 from tests.support.procs import REPO_ROOT
 from tests.support.waiting import eventually
 
@@ -32,9 +33,9 @@ def start_cluster(
 ) -> Cluster:
     """A head (the driver's node, resource ``head``) plus one node per name, each
     with that name as a resource and ``node_resources`` (e.g. a resource that only
-    workers ask for); the driver connected, its workers importing ``tests.support``."""
-    if ray.is_initialized():
-        ray.shutdown()
+    workers ask for); the driver connected, its workers importing ``tests.support``.
+    Whatever Ray the suite shares is stopped first (``tests.support.shared_ray``)."""
+    shared_ray.release()
     head: dict[str, object] = {
         "num_cpus": 1,
         "resources": {"head": 1},
@@ -62,13 +63,40 @@ def connect(address: str) -> None:
     )
 
 
+#: The shared cluster's nodes besides the head; each also offers ``trainer``, the
+#: resource Train's workers ask for, so that they never run on the driver's node.
+SHARED_NODES = ("node_a", "node_b")
+
+
+def shared_cluster() -> Cluster:
+    """The head (the driver's node, resource ``head``) plus ``node_a`` and ``node_b``
+    (each also ``trainer``), this process connected: the one the suite shares
+    (``tests.support.shared_ray``), started if none is held or the held one lost a
+    node, or was shut down."""
+    held = shared_ray.held_cluster()
+    if held is not None and _intact(held):
+        return held
+    cluster = start_cluster(*SHARED_NODES, node_resources={"trainer": 1})
+    shared_ray.hold_cluster(cluster)
+    return cluster
+
+
+def _intact(cluster: Cluster) -> bool:
+    """Whether every node of the shared cluster lives, this process connected to it."""
+    try:
+        if not ray.is_initialized():
+            connect(cluster.address)
+        elif ray.get_runtime_context().gcs_address != cluster.address:
+            return False
+        return set(node_ids()) >= {"head", *SHARED_NODES}
+    except Exception:  # a cluster that cannot be reached is not intact
+        return False
+
+
 def two_node_cluster() -> Iterator[Cluster]:
-    """The body of the ``cluster`` fixtures: head (driver) plus ``node_a`` and
-    ``node_b``, shut down after the module."""
-    c = start_cluster("node_a", "node_b")
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    """The body of the ``cluster`` fixtures: the shared cluster (``shared_cluster``),
+    kept for the next module when this one is done."""
+    yield shared_cluster()
 
 
 def node_ids() -> dict[str, str]:
@@ -119,8 +147,11 @@ def chunks_back_to_baseline() -> Iterator[None]:
     if not ray.is_initialized():
         yield
         return
+    address = ray.get_runtime_context().gcs_address
     before = {name: object_store_free_bytes(nid) for name, nid in node_ids().items()}
     yield
+    if not ray.is_initialized() or ray.get_runtime_context().gcs_address != address:
+        return  # the test let go of this Ray (an example starting a cluster of its own)
     gc.collect()
     release_read_caches()
     release_dead_requesters_leases()

@@ -12,6 +12,7 @@ from typing import Any
 import ray
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import shared_ray
 from tests.support.procs import REPO_ROOT
 from tests.support.waiting import eventually
 
@@ -29,8 +30,7 @@ def _free_port() -> int:
 def start_ray() -> str:
     """(Re)start the local Ray with a Prometheus endpoint its metrics agent exports
     to every 100 ms; the endpoint's URL."""
-    if ray.is_initialized():
-        ray.shutdown()
+    shared_ray.release()
     port = _free_port()
     ray.init(
         address="local",

@@ -15,7 +15,7 @@ from ray.cluster_utils import Cluster
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from tests.support.checkpoints import MiB
-from tests.support.cluster import STORE_BYTES, start_cluster
+from tests.support.cluster import shared_cluster
 from tests.support.train_fns import ranked_loop
 
 NUM_TO_KEEP = 2
@@ -27,14 +27,9 @@ SMALL_SIZE = 2 * MiB
 
 
 def trainer_cluster() -> Iterator[Cluster]:
-    """The driver's node (the storage) and two nodes that only the workers use."""
-    c = start_cluster()
-    for name in ("node_a", "node_b"):
-        c.add_node(num_cpus=1, resources={name: 1, "trainer": 1}, object_store_memory=STORE_BYTES)
-    c.wait_for_nodes()
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    """The driver's node (the storage) and two nodes that only the workers use (they
+    alone offer ``trainer``): the cluster the suite shares."""
+    yield shared_cluster()
 
 
 def fit(tmp_path: Path, filesystem: pafs.FileSystem | None, **loop_config: Any) -> ray.train.Result:

@@ -12,10 +12,11 @@ import ray
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     started = False
+    running = ray.is_initialized()  # a Ray shared by an earlier tier's modules
     try:
         result = yield
     finally:  # a test that failed and started Ray still leaves none running
-        if ray.is_initialized():
+        if ray.is_initialized() and not running:
             ray.shutdown()
             started = True
     if started:
