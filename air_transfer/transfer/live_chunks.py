@@ -114,17 +114,26 @@ def _not_failed(found: dict[int, list[Chunk]]) -> dict[int, Chunk]:
     """One candidate per index whose packing did not fail: a checksum already known
     (a str, or a ref that resolved to one) first, else one still being packed. A
     ref that resolved to an error (the packing failed) is never chosen."""
-    pending = [c for candidates in found.values() for _, c in candidates if not isinstance(c, str)]
+    pending = list(  # once each: the same chunk is recorded for every transfer reusing it
+        dict.fromkeys(
+            c for candidates in found.values() for _, c in candidates if not isinstance(c, str)
+        )
+    )
     ready: set[Any] = set()
     if pending:
         done, _ = ray.wait(pending, num_returns=len(pending), timeout=0, fetch_local=False)
         ready = set(done)
     resolved: dict[Any, Any] = {}
-    for ref in ready:
+    if ready:
+        refs = list(ready)
         try:
-            resolved[ref] = ray.get(ref)
-        except Exception:  # the packing task itself died: treat as failed
-            resolved[ref] = None
+            resolved = dict(zip(refs, ray.get(refs), strict=True))
+        except Exception:  # a packing task itself died: find which, treat as failed
+            for ref in refs:
+                try:
+                    resolved[ref] = ray.get(ref)
+                except Exception:
+                    resolved[ref] = None
     chosen: dict[int, Chunk] = {}
     for index, candidates in found.items():
         best: Chunk | None = None

@@ -22,22 +22,33 @@ import ray.cloudpickle
 from air_transfer import ChunkedCheckpoint, SourceChangedError, TransferConfig
 from air_transfer.cluster._ray import object_store_free_bytes
 from air_transfer.cluster.nodes import node_agent, this_node_id
-from air_transfer.config import KiB, MiB
+from air_transfer.config import MiB
 from air_transfer.core.plan import Span
-from tests.support import leases, rewriters
+from tests.support import leases
 from tests.support.leases import (
     install_while_mapped,
     lease_breaking,
     leased,
     truncate_elsewhere,
 )
-from tests.support.rewriters import CHANGED, HOW, RewriteOnce, install_in_agent, rewrite
+from tests.support.live_chunks import (
+    ALL,
+    CHUNK,
+    FILES,
+    REUSE,
+    chunks_of,
+    counters,
+    make_tree,
+    restored,
+    same,
+    transfer,
+)
+from tests.support.rewriters import HOW, rewrite
 from tests.support.trees import assert_same_tree
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 ray.cloudpickle.register_pickle_by_value(leases)
-ray.cloudpickle.register_pickle_by_value(rewriters)
 
 CONFIG = TransferConfig(chunk_bytes=2 * MiB, window=4, strategy="chunked")
 
@@ -172,42 +183,6 @@ def test_a_done_future_with_a_callback_is_freed_without_the_cyclic_gc(tmp_path: 
 
 
 # -- live chunks: a later transfer reuses what the agent still holds (reuse_chunks) ------
-# Which chunks were reused is read off the refs (a reused chunk is the earlier
-# transfer's object); what was packed, off the agent's count of the bytes its packing
-# tasks put into objects.
-CHUNK = 64 * KiB
-REUSE = TransferConfig(chunk_bytes=CHUNK, strategy="chunked", owner="node", reuse_chunks=True)
-FILES = ("a.bin", "b.bin", "c.bin", "w.bin")  # two chunks each, stream order
-PER_FILE = 2
-
-
-def make_tree(tmp_path: Path) -> Path:
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in FILES:
-        (src / name).write_bytes(os.urandom(PER_FILE * CHUNK))
-    return src
-
-
-def transfer(src: Path, config: TransferConfig = REUSE) -> tuple[Any, list[str]]:
-    """The ref of a transfer of ``src`` (packed), and the hex ids of its chunks."""
-    ref = ChunkedCheckpoint.from_directory(str(src)).to_object_ref(config)
-    return ref, [chunk.hex() for chunk in ray.get(ref).handle().payload]
-
-
-def counters() -> dict[str, int]:
-    counts: dict[str, int] = ray.get(node_agent().read_counters.remote())
-    return counts
-
-
-def chunks_of(names: set[str]) -> set[int]:
-    return {FILES.index(n) * PER_FILE + k for n in names for k in range(PER_FILE)}
-
-
-def restored(ref: Any, tmp_path: Path, name: str) -> Path:
-    return Path(ray.get(ref).to_directory(str(tmp_path / name)))
-
-
 @pytest.mark.parametrize(
     ("unchanged", "config"),
     [(0, REUSE), (2, REUSE), (4, REUSE), (4, REUSE.replace(reuse_chunks=False))],
@@ -224,11 +199,9 @@ def test_exactly_the_chunks_of_unchanged_files_are_reused(
     before = counters()
     second, second_ids = transfer(src, config)
     after = counters()
-    reused = {i for i, (a, b) in enumerate(zip(first_ids, second_ids, strict=True)) if a == b}
     expected = chunks_of(set(FILES) - changed) if config.reuse_chunks else set()
-    assert reused == expected
-    packed = (len(FILES) * PER_FILE - len(expected)) * CHUNK
-    assert after["bytes_packed"] - before["bytes_packed"] == packed
+    assert same(first_ids, second_ids) == expected
+    assert after["bytes_packed"] - before["bytes_packed"] == (ALL - len(expected)) * CHUNK
     assert after["bytes_reused"] - before["bytes_reused"] == len(expected) * CHUNK
     assert_same_tree(src, restored(second, tmp_path, "out"))
 
@@ -241,14 +214,13 @@ def test_a_file_changed_between_the_transfers_is_packed_again(tmp_path: Path, ho
     _first, first_ids = transfer(src)
     rewrite(str(src / "b.bin"), how)
     second, second_ids = transfer(src)
-    reused = {i for i, (a, b) in enumerate(zip(first_ids, second_ids, strict=True)) if a == b}
-    assert reused == chunks_of({"a.bin", "c.bin", "w.bin"})
+    assert same(first_ids, second_ids) == chunks_of({"a.bin", "c.bin", "w.bin"})
     assert_same_tree(src, restored(second, tmp_path, "out"))
 
 
 def test_a_transfer_released_before_the_next_one_is_packed_again(tmp_path: Path) -> None:
-    """Once the agent dropped the earlier transfer's lease, its chunks may be freed:
-    none of them is offered again, the next transfer packs every byte."""
+    """Once the agent dropped the earlier transfer's lease its chunks may be freed:
+    none is offered again (never a lost object), the next transfer packs every byte."""
     src = make_tree(tmp_path)
     first, first_ids = transfer(src)
     key = first.hex()
@@ -262,34 +234,16 @@ def test_a_transfer_released_before_the_next_one_is_packed_again(tmp_path: Path)
     second, second_ids = transfer(src)
     after = counters()
     assert not set(first_ids) & set(second_ids)
-    assert after["bytes_packed"] - before["bytes_packed"] == len(FILES) * PER_FILE * CHUNK
+    assert after["bytes_packed"] - before["bytes_packed"] == ALL * CHUNK
     assert after["chunks_reused"] == before["chunks_reused"]
     assert_same_tree(src, restored(second, tmp_path, "out"))
 
 
-def test_a_file_changed_while_packed_is_still_source_changed(tmp_path: Path) -> None:
-    """The reused chunks do not hide a change mid-pack of a file packed again; the
-    next transfer packs that file anew and reuses the others."""
-    src = make_tree(tmp_path)
-    _first, first_ids = transfer(src)
-    rewrite(str(src / "w.bin"), "in-place")
-    agent = node_agent()
-    install_in_agent(agent, RewriteOnce("w.bin", offset=CHUNK))
-    try:
-        with pytest.raises(SourceChangedError, match=CHANGED):
-            transfer(src)
-    finally:
-        install_in_agent(agent, None)
-    third, third_ids = transfer(src)
-    reused = {i for i, (a, b) in enumerate(zip(first_ids, third_ids, strict=True)) if a == b}
-    assert reused == chunks_of({"a.bin", "b.bin", "c.bin"})
-    assert_same_tree(src, restored(third, tmp_path, "out"))
-
-
 def test_two_concurrent_transfers_sharing_a_base(tmp_path: Path) -> None:
-    """Both take the base's chunks of the unchanged files; a chunk of a changed file
-    is packed by one or both of them (whichever order their submissions took), never
-    the base's; each restores the current tree."""
+    """Both take the base's chunks of the unchanged files; the chunks of the changed
+    files are packed by both, or by one and reused by the other (whichever recorded
+    its chunks first), never the base's; each restores the current tree. A third
+    transfer then packs nothing (each chunk is offered by several of them)."""
     src = make_tree(tmp_path)
     _base, base_ids = transfer(src)
     rewrite(str(src / "a.bin"), "in-place")
@@ -312,12 +266,15 @@ def test_two_concurrent_transfers_sharing_a_base(tmp_path: Path) -> None:
     after = counters()
     assert not errors and len(results) == 2
     unchanged, changed = chunks_of({"b.bin", "w.bin"}), chunks_of({"a.bin", "c.bin"})
-    for _, ids in results:
-        assert {i for i, x in enumerate(ids) if x == base_ids[i]} == unchanged
     (_, one), (_, two) = results
-    shared = {i for i in changed if one[i] == two[i]}  # packed once, reused by the other
+    assert same(base_ids, one) == same(base_ids, two) == unchanged
+    shared = same(one, two) - unchanged  # packed once, reused by the other
     assert shared in (set(), changed)
     packed = after["bytes_packed"] - before["bytes_packed"]
     assert packed == (2 * len(changed) - len(shared)) * CHUNK
     for n, (ref, _) in enumerate(results):
         assert_same_tree(src, restored(ref, tmp_path, f"out{n}"))
+    third, third_ids = transfer(src)
+    assert counters()["bytes_packed"] == after["bytes_packed"]
+    assert set(third_ids) <= {*one, *two}
+    assert_same_tree(src, restored(third, tmp_path, "out3"))
