@@ -239,6 +239,28 @@ def test_a_transfer_released_before_the_next_one_is_packed_again(tmp_path: Path)
     assert_same_tree(src, restored(second, tmp_path, "out"))
 
 
+def test_an_earlier_transfer_is_released_while_a_later_one_holds_its_chunks(
+    tmp_path: Path,
+) -> None:
+    """The later transfer nests chunks of the earlier one, so holding it references
+    them: the earlier one's lease (and its chunks of the changed file) must still go
+    once its own ref is dropped, or every version would stay while the last lives."""
+    src = make_tree(tmp_path)
+    first, first_ids = transfer(src)
+    key = first.hex()
+    rewrite(str(src / "b.bin"), "in-place")
+    second, second_ids = transfer(src)
+    assert same(first_ids, second_ids) == chunks_of({"a.bin", "c.bin", "w.bin"})
+    del first
+    eventually(
+        lambda: key not in ray.get(node_agent().leases.remote()),
+        "the agent to drop the lease of the earlier transfer",
+        60,
+    )
+    assert second.hex() in ray.get(node_agent().leases.remote())
+    assert_same_tree(src, restored(second, tmp_path, "out"))
+
+
 def test_two_concurrent_transfers_sharing_a_base(tmp_path: Path) -> None:
     """Both take the base's chunks of the unchanged files; the chunks of the changed
     files are packed by both, or by one and reused by the other (whichever recorded
