@@ -66,8 +66,8 @@ def get(ref: Any, timeout: float | None = None) -> Any:
 def fetch_in_order(refs: Iterable[Any], window: int) -> Iterator[Any]:
     """Yield ``get(ref)`` for each ref in order (a list, or a streaming
     generator's refs as they come), keeping up to ``window`` gets in flight ahead so
-    cross-node pulls overlap with the consumer's work. A value that is not a ref (a
-    checksum already known among ones still being packed) is yielded as it is.
+    cross-node pulls overlap with the consumer's work. A str among them (a checksum
+    already known among ones still being packed) is yielded as it is.
 
     Threads, not ``ray.wait(fetch_local=True)``: a get in flight is a pull that Ray
     keeps going, and its result is dropped as soon as the consumer moves on.
@@ -95,9 +95,9 @@ def fetch_in_order(refs: Iterable[Any], window: int) -> Iterator[Any]:
 
 
 def _start(pool: ThreadPoolExecutor, ref: Any) -> Future[Any]:
-    """The get of ``ref`` in ``pool``, or, for a value that is not a ref, a done
-    future of that value."""
-    if isinstance(ref, ray.ObjectRef):
+    """The get of ``ref`` (a ref, or a list of refs) in ``pool``, or, for a str (a
+    checksum already known), a done future of it."""
+    if not isinstance(ref, str):
         return pool.submit(get, ref)
     done: Future[Any] = Future()
     done.set_result(ref)
