@@ -41,6 +41,7 @@ from air_transfer.storage.server.senders import sender
 from air_transfer.storage.server.sink import store_checkpoint, store_report
 from air_transfer.storage.server.uploads import DiskUploads
 from air_transfer.transfer.handle import TransferHandle
+from air_transfer.transfer.live_chunks import LiveChunks
 from air_transfer.transfer.packing_service import PackingService
 from air_transfer.transfer.strategies import Registrations
 from air_transfer.transfer.strategies.agent_tasks import submit_plans
@@ -67,7 +68,9 @@ class NodeAgent:
         self._reports = ReportLedger()
         self._incremental = IncrementalStore()
         #: Transfers packed for another process, held until it lets go (``release``).
-        self._leases: dict[str, tuple[ray.ObjectRef[Any], tuple[int, str] | None]] = {}
+        self._leases: dict[str, tuple[ray.ObjectRef[Any], tuple[int, str] | None, str]] = {}
+        #: The chunks of those transfers, for later ones (``reuse_chunks``).
+        self._live = LiveChunks()
 
     # -- the agent itself --------------------------------------------------------------
     def node_id(self) -> str:
@@ -79,7 +82,8 @@ class NodeAgent:
     def read_counters(self) -> dict[str, int]:
         """What node storage cost this node: bytes read from disk, served and held
         (file chunks and whole-directory transfers), transfers packed and their
-        readers in flight, checkpoints stored."""
+        readers in flight, checkpoints stored; and what packing did: bytes packed
+        into chunk objects, chunks (and their bytes) reused from live transfers."""
         counters = self._files.counters()
         counters["bytes_read"] += self._directories.bytes_read
         counters["bytes_served"] += self._directories.bytes_served
@@ -89,6 +93,9 @@ class NodeAgent:
             "transfers_packed": self._directories.started,
             "transfer_readers": self._directories.readers(),
             "checkpoints_stored": self._stored,
+            "bytes_packed": self._packing.bytes_packed,
+            "chunks_reused": self._live.chunks_reused,
+            "bytes_reused": self._live.bytes_reused,
         }
 
     def incremental_counters(self) -> dict[str, int]:
@@ -144,20 +151,21 @@ class NodeAgent:
         the checkpoint (a lease, ``cluster.leases``) until ``requester`` (pid, node)
         says it references none of its refs. ``[checkpoint ref, completion ref,
         strategy, hex ids of the refs nested in it]``, nested so the caller borrows."""
-        ref, done, handle = put_transfer(source, config, registered)
-        self._leases[ref.hex()] = (ref, requester)
+        live = self._live if config.reuse_chunks else None
+        ref, done, handle = put_transfer(source, config, registered, live)
+        self._leases[ref.hex()] = (ref, requester, handle.transfer_id)
         return [ref, done, handle.strategy.name, [r.hex() for r in handle.refs()]]
 
     def release(self, *keys: str) -> None:
         """Drop the leases ``keys``: each transfer then lives as long as Ray counts
-        a reference to it."""
-        for key in keys:
-            self._leases.pop(key, None)
+        a reference to it, and no later transfer reuses its chunks."""
+        dropped = [self._leases.pop(key, None) for key in keys]
+        self._live.drop(lease[2] for lease in dropped if lease is not None)
 
     def leases(self) -> dict[str, tuple[int, str] | None]:
         """The transfers held for another process: lease key -> requester (pid,
         node); a requester that died leaves its leases until ``shutdown_agents()``."""
-        return {key: requester for key, (_, requester) in self._leases.items()}
+        return {key: requester for key, (_, requester, _) in self._leases.items()}
 
     # -- node storage: checkpoints (``storage.server``) --------------------------------
     def store_checkpoint(self, checkpoint: Any, filesystem: pafs.FileSystem, path: str) -> str:

@@ -61,6 +61,12 @@ class TransferConfig:
             node reuses what earlier checkpoints under the same root hold (proven
             against the bytes on disk; a whole file cloned or hard-linked, so stored
             once) and only the other chunks travel.
+        reuse_chunks: with ``owner="node"``: a transfer takes the chunk objects of
+            earlier transfers from this node that the agent still holds (their
+            requesters still reference them) wherever they were packed from files
+            unchanged since (equal scan stamps: size, mtime, ctime, inode), instead of
+            packing them again; only the ``chunked`` strategy and local files. Both
+            transfers must ask for it (what is recorded costs a little per chunk).
         progress: show a progress bar (bytes, rate, ETA) for each transfer that runs
             longer than a second: packing (``to_object_ref``, ``to_object_ref_async``)
             and reading (``to_directory``). ``True`` or ``False`` decides; ``None``
@@ -84,6 +90,7 @@ class TransferConfig:
     direct_io: bool = True
     cache_bytes: int = 1 * GiB
     incremental: bool = False
+    reuse_chunks: bool = False
     progress: bool | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -108,11 +115,16 @@ class TransferConfig:
                 f"TransferConfig.owner must be one of {', '.join(map(repr, OWNERS))}, "
                 f"got {self.owner!r}"
             )
-        for flag in ("verify", "follow_symlinks", "direct_io", "incremental"):
+        for flag in ("verify", "follow_symlinks", "direct_io", "incremental", "reuse_chunks"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(
                     f"TransferConfig.{flag} must be a bool, got {getattr(self, flag)!r}"
                 )
+        if self.reuse_chunks and self.owner != "node":
+            raise ValueError(
+                "TransferConfig.reuse_chunks=True needs owner='node': only the node's "
+                f"agent holds chunks for later transfers, got owner={self.owner!r}"
+            )
         if self.progress is not None and not isinstance(self.progress, bool):
             raise TypeError(
                 f"TransferConfig.progress must be True, False or None (automatic), "

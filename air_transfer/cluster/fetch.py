@@ -66,7 +66,8 @@ def get(ref: Any, timeout: float | None = None) -> Any:
 def fetch_in_order(refs: Iterable[Any], window: int) -> Iterator[Any]:
     """Yield ``get(ref)`` for each ref in order (a list, or a streaming
     generator's refs as they come), keeping up to ``window`` gets in flight ahead so
-    cross-node pulls overlap with the consumer's work.
+    cross-node pulls overlap with the consumer's work. A str among them (a checksum
+    already known among ones still being packed) is yielded as it is.
 
     Threads, not ``ray.wait(fetch_local=True)``: a get in flight is a pull that Ray
     keeps going, and its result is dropped as soon as the consumer moves on.
@@ -77,17 +78,27 @@ def fetch_in_order(refs: Iterable[Any], window: int) -> Iterator[Any]:
     try:
         upcoming = iter(refs)
         for ref in upcoming:
-            pending.append(pool.submit(get, ref))
+            pending.append(_start(pool, ref))
             if len(pending) >= window:
                 break
         while pending:
             result = pending.popleft().result()
             nxt = next(upcoming, None)
             if nxt is not None:
-                pending.append(pool.submit(get, nxt))
+                pending.append(_start(pool, nxt))
             yield result
             del result
     finally:
         for f in pending:
             f.cancel()
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _start(pool: ThreadPoolExecutor, ref: Any) -> Future[Any]:
+    """The get of ``ref`` (a ref, or a list of refs) in ``pool``, or, for a str (a
+    checksum already known), a done future of it."""
+    if not isinstance(ref, str):
+        return pool.submit(get, ref)
+    done: Future[Any] = Future()
+    done.set_result(ref)
+    return done

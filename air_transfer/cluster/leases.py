@@ -12,7 +12,8 @@ that process, checks its own reference table every ``KNOBS.lease_poll_s`` on one
 daemon thread and tells the agent which leases to drop (by then Ray has that
 process's report of every holder it passed a ref to). A process that dies holding
 them leaves its leases in place: the agent keeps those transfers until
-``shutdown_agents()``.
+``shutdown_agents()``. Refs of a lease that a later lease still held also covers (a
+transfer reusing an earlier one's chunks nests them) do not count for the earlier.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _run() -> None:
                 done = {}
                 _leases.clear()
             else:
-                done = {k: agent for k, (agent, ids) in _leases.items() if ids.isdisjoint(present)}
+                done = _done(present)
                 for key in done:
                     del _leases[key]
             finished = not _leases
@@ -72,6 +73,24 @@ def _run() -> None:
         _release(done)
         if finished:
             return
+
+
+def _done(present: set[str]) -> dict[str, Any]:
+    """The leases this process can let go of (key -> agent): those whose refs it
+    references none of, not counting refs that a later lease of the same agent
+    still held also covers. A transfer reusing an earlier one's chunks
+    (``reuse_chunks``) nests them, and the agent holding the later transfer keeps
+    them alive: referencing them through the later one must not hold the earlier
+    one (and its other chunks) for as long as the later one lives."""
+    done: dict[str, Any] = {}
+    covered: dict[str, set[str]] = {}  # agent's node -> the refs of its later leases kept
+    for key, (agent, ids) in reversed(_leases.items()):  # latest first
+        later = covered.setdefault(agent.node_id, set())
+        if (ids - later).isdisjoint(present):
+            done[key] = agent
+        else:
+            later |= ids
+    return done
 
 
 def _release(done: dict[str, Any]) -> None:

@@ -35,6 +35,7 @@ from air_transfer.core.writer import check_chunk, checked_chunks, write_tree
 from air_transfer.errors import CheckpointLostError, ChecksumError
 from air_transfer.observe import metrics
 from air_transfer.observe.telemetry import Transfer, describe
+from air_transfer.transfer.live_chunks import LiveChunks
 from air_transfer.transfer.strategies import (
     PackRequest,
     Registrations,
@@ -42,6 +43,8 @@ from air_transfer.transfer.strategies import (
     get_strategy,
     select_strategy,
 )
+from air_transfer.transfer.strategies.agent_tasks import submit_plans
+from air_transfer.transfer.strategies.chunked import ChunkedStrategy
 
 #: What a ``ray.get`` raises for a failed task or a lost object or actor: what
 #: ``raise_transfer_error`` turns into the error the caller should see.
@@ -199,12 +202,15 @@ def submit(
     source: Source,
     config: TransferConfig | None = None,
     registered: Registrations | None = None,
+    live: LiveChunks | None = None,
 ) -> tuple[TransferHandle, ray.ObjectRef[Any] | None]:
     """Scan ``source``, pick a strategy (``config.strategy``, else by size against
     the free object store; among ``registered``, the caller's, when this runs in an
     agent for it) and start packing it in this node's agent, owned by this process.
     Returns the handle, usable at once, and a ref that resolves when every chunk is
-    packed (raising what packing raised), or None if packing is done."""
+    packed (raising what packing raised), or None if packing is done. With ``live``
+    (an agent's, ``config.reuse_chunks``) a ``chunked`` transfer reuses the live
+    chunks of the same file versions and is recorded there."""
     config = config or TransferConfig()
     scanned = scan(source, follow_symlinks=config.follow_symlinks)
     total = sum(f.size for f in scanned.files)
@@ -213,25 +219,37 @@ def submit(
     strategy = get_strategy(name, registered)()
     # The strategy proves every byte it reads against the scan's stamps, so the
     # manifest's sizes and mtimes are those of the bytes packed.
-    packed = strategy.submit(PackRequest(source, scanned.files, scanned.stamps, config))
+    request = PackRequest(source, scanned.files, scanned.stamps, config)
+    transfer_id = uuid.uuid4().hex
+    reuse = live is not None and type(strategy) is ChunkedStrategy and source.is_local
+    if reuse:
+        assert live is not None
+        packed = live.submit(request, transfer_id, submit_plans)
+    else:
+        packed = strategy.submit(request)
     pending = packed.pending
-    if not pending:  # packed here (else the agent's packing tasks count the bytes)
+    if not pending and not reuse:  # packed here (else the agent's tasks count the bytes)
         metrics.add_bytes("packed", total, strategy.name)
-    manifest = Manifest(
-        entries=scanned.entries,
-        chunk_bytes=config.chunk_bytes,
-        chunks=None if pending else packed.checksums,
-    )
-    handle = TransferHandle(
-        manifest=manifest,
-        strategy=strategy,
-        payload=packed.payload,
-        config=config,
-        owner=describe_current_process(),
-        transfer_id=uuid.uuid4().hex,
-        pending=packed.checksums if pending else None,
-    )
-    done = AgentClient(here).packed(packed.checksums) if pending else None
+    try:
+        manifest = Manifest(
+            entries=scanned.entries,
+            chunk_bytes=config.chunk_bytes,
+            chunks=None if pending else packed.checksums,
+        )
+        handle = TransferHandle(
+            manifest=manifest,
+            strategy=strategy,
+            payload=packed.payload,
+            config=config,
+            owner=describe_current_process(),
+            transfer_id=transfer_id,
+            pending=packed.checksums if pending else None,
+        )
+        done = AgentClient(here).packed(packed.checksums) if pending else None
+    except BaseException:
+        if live is not None:  # no transfer: nothing of it to offer again
+            live.drop([transfer_id])
+        raise
     return handle, done
 
 

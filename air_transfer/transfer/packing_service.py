@@ -7,6 +7,7 @@ and the ``streamed`` strategy's reads at transfer time. The agent hosts one
 from __future__ import annotations
 
 import errno
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -29,6 +30,9 @@ class PackingService:
 
     def __init__(self) -> None:
         self._packer = ChunkPacker()
+        self._lock = threading.Lock()
+        #: Source bytes put into chunk objects by ``pack_chunks`` and ``pack_stream``.
+        self.bytes_packed = 0
 
     def stream(
         self,
@@ -86,7 +90,7 @@ class PackingService:
             chunks, checksums = self._packer.pack(source, plans)
         except Exception as e:
             return _failed(e, len(plans), len(plans))
-        _packed(plans, "chunked")
+        self._count(plans, "chunked")
         return _returns([*chunks, *checksums])
 
     def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
@@ -95,7 +99,7 @@ class PackingService:
             checksums = self._packer.checksums(source, plans)
         except Exception as e:
             return _failed(e, 0, len(plans))
-        _packed(plans, "streamed")
+        metrics.add_bytes("packed", sum(plan.length for plan in plans), "streamed")
         return _returns(checksums)
 
     def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
@@ -105,7 +109,7 @@ class PackingService:
             stream, checksums = self._packer.pack_stream(source, plans)
         except Exception as e:
             return _failed(e, 1, len(plans))
-        _packed(plans, "inline")
+        self._count(plans, "inline")
         return _returns([stream, *checksums])
 
     def packed(self, *checksums: str | BaseException) -> tuple[str | BaseException, ...]:
@@ -117,11 +121,13 @@ class PackingService:
                 raise fresh(checksum)
         return checksums
 
-
-def _packed(plans: Sequence[ChunkPlan], strategy: str) -> None:
-    """Count the bytes of ``plans`` as packed (``air_transfer.observe.metrics``) by the
-    strategy whose packing task this is."""
-    metrics.add_bytes("packed", sum(plan.length for plan in plans), strategy)
+    def _count(self, plans: Sequence[ChunkPlan], strategy: str) -> None:
+        """Count the bytes of ``plans`` as packed into objects, here and in the
+        metrics (``air_transfer.observe.metrics``) of the strategy packing them."""
+        nbytes = sum(plan.length for plan in plans)
+        with self._lock:
+            self.bytes_packed += nbytes
+        metrics.add_bytes("packed", nbytes, strategy)
 
 
 def _returns(values: list[Any]) -> Any:

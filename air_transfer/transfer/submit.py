@@ -22,6 +22,7 @@ from air_transfer.cluster.nodes import running_in_agent, this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.scan import Source
 from air_transfer.transfer.handle import RAY_ERRORS, TransferHandle, raise_transfer_error, submit
+from air_transfer.transfer.live_chunks import LiveChunks
 from air_transfer.transfer.strategies import Registrations, registrations
 
 #: The class a transferred checkpoint is stored as (imported on first use, by name).
@@ -57,13 +58,23 @@ def submit_transfer(
 
 
 def put_transfer(
-    source: Source, config: TransferConfig, registered: Registrations | None = None
+    source: Source,
+    config: TransferConfig,
+    registered: Registrations | None = None,
+    live: LiveChunks | None = None,
 ) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None, TransferHandle]:
     """Start packing ``source`` here (``handle.submit``, selecting among
-    ``registered`` if given) and put the transferred checkpoint: its ref, owned by
-    this process, the ref of the completion (None if packed) and the handle."""
-    handle, done = submit(source, config, registered)
-    return ray.put(_checkpoint_class()._from_handle(handle)), done, handle
+    ``registered`` if given, reusing and recording ``live`` chunks if given) and put
+    the transferred checkpoint: its ref, owned by this process, the ref of the
+    completion (None if packed) and the handle."""
+    handle, done = submit(source, config, registered, live)
+    try:
+        ref = ray.put(_checkpoint_class()._from_handle(handle))
+    except BaseException:
+        if live is not None:  # nobody can read it: offer none of its chunks again
+            live.drop([handle.transfer_id])
+        raise
+    return ref, done, handle
 
 
 def requester() -> tuple[int, str]:

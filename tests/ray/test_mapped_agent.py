@@ -1,12 +1,16 @@
-"""Mapped packing in the node agent: chunks of a large file go into the store as
+"""Packing in the node agent. Mapped: chunks of a large file go into the store as
 views of the file under a read lease, which the agent lets go of once Ray has
 stored them; a truncate while a chunk is mapped never crashes the agent; and a
-transfer's chunks leave the store once it is done and dropped."""
+transfer's chunks leave the store once it is done and dropped. Live chunks
+(``reuse_chunks``): a transfer takes the chunk objects the agent still holds for an
+earlier one wherever they were packed from files unchanged since, packs only the
+rest, and restores bit-identical."""
 
 from __future__ import annotations
 
 import gc
 import os
+import threading
 import weakref
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,20 @@ from tests.support.leases import (
     leased,
     truncate_elsewhere,
 )
+from tests.support.live_chunks import (
+    ALL,
+    CHUNK,
+    FILES,
+    REUSE,
+    chunks_of,
+    counters,
+    make_tree,
+    restored,
+    same,
+    transfer,
+)
+from tests.support.rewriters import HOW, rewrite
+from tests.support.trees import assert_same_tree
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -162,3 +180,123 @@ def test_a_done_future_with_a_callback_is_freed_without_the_cyclic_gc(tmp_path: 
         eventually(lambda: freed() is None, "the future freed by refcount", interval_s=0)
     finally:
         gc.enable()
+
+
+# -- live chunks: a later transfer reuses what the agent still holds (reuse_chunks) ------
+@pytest.mark.parametrize(
+    ("unchanged", "config"),
+    [(0, REUSE), (2, REUSE), (4, REUSE), (4, REUSE.replace(reuse_chunks=False))],
+    ids=["0%", "50%", "100%", "100%-off"],
+)
+def test_exactly_the_chunks_of_unchanged_files_are_reused(
+    tmp_path: Path, unchanged: int, config: TransferConfig
+) -> None:
+    src = make_tree(tmp_path)
+    _first, first_ids = transfer(src)  # held: the agent keeps its chunks
+    changed = set(FILES[unchanged:])
+    for name in changed:
+        rewrite(str(src / name), "in-place")
+    before = counters()
+    second, second_ids = transfer(src, config)
+    after = counters()
+    expected = chunks_of(set(FILES) - changed) if config.reuse_chunks else set()
+    assert same(first_ids, second_ids) == expected
+    assert after["bytes_packed"] - before["bytes_packed"] == (ALL - len(expected)) * CHUNK
+    assert after["bytes_reused"] - before["bytes_reused"] == len(expected) * CHUNK
+    assert_same_tree(src, restored(second, tmp_path, "out"))
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_file_changed_between_the_transfers_is_packed_again(tmp_path: Path, how: str) -> None:
+    """In place, in place with its mtime put back, or replaced by a rename: its stamp
+    differs (ctime, inode), so its chunks are packed from the new bytes."""
+    src = make_tree(tmp_path)
+    _first, first_ids = transfer(src)
+    rewrite(str(src / "b.bin"), how)
+    second, second_ids = transfer(src)
+    assert same(first_ids, second_ids) == chunks_of({"a.bin", "c.bin", "w.bin"})
+    assert_same_tree(src, restored(second, tmp_path, "out"))
+
+
+def test_a_transfer_released_before_the_next_one_is_packed_again(tmp_path: Path) -> None:
+    """Once the agent dropped the earlier transfer's lease its chunks may be freed:
+    none is offered again (never a lost object), the next transfer packs every byte."""
+    src = make_tree(tmp_path)
+    first, first_ids = transfer(src)
+    key = first.hex()
+    del first
+    eventually(
+        lambda: key not in ray.get(node_agent().leases.remote()),
+        "the agent to drop the lease of the first transfer",
+        60,
+    )
+    before = counters()
+    second, second_ids = transfer(src)
+    after = counters()
+    assert not set(first_ids) & set(second_ids)
+    assert after["bytes_packed"] - before["bytes_packed"] == ALL * CHUNK
+    assert after["chunks_reused"] == before["chunks_reused"]
+    assert_same_tree(src, restored(second, tmp_path, "out"))
+
+
+def test_an_earlier_transfer_is_released_while_a_later_one_holds_its_chunks(
+    tmp_path: Path,
+) -> None:
+    """The later transfer nests chunks of the earlier one, so holding it references
+    them: the earlier one's lease (and its chunks of the changed file) must still go
+    once its own ref is dropped, or every version would stay while the last lives."""
+    src = make_tree(tmp_path)
+    first, first_ids = transfer(src)
+    key = first.hex()
+    rewrite(str(src / "b.bin"), "in-place")
+    second, second_ids = transfer(src)
+    assert same(first_ids, second_ids) == chunks_of({"a.bin", "c.bin", "w.bin"})
+    del first
+    eventually(
+        lambda: key not in ray.get(node_agent().leases.remote()),
+        "the agent to drop the lease of the earlier transfer",
+        60,
+    )
+    assert second.hex() in ray.get(node_agent().leases.remote())
+    assert_same_tree(src, restored(second, tmp_path, "out"))
+
+
+def test_two_concurrent_transfers_sharing_a_base(tmp_path: Path) -> None:
+    """Both take the base's chunks of the unchanged files; the chunks of the changed
+    files are packed by both, or by one and reused by the other (whichever recorded
+    its chunks first), never the base's; each restores the current tree. A third
+    transfer then packs nothing (each chunk is offered by several of them)."""
+    src = make_tree(tmp_path)
+    _base, base_ids = transfer(src)
+    rewrite(str(src / "a.bin"), "in-place")
+    rewrite(str(src / "c.bin"), "in-place")
+    results: list[tuple[Any, list[str]]] = []
+    errors: list[BaseException] = []
+    before = counters()
+
+    def run() -> None:
+        try:
+            results.append(transfer(src))
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = counters()
+    assert not errors and len(results) == 2
+    unchanged, changed = chunks_of({"b.bin", "w.bin"}), chunks_of({"a.bin", "c.bin"})
+    (_, one), (_, two) = results
+    assert same(base_ids, one) == same(base_ids, two) == unchanged
+    shared = same(one, two) - unchanged  # packed once, reused by the other
+    assert shared in (set(), changed)
+    packed = after["bytes_packed"] - before["bytes_packed"]
+    assert packed == (2 * len(changed) - len(shared)) * CHUNK
+    for n, (ref, _) in enumerate(results):
+        assert_same_tree(src, restored(ref, tmp_path, f"out{n}"))
+    third, third_ids = transfer(src)
+    assert counters()["bytes_packed"] == after["bytes_packed"]
+    assert set(third_ids) <= {*one, *two}
+    assert_same_tree(src, restored(third, tmp_path, "out3"))

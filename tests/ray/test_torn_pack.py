@@ -9,9 +9,11 @@ concurrent writer and checks the one property that must hold whatever the timing
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from air_transfer.config import KiB
 from air_transfer.core.plan import ChunkPlan, plan_chunks
 from air_transfer.core.proven_read import fill_chunk
 from air_transfer.core.scan import Source
-from tests.support import rewriters
+from tests.support import live_chunks, rewriters
 from tests.support.rewriters import (
     CHANGED,
     CHUNK,
@@ -38,6 +40,7 @@ from tests.support.rewriters import (
     read_all,
     rewrite,
 )
+from tests.support.trees import assert_same_tree
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 # The hooks run in the node agent too: ship their code by value.
@@ -193,6 +196,62 @@ def test_torn_pack_concurrent_writer_never_yields_mixed_bytes(tmp_path: Path) ->
         writer.join()
         os.close(fd)
     assert len(outcomes) == 3
+
+
+# -- with live chunks reused (reuse_chunks) ------------------------------------------------
+def test_a_file_changed_while_packed_is_still_source_changed_with_reuse(
+    tmp_path: Path, in_agent: Callable[[Any], None]
+) -> None:
+    """Reused chunks do not hide a rewrite mid-pack of a file packed again; the next
+    transfer packs that file anew and reuses the others."""
+    src = live_chunks.make_tree(tmp_path)
+    _first, first_ids = live_chunks.transfer(src)  # held: the agent keeps its chunks
+    rewrite(str(src / "w.bin"), "in-place")
+    in_agent(RewriteOnce("w.bin", offset=live_chunks.CHUNK))
+    with pytest.raises(SourceChangedError, match=CHANGED):
+        live_chunks.transfer(src)
+    in_agent(None)
+    third, third_ids = live_chunks.transfer(src)
+    assert live_chunks.same(first_ids, third_ids) == live_chunks.chunks_of(
+        {"a.bin", "b.bin", "c.bin"}
+    )
+    assert_same_tree(src, live_chunks.restored(third, tmp_path, "out"))
+
+
+@dataclass
+class FailOnce:
+    """Agent hook: the first read of ``name`` fails with EIO (its stamp unchanged)."""
+
+    name: str
+    fired: bool = False
+
+    def __call__(self, where: str, span: Any) -> None:
+        if not self.fired and os.path.basename(where) == self.name:
+            self.fired = True
+            raise OSError(errno.EIO, "injected read error", where)
+
+
+def test_a_chunk_whose_packing_failed_is_packed_again(
+    tmp_path: Path, in_agent: Callable[[Any], None]
+) -> None:
+    """A transfer whose packing of a chunk of ``w.bin`` failed is still held (its
+    chunks recorded under the files' current stamps): the next one takes every chunk
+    of it that was packed and packs again exactly the ones that failed."""
+    src = live_chunks.make_tree(tmp_path)
+    in_agent(FailOnce("w.bin"))
+    failed = ChunkedCheckpoint.from_directory(str(src)).to_object_ref_async(live_chunks.REUSE)
+    with pytest.raises(OSError, match="injected read error"):
+        failed.result()
+    in_agent(None)
+    pending = ray.get(failed.ref).handle().pending
+    good = {i for i, c in enumerate(ray.get(list(pending))) if isinstance(c, str)}
+    assert len(good) < live_chunks.ALL
+    before = live_chunks.counters()
+    second, second_ids = live_chunks.transfer(src)
+    packed = live_chunks.counters()["bytes_packed"] - before["bytes_packed"]
+    assert live_chunks.same(live_chunks.chunk_ids(failed.ref), second_ids) == good
+    assert packed == (live_chunks.ALL - len(good)) * live_chunks.CHUNK
+    assert_same_tree(src, live_chunks.restored(second, tmp_path, "out"))
 
 
 # -- one chunk at a time, anywhere ---------------------------------------------------------

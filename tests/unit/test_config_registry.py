@@ -51,6 +51,8 @@ def test_defaults_are_valid_and_frozen() -> None:
         ),
         ({"strategy": ""}, ValueError, "registered strategy name"),
         ({"verify": "yes"}, TypeError, "verify must be a bool"),
+        ({"reuse_chunks": 1, "owner": "node"}, TypeError, "reuse_chunks must be a bool"),
+        ({"reuse_chunks": True}, ValueError, r"reuse_chunks=True needs owner='node'.*'caller'"),
     ],
 )
 def test_bad_values_fail_at_construction(kwargs: dict, error: type, message: str) -> None:
