@@ -1,5 +1,5 @@
-"""Fixtures of the cluster tier: a two-node mock cluster shared by the tests of a
-module (``tests.support.cluster``), the check every test on it gets, and node
+"""Fixtures of the cluster tier: the two-node mock cluster the suite shares
+(``tests.support.cluster.shared_cluster``), the check every test on it gets, and node
 storage on one of its nodes."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tests.support.node_storage import CONFIG
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    """Head (driver) plus nodes ``node_a`` and ``node_b``."""
+    """Head (driver) plus nodes ``node_a`` and ``node_b`` (also ``trainer``)."""
     yield from two_node_cluster()
 
 

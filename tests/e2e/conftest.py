@@ -1,5 +1,5 @@
-"""Fixtures of the end-to-end tier: the cluster tier's two-node mock cluster (for the
-Train storage runs) and its check, from ``tests.support.cluster`` as there."""
+"""Fixtures of the end-to-end tier: the two-node mock cluster the suite shares (for
+the Train runs) and its check, from ``tests.support.cluster`` as in the cluster tier."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.support.cluster import chunks_back_to_baseline, two_node_cluster
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    """Head (driver) plus nodes ``node_a`` and ``node_b``."""
+    """Head (driver) plus nodes ``node_a`` and ``node_b`` (also ``trainer``)."""
     yield from two_node_cluster()
 
 
