@@ -32,6 +32,13 @@ class Knobs:
     #: (read, checksum, copy into the store), faster than the disks it feeds, and
     #: leaves the other core of a 2-core node to the reader.
     pack_threads: int = 1
+    #: Threads of a node agent that hold a checkpoint's ref open until the caller's
+    #: background thread has submitted its packing (``transfer.relay``): each waits
+    #: tens of milliseconds per ``to_object_ref_async`` call; more calls at once queue.
+    relay_threads: int = 16
+    #: How often such a wait checks that its caller still runs (a caller that died
+    #: before handing over its checkpoint frees the thread).
+    relay_poll_s: float = 1.0
     #: Chunks packed by one task each before tasks take ``pack_task_bytes`` of them: readers
     #: get the first chunks as early as possible.
     single_chunk_tasks: int = 8
@@ -81,6 +88,7 @@ class Knobs:
             "max_fetch_threads",
             "agent_max_concurrency",
             "pack_threads",
+            "relay_threads",
             "single_chunk_tasks",
             "pack_task_bytes",
             "mapped_chunk_min_bytes",
@@ -97,6 +105,8 @@ class Knobs:
             )
         if not 0 < self.lease_poll_s <= 60:
             raise ValueError(f"knob lease_poll_s must be in (0, 60], got {self.lease_poll_s!r}")
+        if not 0 < self.relay_poll_s <= 60:
+            raise ValueError(f"knob relay_poll_s must be in (0, 60], got {self.relay_poll_s!r}")
         if not 0 < self.session_poll_s <= 10:
             raise ValueError(f"knob session_poll_s must be in (0, 10], got {self.session_poll_s!r}")
         for name in ("read_cache_idle_s", "read_lease_s"):
