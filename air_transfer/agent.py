@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 import ray
 
 from air_transfer.cluster.agent_client import Expect, Info, Listed
-from air_transfer.cluster.nodes import PACK_GROUP, RELAY_GROUP
+from air_transfer.cluster.nodes import HANDOVER_GROUP, PACK_GROUP, RELAY_GROUP
 from air_transfer.config import TransferConfig
 from air_transfer.core.entry import Entry
 from air_transfer.core.file_chunks import ChunkedFiles
@@ -124,6 +124,7 @@ class NodeAgent:
     def relayed(self, key: str, pid: int) -> Any:
         return self._relays.take(key, pid, KNOBS.relay_poll_s)
 
+    @ray.method(concurrency_group=HANDOVER_GROUP)
     def relay(self, key: str, value: Any) -> None:
         self._relays.give(key, value)
 

@@ -110,6 +110,15 @@ def _in_background(job: Callable[[], Any], future: concurrent.futures.Future[Any
             _thread.start()
 
 
+def _forget_thread() -> None:
+    """In a forked child: the thread did not come along; the next job starts one."""
+    global _jobs, _thread, _thread_lock
+    _jobs, _thread, _thread_lock = queue.SimpleQueue(), None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_thread)
+
+
 def _run_jobs() -> None:
     while True:
         job, future = _jobs.get()
