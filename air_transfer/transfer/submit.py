@@ -85,7 +85,10 @@ def _hand_over(
         handle, done = start(prepared)
         checkpoint = _checkpoint_class()._from_handle(handle)
     except Exception as e:
-        agent.relay(key, e)
+        try:
+            agent.relay(key, e)
+        except Exception:  # an error that does not pickle: its text, then
+            agent.relay(key, RuntimeError(f"submitting the packing failed: {e!r}"))
         raise
     agent.relay(key, checkpoint)
     packing(handle.strategy.name, done, started)

@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -252,6 +253,17 @@ class FailingSubmit(ChunkedStrategy):
         raise OSError(errno.EIO, f"cannot submit the packing of {request.source.root}")
 
 
+class UnpicklableFailure(ChunkedStrategy):
+    """Submitting fails with an error that cannot travel to the agent."""
+
+    name = "test-unpicklable-failure"
+
+    def submit(self, request: PackRequest) -> Packed:
+        error = OSError(errno.EIO, "cannot submit, holding a lock")
+        error.lock = threading.Lock()  # type: ignore[attr-defined]
+        raise error
+
+
 @pytest.mark.usefixtures("registry_restored")
 def test_a_failing_background_submission_fails_the_future_and_the_ref(tmp_path: Path) -> None:
     """What the background thread raises reaches both ends as itself: the future
@@ -271,3 +283,18 @@ def test_a_failing_background_submission_fails_the_future_and_the_ref(tmp_path: 
     eventually(
         lambda: ray.get(AgentClient().relays_waiting()) == 0, "the relay let go", timeout_s=60
     )
+
+
+@pytest.mark.usefixtures("registry_restored")
+def test_a_failure_that_cannot_travel_still_reaches_the_readers(tmp_path: Path) -> None:
+    """The future raises the error itself; readers of the ref, in other processes,
+    get its text (it cannot be pickled), never a wait that does not end."""
+    register_strategy(UnpicklableFailure)
+    (tmp_path / "w").write_bytes(b"w")
+    future = ChunkedCheckpoint.from_directory(tmp_path).to_object_ref_async(
+        config=TransferConfig(strategy=UnpicklableFailure.name)
+    )
+    with pytest.raises(OSError, match="holding a lock"):
+        future.result(timeout=60)
+    with pytest.raises(RuntimeError, match=r"submitting the packing failed: .*holding a lock"):
+        ChunkedCheckpoint.from_object_ref(future.ref)
