@@ -26,10 +26,11 @@ import pyarrow.fs as pafs
 import ray
 
 from air_transfer.cluster.agent_client import Expect, Info, Listed
-from air_transfer.cluster.nodes import PACK_GROUP
+from air_transfer.cluster.nodes import HANDOVER_GROUP, PACK_GROUP, RELAY_GROUP
 from air_transfer.config import TransferConfig
 from air_transfer.core.entry import Entry
 from air_transfer.core.file_chunks import ChunkedFiles
+from air_transfer.core.knobs import KNOBS
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.scan import Source, Stamp
 from air_transfer.storage.server.chunk_cache import DirectoryTransfers, FileChunks
@@ -43,6 +44,7 @@ from air_transfer.storage.server.uploads import DiskUploads
 from air_transfer.transfer.handle import TransferHandle
 from air_transfer.transfer.live_chunks import LiveChunks
 from air_transfer.transfer.packing_service import PackingService
+from air_transfer.transfer.relay import Relays
 from air_transfer.transfer.strategies import Registrations
 from air_transfer.transfer.strategies.agent_tasks import submit_plans
 from air_transfer.transfer.submit import put_transfer, submit_transfer
@@ -60,6 +62,7 @@ class NodeAgent:
 
     def __init__(self) -> None:
         self._packing = PackingService()
+        self._relays = Relays()
         self._files = FileChunks(submit_plans)
         self._directories = DirectoryTransfers(_owned_transfer)
         self._disk = DiskStorage()
@@ -123,6 +126,17 @@ class NodeAgent:
 
     def packed(self, *checksums: str | BaseException) -> tuple[str | BaseException, ...]:
         return self._packing.packed(*checksums)
+
+    @ray.method(concurrency_group=RELAY_GROUP)
+    def relayed(self, key: str, pid: int) -> Any:
+        return self._relays.take(key, pid, KNOBS.relay_poll_s)
+
+    @ray.method(concurrency_group=HANDOVER_GROUP)
+    def relay(self, key: str, value: Any) -> None:
+        self._relays.give(key, value)
+
+    def relays_waiting(self) -> int:
+        return self._relays.waiting()
 
     def stream(
         self,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import io
 import os
 import posixpath
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +25,7 @@ from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.scan import Source
 from air_transfer.observe.progress import progress_enabled
-from air_transfer.observe.telemetry import PackWatch, describe, packing
+from air_transfer.observe.telemetry import PackWatch, describe
 from air_transfer.transfer.fs_view import payload_filesystem
 from air_transfer.transfer.future import TransferFuture
 from air_transfer.transfer.handle import (
@@ -34,7 +33,7 @@ from air_transfer.transfer.handle import (
     TransferHandle,
     raise_transfer_error,
 )
-from air_transfer.transfer.submit import submit_transfer
+from air_transfer.transfer.submit import start_transfer
 
 
 class ChunkedCheckpoint(Checkpoint):
@@ -71,8 +70,10 @@ class ChunkedCheckpoint(Checkpoint):
 
     # -- transfer ----------------------------------------------------------------------
     def to_object_ref_async(self, config: TransferConfig | None = None) -> TransferFuture:
-        """Start packing this checkpoint into chunks and return at once (after the
-        directory scan and the submission of one packing task per chunk).
+        """Start packing this checkpoint into chunks and return at once, after the
+        directory scan and the checks of the input (which raise here); the packing
+        tasks are submitted by a background thread, whose errors ``ref`` and the
+        future raise.
 
         ``future.ref`` is usable immediately by any reader anywhere; the future
         completes when the source directory is no longer needed, or raises what
@@ -95,25 +96,27 @@ class ChunkedCheckpoint(Checkpoint):
         node's long-lived agent. A transferred checkpoint is re-shared
         without repacking unless a ``config`` asks for a different cut.
         """
-        future, watch = self._submit(config)
+        future, watch = self._submit(config, background=False)
         if watch is not None:
             watch.run()  # in this thread, which would only wait: the bar ends first
         return future.result()
 
-    def _submit(self, config: TransferConfig | None) -> tuple[TransferFuture, PackWatch | None]:
-        """Start packing: the future, and the watch that draws its progress bar (None
-        when progress is off or nothing is left to pack)."""
+    def _submit(
+        self, config: TransferConfig | None, background: bool = True
+    ) -> tuple[TransferFuture, PackWatch | None]:
+        """Start packing (submitting the tasks on a background thread if
+        ``background``): the future, and the watch that draws its progress bar (None
+        when progress is off)."""
         if self._reusable(config):
             return TransferFuture(ray.put(self), None), None
         config = config or TransferConfig()
-        started = time.monotonic()
-        ref, done, strategy = submit_transfer(Source(self.filesystem, self.path), config)
-        packing(strategy, done, started)
+        source = Source(self.filesystem, self.path)
+        ref, submitted = start_transfer(source, config, background=background)
         watch = None
-        if done is not None and progress_enabled(config.progress):
+        if progress_enabled(config.progress):
             desc = describe(self.path, "to_object_ref")
-            watch = PackWatch(desc, done, lambda: _packing_chunks(ref))
-        return TransferFuture(ref, done), watch
+            watch = PackWatch(desc, submitted, lambda: _packing_chunks(ref))
+        return TransferFuture(ref, submitted), watch
 
     def pack(self, config: TransferConfig | None = None) -> TransferHandle:
         """Pack into chunks and return the complete handle (manifest with every

@@ -91,6 +91,21 @@ class AgentClient:
         ref: Ref = self.actor.packed.remote(*checksums)
         return ref
 
+    def relayed(self, key: str, pid: int) -> Ref:
+        """A ref, owned by this process, of the value ``relay(key, ...)`` hands over
+        (``transfer.relay``); ``pid``: this process, whose exit ends the wait."""
+        ref: Ref = self.actor.relayed.remote(key, pid)
+        return ref
+
+    def relay(self, key: str, value: Any) -> ray.ObjectRef[None]:
+        """Hand over the value of ``relayed(key)`` (an exception: raised to readers)."""
+        ref: ray.ObjectRef[None] = self.actor.relay.remote(key, value)
+        return ref
+
+    def relays_waiting(self) -> ray.ObjectRef[int]:
+        ref: ray.ObjectRef[int] = self.actor.relays_waiting.remote()
+        return ref
+
     def submit_transfer(
         self,
         source: Source,

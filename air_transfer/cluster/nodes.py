@@ -29,6 +29,11 @@ AGENT_CLASS = "air_transfer.agent:NodeAgent"
 _NAME_PREFIX = "air-transfer-agent-"
 #: The agent's concurrency group for packing tasks (``KNOBS.pack_threads`` threads).
 PACK_GROUP = "pack"
+#: The agent's concurrency groups for relays: the waits (``KNOBS.relay_threads``
+#: threads), and the hand-overs that end them (instant; their own threads, so that
+#: no other call, nor the waits themselves, can hold them up).
+RELAY_GROUP = "relay"
+HANDOVER_GROUP = "relay-handover"
 
 
 def agent_name(node_id: str) -> str:
@@ -62,7 +67,8 @@ def _remote_agent_class() -> Any:
     cls = getattr(importlib.import_module(module), name)
     # Concurrency groups can only be declared here, not in .options().
     remote: Any = ray.remote
-    return remote(concurrency_groups={PACK_GROUP: KNOBS.pack_threads})(cls)
+    groups = {PACK_GROUP: KNOBS.pack_threads, RELAY_GROUP: KNOBS.relay_threads, HANDOVER_GROUP: 2}
+    return remote(concurrency_groups=groups)(cls)
 
 
 def node_agent(node_id: str | None = None) -> Any:

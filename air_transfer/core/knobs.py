@@ -32,13 +32,21 @@ class Knobs:
     #: (read, checksum, copy into the store), faster than the disks it feeds, and
     #: leaves the other core of a 2-core node to the reader.
     pack_threads: int = 1
+    #: Threads of a node agent that hold a checkpoint's ref open until the caller's
+    #: background thread has submitted its packing (``transfer.relay``): each waits
+    #: tens of milliseconds per ``to_object_ref_async`` call; more calls at once queue.
+    relay_threads: int = 16
+    #: How often such a wait checks that its caller still runs (a caller that died
+    #: before handing over its checkpoint frees the thread).
+    relay_poll_s: float = 1.0
     #: Chunks packed by one task each before tasks take ``pack_task_bytes`` of them: readers
     #: get the first chunks as early as possible.
     single_chunk_tasks: int = 8
     #: Bytes of chunks per packing task after those (at least one chunk): submitting
-    #: a task costs the caller 0.2-0.6 ms (Ray's own overhead, more while the agent
-    #: is busy on a 2-core node), so four 32 MiB chunks per task keep an 8 GB
-    #: checkpoint's call at ~40 ms (two: 85 ms); the packing thread holds them all.
+    #: a task costs 0.2-0.6 ms (Ray's own overhead, more while the agent is busy on
+    #: a 2-core node), so four 32 MiB chunks per task keep an 8 GB checkpoint's
+    #: submission at ~40 ms (two: 85 ms), paid by the caller's submitting thread
+    #: (``transfer.submit``), not by the call; the packing thread holds them all.
     pack_task_bytes: int = 128 * MiB
     #: A chunk of one local file and at least this many bytes is packed as a view of
     #: the file mapped under a read lease (``core.mapped``), without a copy; smaller
@@ -81,6 +89,7 @@ class Knobs:
             "max_fetch_threads",
             "agent_max_concurrency",
             "pack_threads",
+            "relay_threads",
             "single_chunk_tasks",
             "pack_task_bytes",
             "mapped_chunk_min_bytes",
@@ -97,6 +106,8 @@ class Knobs:
             )
         if not 0 < self.lease_poll_s <= 60:
             raise ValueError(f"knob lease_poll_s must be in (0, 60], got {self.lease_poll_s!r}")
+        if not 0 < self.relay_poll_s <= 60:
+            raise ValueError(f"knob relay_poll_s must be in (0, 60], got {self.relay_poll_s!r}")
         if not 0 < self.session_poll_s <= 10:
             raise ValueError(f"knob session_poll_s must be in (0, 10], got {self.session_poll_s!r}")
         for name in ("read_cache_idle_s", "read_lease_s"):

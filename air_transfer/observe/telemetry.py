@@ -20,6 +20,7 @@ transfer is not one block (a file object written in many calls, closed later).
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import logging
 import os
@@ -197,7 +198,7 @@ class PackWatch:
     def __init__(
         self,
         desc: str,
-        done: ray.ObjectRef[Any],
+        done: ray.ObjectRef[Any] | concurrent.futures.Future[ray.ObjectRef[Any] | None],
         load: Callable[[], tuple[Sequence[int], Sequence[Any]]],
         delay: float | None = None,
     ) -> None:
@@ -214,7 +215,13 @@ class PackWatch:
 
     def run(self) -> None:
         try:
-            ready, _ = ray.wait([self.done], timeout=self.delay, fetch_local=False)
+            done = self.done
+            if isinstance(done, concurrent.futures.Future):  # still being submitted
+                submitted = done.result()
+                if submitted is None:  # nothing left to pack
+                    return
+                done = submitted
+            ready, _ = ray.wait([done], timeout=self.delay, fetch_local=False)
             if ready:
                 return
             lengths, checksums = self.load()

@@ -1,9 +1,10 @@
 """``TransferFuture``: a transferred checkpoint whose packing may still be running.
 
 ``ChunkedCheckpoint.to_object_ref_async`` returns one as soon as the directory is
-scanned and one packing task per chunk is submitted: ``ref`` is usable at once by any
-reader anywhere (a reader waits for a chunk not yet packed), and the future itself
-says when the source directory is no longer needed. It behaves as a
+scanned and checked (the packing tasks are submitted by a background thread:
+``transfer.submit``): ``ref`` is usable at once by any reader anywhere (a reader
+waits for a chunk not yet packed), and the future itself says when the source
+directory is no longer needed. It behaves as a
 ``concurrent.futures.Future`` whose result is ``ref``, fed by Ray's own future of
 the transfer's completion object.
 
@@ -33,16 +34,39 @@ class TransferFuture:
     """The packing of one checkpoint: ``ref`` now, ``result()`` when the source is
     free (every chunk packed and checksummed), or the error packing raised."""
 
-    def __init__(self, ref: ray.ObjectRef[Any], done: ray.ObjectRef[Any] | None) -> None:
+    def __init__(
+        self,
+        ref: ray.ObjectRef[Any],
+        done: ray.ObjectRef[Any] | concurrent.futures.Future[ray.ObjectRef[Any] | None] | None,
+    ) -> None:
+        """``done``: the completion ref (None: packed), or the future of it while
+        the packing tasks are being submitted (which fails if submitting does)."""
         self._ref = ref
         self._session = session()
         # Completed from Ray's future (its outcome as Ray gives it: errors are turned
         # into ours when raised), or by the end of the session.
         self._future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        if isinstance(done, concurrent.futures.Future):
+            done.add_done_callback(self._submitted)
+        else:
+            self._follow(done)
+
+    def _follow(self, done: ray.ObjectRef[Any] | None) -> None:
         if done is None:  # packed already (or by a strategy that packs in the caller)
-            self._future.set_result(None)
+            with contextlib.suppress(concurrent.futures.InvalidStateError):  # session over
+                self._future.set_result(None)
         else:
             done.future().add_done_callback(self._settle)
+
+    def _submitted(self, submitted: concurrent.futures.Future[ray.ObjectRef[Any] | None]) -> None:
+        """The packing tasks are submitted, or submitting them failed: follow their
+        completion, or fail with that error."""
+        error = submitted.exception()
+        if error is None:
+            self._follow(submitted.result())
+            return
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # session over
+            self._future.set_exception(error)
 
     @property
     def ref(self) -> ray.ObjectRef[Any]:

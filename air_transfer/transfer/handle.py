@@ -1,10 +1,10 @@
-"""A packed checkpoint in transit: manifest + strategy + payload, and the packing step
-that makes one.
+"""A packed checkpoint in transit: manifest + strategy + payload (made by
+``transfer.start``).
 
 This is what a transferred checkpoint pickles as: a few KB of manifest plus the
 payload's ObjectRefs, never the bytes themselves (Ray keeps refs nested in a put
 object alive for as long as that object is referenced). A handle may describe a
-transfer whose packing is still running (``submit``): its chunks' checksums are then
+transfer whose packing is still running (``start``): its chunks' checksums are then
 refs too, each resolving when its chunk is packed, and a reader simply waits for a
 chunk that is not there yet.
 """
@@ -15,7 +15,6 @@ import copy
 import dataclasses
 import io
 import os
-import uuid
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -23,28 +22,17 @@ from typing import Any, NoReturn
 import ray
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
-from air_transfer.cluster import _ray
-from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.fetch import fetch_in_order, innermost, raise_own
-from air_transfer.cluster.nodes import this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.reader import ChunkFileReader, buffered
-from air_transfer.core.scan import Source, scan
 from air_transfer.core.writer import check_chunk, checked_chunks, write_tree
 from air_transfer.errors import CheckpointLostError, ChecksumError
 from air_transfer.observe import metrics
 from air_transfer.observe.telemetry import Transfer, describe
-from air_transfer.transfer.live_chunks import LiveChunks
 from air_transfer.transfer.strategies import (
-    PackRequest,
-    Registrations,
     TransferStrategy,
-    get_strategy,
-    select_strategy,
 )
-from air_transfer.transfer.strategies.agent_tasks import submit_plans
-from air_transfer.transfer.strategies.chunked import ChunkedStrategy
 
 #: What a ``ray.get`` raises for a failed task or a lost object or actor: what
 #: ``raise_transfer_error`` turns into the error the caller should see.
@@ -196,66 +184,6 @@ class TransferHandle:
             f"strategy={self.strategy.name!r}, files={n_files}, bytes={m.total_bytes}, "
             f"chunks={m.num_chunks}{state}"
         )
-
-
-def submit(
-    source: Source,
-    config: TransferConfig | None = None,
-    registered: Registrations | None = None,
-    live: LiveChunks | None = None,
-) -> tuple[TransferHandle, ray.ObjectRef[Any] | None]:
-    """Scan ``source``, pick a strategy (``config.strategy``, else by size against
-    the free object store; among ``registered``, the caller's, when this runs in an
-    agent for it) and start packing it in this node's agent, owned by this process.
-    Returns the handle, usable at once, and a ref that resolves when every chunk is
-    packed (raising what packing raised), or None if packing is done. With ``live``
-    (an agent's, ``config.reuse_chunks``) a ``chunked`` transfer reuses the live
-    chunks of the same file versions and is recorded there."""
-    config = config or TransferConfig()
-    scanned = scan(source, follow_symlinks=config.follow_symlinks)
-    total = sum(f.size for f in scanned.files)
-    here = this_node_id()
-    name = select_strategy(total, config, _ray.object_store_free_bytes(here), registered)
-    strategy = get_strategy(name, registered)()
-    # The strategy proves every byte it reads against the scan's stamps, so the
-    # manifest's sizes and mtimes are those of the bytes packed.
-    request = PackRequest(source, scanned.files, scanned.stamps, config)
-    transfer_id = uuid.uuid4().hex
-    reuse = live is not None and type(strategy) is ChunkedStrategy and source.is_local
-    if reuse:
-        assert live is not None
-        packed = live.submit(request, transfer_id, submit_plans)
-    else:
-        packed = strategy.submit(request)
-    pending = packed.pending
-    if not pending and not reuse:  # packed here (else the agent's tasks count the bytes)
-        metrics.add_bytes("packed", total, strategy.name)
-    try:
-        manifest = Manifest(
-            entries=scanned.entries,
-            chunk_bytes=config.chunk_bytes,
-            chunks=None if pending else packed.checksums,
-        )
-        handle = TransferHandle(
-            manifest=manifest,
-            strategy=strategy,
-            payload=packed.payload,
-            config=config,
-            owner=describe_current_process(),
-            transfer_id=transfer_id,
-            pending=packed.checksums if pending else None,
-        )
-        done = AgentClient(here).packed(packed.checksums) if pending else None
-    except BaseException:
-        if live is not None:  # no transfer: nothing of it to offer again
-            live.drop([transfer_id])
-        raise
-    return handle, done
-
-
-def pack(source: Source, config: TransferConfig | None = None) -> TransferHandle:
-    """``submit``, then wait until every chunk is packed: a complete handle."""
-    return submit(source, config)[0].complete()
 
 
 #: Values that hold no ObjectRef of a transfer (an agent's handle is not one).

@@ -1,6 +1,11 @@
 """Start a transfer where its chunks will be owned: in this process, or (``owner="node"``)
 in this node's agent, which submits the packing to itself.
 
+``start_transfer`` (``to_object_ref_async``) submits the packing of a transfer this
+process owns on a background thread, after scanning and checking the directory on
+the caller's: the caller gets the checkpoint's ref at once as a relay
+(``transfer.relay``) that the thread fills in when every packing task is submitted.
+
 What goes into the object store is the transferred checkpoint itself, a
 ``ChunkedCheckpoint`` wrapping the handle, so that a task given the ref receives a
 checkpoint. That class sits above this layer (and above the agent, which calls this):
@@ -9,9 +14,15 @@ it is looked up by its dotted name, as ``cluster.nodes`` looks up the agent clas
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import importlib
 import os
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -21,8 +32,10 @@ from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import running_in_agent, this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.scan import Source
-from air_transfer.transfer.handle import RAY_ERRORS, TransferHandle, raise_transfer_error, submit
+from air_transfer.observe.telemetry import packing
+from air_transfer.transfer.handle import RAY_ERRORS, TransferHandle, raise_transfer_error
 from air_transfer.transfer.live_chunks import LiveChunks
+from air_transfer.transfer.start import Prepared, prepare, start, submit
 from air_transfer.transfer.strategies import Registrations, registrations
 
 #: The class a transferred checkpoint is stored as (imported on first use, by name).
@@ -33,6 +46,92 @@ CHECKPOINT_CLASS = "air_transfer.checkpoint:ChunkedCheckpoint"
 def _checkpoint_class() -> Any:
     module, _, name = CHECKPOINT_CLASS.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+#: What a transfer's completion is known as once its packing is submitted: the ref
+#: that resolves when every chunk is packed, or None if packing is done.
+Submitted = concurrent.futures.Future[ray.ObjectRef[Any] | None]
+
+
+def start_transfer(
+    source: Source, config: TransferConfig | None = None, *, background: bool = True
+) -> tuple[ray.ObjectRef[Any], Submitted]:
+    """Start transferring ``source``: the ref of the transferred checkpoint, usable at
+    once, and the future of its completion. With ``background``, a transfer owned by
+    this process is only scanned and checked here (bad input raises now) and its
+    packing submitted by this process's submitting thread, whose errors the ref and
+    the future raise; else (or ``owner="node"``) all of it happens on this thread."""
+    config = config or TransferConfig()
+    started = time.monotonic()
+    submitted: Submitted = concurrent.futures.Future()
+    if not background or config.owner == "node" or running_in_agent():
+        ref, done, strategy = submit_transfer(source, config)
+        packing(strategy, done, started)
+        submitted.set_result(done)
+        return ref, submitted
+    prepared = prepare(source, config)
+    agent = AgentClient()
+    key = uuid.uuid4().hex
+    ref = agent.relayed(key, os.getpid())
+    _in_background(lambda: _hand_over(agent, key, prepared, started), submitted)
+    return ref, submitted
+
+
+def _hand_over(
+    agent: AgentClient, key: str, prepared: Prepared, started: float
+) -> ray.ObjectRef[Any] | None:
+    """Submit the packing of ``prepared`` and hand the checkpoint to the relay
+    ``key`` (or what submitting raised, for its readers); the completion ref."""
+    try:
+        handle, done = start(prepared)
+        checkpoint = _checkpoint_class()._from_handle(handle)
+    except Exception as e:
+        try:
+            agent.relay(key, e)
+        except Exception:  # an error that does not pickle: its text, then
+            agent.relay(key, RuntimeError(f"submitting the packing failed: {e!r}"))
+        raise
+    agent.relay(key, checkpoint)
+    packing(handle.strategy.name, done, started)
+    return done
+
+
+_jobs: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = (
+    queue.SimpleQueue()
+)
+_thread: threading.Thread | None = None
+_thread_lock = threading.Lock()
+
+
+def _in_background(job: Callable[[], Any], future: concurrent.futures.Future[Any]) -> None:
+    """Run ``job`` on this process's submitting thread (one daemon thread: jobs in
+    call order), its outcome into ``future``."""
+    global _thread
+    _jobs.put((job, future))
+    with _thread_lock:
+        if _thread is None:
+            _thread = threading.Thread(target=_run_jobs, name="air-transfer-submit", daemon=True)
+            _thread.start()
+
+
+def _forget_thread() -> None:
+    """In a forked child: the thread did not come along; the next job starts one."""
+    global _jobs, _thread, _thread_lock
+    _jobs, _thread, _thread_lock = queue.SimpleQueue(), None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_thread)
+
+
+def _run_jobs() -> None:
+    while True:
+        job, future = _jobs.get()
+        try:
+            future.set_result(job())
+        except BaseException as e:
+            # Without its traceback: its frames would hold the chunks submitted so far.
+            future.set_exception(e.with_traceback(None))
+        del job, future  # hold no transfer while waiting for the next
 
 
 def submit_transfer(
@@ -63,7 +162,7 @@ def put_transfer(
     registered: Registrations | None = None,
     live: LiveChunks | None = None,
 ) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None, TransferHandle]:
-    """Start packing ``source`` here (``handle.submit``, selecting among
+    """Start packing ``source`` here (``start.submit``, selecting among
     ``registered`` if given, reusing and recording ``live`` chunks if given) and put
     the transferred checkpoint: its ref, owned by this process, the ref of the
     completion (None if packed) and the handle."""

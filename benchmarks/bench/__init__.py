@@ -59,7 +59,9 @@ restore from 2 ranks, Ray's recipe beside ``air_transfer.dcp``; see
 ``bench.dcp_path``), ``--readers N`` (N readers on N
 nodes restoring one checkpoint from node storage at once; see ``bench.readers``) and
 ``--incremental`` (5 Train reports sharing 90% of their bytes, full beside
-incremental node storage; see ``bench.incremental_path``).
+incremental node storage; see ``bench.incremental_path``) and ``--call``
+(``to_object_ref_async``'s call alone, at sizes a round trip here cannot reach: a
+sparse file of each ``--sizes`` and 20,000 small files; see ``bench.call_path``).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ from typing import Any
 
 import ray
 
+from benchmarks.bench.call_path import format_call_table, run_call
 from benchmarks.bench.contenders import all_contenders, contender_function, default_contenders
 from benchmarks.bench.data import (
     GB,
@@ -117,6 +120,7 @@ __all__ = [
     "make_checkpoint",
     "predicted_peak_bytes",
     "run_bench",
+    "run_call",
     "run_dcp",
     "run_incremental",
     "run_readers",
@@ -176,18 +180,22 @@ def main(opts: argparse.Namespace) -> int:
         except ImportError as e:
             progress(str(e))
             return 2
-    separate = (opts.train, opts.readers, opts.dcp, opts.incremental)
+    separate = (opts.train, opts.readers, opts.dcp, opts.incremental, opts.call)
     if sum(map(bool, separate)) > 1:
-        progress("--train, --readers, --dcp and --incremental are separate runs: give one")
+        progress("--train, --readers, --dcp, --incremental and --call are separate runs: "
+                 "give one")  # fmt: skip
         return 2
     if any(separate) and (opts.contenders or opts.cross_node):
-        progress("--contenders and --cross-node do not apply to --train, --readers, --dcp "
-                 "or --incremental")  # fmt: skip
+        progress("--contenders and --cross-node do not apply to --train, --readers, --dcp, "
+                 "--incremental or --call")  # fmt: skip
         return 2
-    if (opts.dcp or opts.incremental) and opts.plot:
-        progress("--plot does not apply to --dcp or --incremental")
+    if (opts.dcp or opts.incremental or opts.call) and opts.plot:
+        progress("--plot does not apply to --dcp, --incremental or --call")
         return 2
-    if opts.incremental:
+    if opts.call:
+        report = run_call(opts)
+        print(format_call_table(report["results"]))
+    elif opts.incremental:
         report = run_incremental(opts)
         print(format_incremental_table(report["results"]))
     elif opts.dcp:

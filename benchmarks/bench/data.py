@@ -54,7 +54,9 @@ def checkpoint_key(layout: str, size_bytes: int, small_file_bytes: int) -> str:
     return key if layout == "big" else f"{key}-{small_file_bytes // 1024}KiB"
 
 
-_CACHE_NAME = re.compile(r"^\.?(big|small|mixed)-\d+B(-\d+KiB)?(\.partial-\d+)?$|^out$")
+_CACHE_NAME = re.compile(
+    r"^\.?(big|small|mixed)-\d+B(-\d+KiB)?(\.partial-\d+)?$|^out$|^sparse-\d+B$"
+)
 
 
 def make_checkpoint(data_dir: str, layout: str, size_bytes: int, small_file_bytes: int) -> str:

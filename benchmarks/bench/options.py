@@ -98,6 +98,14 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
+        "--call", action="store_true",
+        help="instead of the contenders, time only the non-blocking call "
+        "(to_object_ref_async, in a producer actor) for one sparse file of each --sizes "
+        "(no disk used; its packing is stopped right after the call) and for a tree of "
+        "--small-files files (default 20000): median of --repeats against the bars, "
+        "50 ms at 8 GB and 100 ms at 20,000 files",
+    )  # fmt: skip
+    parser.add_argument(
         "--incremental", action="store_true",
         help="instead of the contenders, 5 Ray Train reports of one checkpoint with 90%% "
         "of its bytes unchanged between reports, into node storage from another node: "

@@ -4,8 +4,10 @@ chunk, size or owner, and nothing written at the target."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -22,10 +24,14 @@ from air_transfer import (
     SourceChangedError,
     TransferConfig,
     get_strategy,
+    register_strategy,
     strategies,
 )
+from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.config import KiB
 from air_transfer.core.scan import Source, scan
+from air_transfer.transfer.strategies.base import Packed
+from air_transfer.transfer.strategies.chunked import ChunkedStrategy
 from tests.support.trees import assert_same_tree, rich_tree
 from tests.support.waiting import eventually
 
@@ -199,3 +205,96 @@ def test_streamed_survives_its_producer(tmp_path: Path) -> None:
         ray.get(producer.share.remote(str(src), config_for("streamed")))
     restored.to_directory(tmp_path / "out")
     assert_same_tree(src, tmp_path / "out")
+
+
+# -- to_object_ref_async: checks on the caller's thread, submission on a background one --
+def _fifo(src: Path) -> None:
+    os.mkfifo(src / "pipe")
+
+
+def _outside(src: Path) -> None:
+    (src.parent / "secret").write_bytes(b"s")
+    os.symlink(src.parent / "secret", src / "leak")
+
+
+BAD_AT_THE_CALL = {
+    "missing": (lambda src: shutil.rmtree(src), TransferConfig(), FileNotFoundError, "src"),
+    "fifo": (_fifo, TransferConfig(), ManifestError, r"pipe.*socket, FIFO or device"),
+    "outside": (_outside, TransferConfig(), ManifestError, r"leak.*points outside"),
+    "over inline": (
+        lambda src: None,
+        TransferConfig(chunk_bytes=4 * KiB, window=2, strategy="inline"),
+        ValueError,
+        r"9216 bytes of files, over inline_max_bytes=8192",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_AT_THE_CALL))
+def test_bad_input_raises_at_the_async_call(tmp_path: Path, case: str) -> None:
+    """The scan and every check of the input stay on the caller's thread: the call
+    itself raises, before any packing is submitted, and leaves no relay waiting."""
+    make_bad, config, error, match = BAD_AT_THE_CALL[case]
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w").write_bytes(os.urandom(9 * KiB))
+    make_bad(src)
+    with pytest.raises(error, match=match):
+        ChunkedCheckpoint.from_directory(src).to_object_ref_async(config=config)
+    assert ray.get(AgentClient().relays_waiting()) == 0
+
+
+class FailingSubmit(ChunkedStrategy):
+    """Submitting its packing fails, as a lost agent or a full disk would make it."""
+
+    name = "test-failing-submit"
+
+    def submit(self, request: PackRequest) -> Packed:
+        raise OSError(errno.EIO, f"cannot submit the packing of {request.source.root}")
+
+
+class UnpicklableFailure(ChunkedStrategy):
+    """Submitting fails with an error that cannot travel to the agent."""
+
+    name = "test-unpicklable-failure"
+
+    def submit(self, request: PackRequest) -> Packed:
+        error = OSError(errno.EIO, "cannot submit, holding a lock")
+        error.lock = threading.Lock()  # type: ignore[attr-defined]
+        raise error
+
+
+@pytest.mark.usefixtures("registry_restored")
+def test_a_failing_background_submission_fails_the_future_and_the_ref(tmp_path: Path) -> None:
+    """What the background thread raises reaches both ends as itself: the future
+    and every reader of its ref (which exists, and resolves, though nothing was
+    packed); the relay that held the ref is gone afterwards."""
+    register_strategy(FailingSubmit)
+    (tmp_path / "w").write_bytes(os.urandom(9 * KiB))
+    future = ChunkedCheckpoint.from_directory(tmp_path).to_object_ref_async(
+        config=TransferConfig(strategy=FailingSubmit.name)
+    )
+    with pytest.raises(OSError, match="cannot submit the packing of") as raised:
+        future.result(timeout=60)
+    assert raised.value.errno == errno.EIO
+    assert isinstance(future.exception(0), OSError)
+    with pytest.raises(OSError, match="cannot submit the packing of"):
+        ChunkedCheckpoint.from_object_ref(future.ref)
+    eventually(
+        lambda: ray.get(AgentClient().relays_waiting()) == 0, "the relay let go", timeout_s=60
+    )
+
+
+@pytest.mark.usefixtures("registry_restored")
+def test_a_failure_that_cannot_travel_still_reaches_the_readers(tmp_path: Path) -> None:
+    """The future raises the error itself; readers of the ref, in other processes,
+    get its text (it cannot be pickled), never a wait that does not end."""
+    register_strategy(UnpicklableFailure)
+    (tmp_path / "w").write_bytes(b"w")
+    future = ChunkedCheckpoint.from_directory(tmp_path).to_object_ref_async(
+        config=TransferConfig(strategy=UnpicklableFailure.name)
+    )
+    with pytest.raises(OSError, match="holding a lock"):
+        future.result(timeout=60)
+    with pytest.raises(RuntimeError, match=r"submitting the packing failed: .*holding a lock"):
+        ChunkedCheckpoint.from_object_ref(future.ref)

@@ -1,9 +1,12 @@
 """The bench's store warm-up: each endpoint process maps most of the object store
-once, untimed, and leaves nothing behind in it (a real local Ray, no timing)."""
+once, untimed, and leaves nothing behind in it (a real local Ray, no timing); and
+``bench --call``'s producer at toy sizes."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import ray
@@ -11,6 +14,8 @@ import ray
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.config import TransferConfig
 from benchmarks.bench import endpoint
+from benchmarks.bench.call_path import Caller, _result, format_call_table, sparse_checkpoint
+from benchmarks.bench.data import make_checkpoint
 from benchmarks.bench.endpoint import Ends
 from benchmarks.bench.sampler import object_store_used
 
@@ -68,3 +73,24 @@ def test_warm_store_maps_the_store_into_the_agent_that_packs(ends: Ends) -> None
     agent = int(ray.get(node_agent(ends.producer_node).pid.remote()))
     ends.warm_store()
     assert shared_bytes(agent) >= 0.6 * node_store_bytes()
+
+
+def test_bench_call_times_the_call_alone(tmp_path: Path) -> None:
+    """``bench --call``'s producer, here in the driver, at toy sizes: the sparse
+    checkpoint uses no disk and its packing ends stopped, with SourceChangedError, as
+    the touch right after the call makes it; the small tree is packed whole; the
+    report says both and compares only the cases that have a bar."""
+    config = TransferConfig(chunk_bytes=1024**2, window=4, strategy="chunked")
+    src, model = sparse_checkpoint(str(tmp_path), 10**7)
+    assert os.stat(model).st_blocks == 0
+    tree = make_checkpoint(str(tmp_path), "small", 30 * 1024, 1024)
+    caller = Caller()
+    stopped = [caller.call(src, config, model) for _ in range(2)]
+    packed = [caller.call(tree, config, None) for _ in range(2)]
+    assert [r["outcome"] for r in stopped + packed] == ["stopped"] * 2 + ["packed"] * 2
+    assert [r["files"] for r in packed] == [30, 30]
+    rows = [_result("0.01 GB sparse", 10**7, 1, None, stopped),
+            _result("30 files", 30 * 1024, 30, 1e-9, packed)]  # fmt: skip
+    assert [(r["verified"], r["bar_met"]) for r in rows] == [(True, None), (True, False)]
+    table = format_call_table(rows)
+    assert "0.01 GB sparse" in table and table.splitlines()[2].split()[-2:] == ["NO", "yes"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,10 @@ import pytest
 import ray
 from ray.train import Checkpoint
 
-from air_transfer import ChunkedCheckpoint, TransferConfig
+from air_transfer import ChunkedCheckpoint, PackRequest, TransferConfig, register_strategy
 from air_transfer.config import KiB
+from air_transfer.transfer.strategies.base import Packed
+from air_transfer.transfer.strategies.chunked import ChunkedStrategy
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -303,3 +306,37 @@ def test_from_object_ref_names_what_it_got_instead(src: Path) -> None:
         ChunkedCheckpoint.from_object_ref(local)
     with pytest.raises(TypeError, match=r"ObjectRef \w+ holds " + never.format("Checkpoint", src)):
         ChunkedCheckpoint.from_object_ref(ray.put(Checkpoint.from_directory(str(src))))
+
+
+class GatedSubmit(ChunkedStrategy):
+    """``chunked`` whose submission waits for ``gate``: it shows where the submission
+    runs. Readers see plain ``chunked`` (it pickles as one)."""
+
+    name = "test-gated-submit"
+    entered = threading.Event()
+    gate = threading.Event()
+
+    def submit(self, request: PackRequest) -> Packed:
+        GatedSubmit.entered.set()
+        if not GatedSubmit.gate.wait(timeout=120):
+            raise TimeoutError("the test never opened the gate")
+        return super().submit(request)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ChunkedStrategy, ())
+
+
+@pytest.mark.usefixtures("registry_restored")
+def test_the_async_call_returns_before_its_packing_is_submitted(src: Path, tmp_path: Path) -> None:
+    """The call returns while its strategy's ``submit`` still waits, on another
+    thread (were it on the caller's, the call would block until the gate's timeout
+    and raise); the ref, handed to a task meanwhile, resolves once it has run."""
+    register_strategy(GatedSubmit)
+    future = ChunkedCheckpoint.from_directory(src).to_object_ref_async(
+        CONFIG.replace(strategy=GatedSubmit.name)
+    )
+    assert GatedSubmit.entered.wait(timeout=60) and not future.done()
+    reader = task_top_level.remote(future.ref, str(tmp_path / "out"))
+    GatedSubmit.gate.set()
+    assert_top_level(ray.get(reader), src)
+    assert future.result(timeout=60) is future.ref

@@ -74,6 +74,30 @@ def test_missing_source_and_file_source(tmp_path: Path) -> None:
         scan(Source(pafs.LocalFileSystem(), str(tmp_path / "f")))
 
 
+def test_scan_refuses_a_path_over_path_max(tmp_path: Path) -> None:
+    """The one manifest limit a directory can exceed is checked by the walk itself,
+    so that the call that scans raises it (the manifest is made later, elsewhere);
+    a file whose path is just within it is listed, and the stamps follow the files."""
+    name = "d" * 250
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        for _ in range(16):  # relative steps: the full path may pass PATH_MAX
+            os.mkdir(name, dir_fd=fd)
+            sub = os.open(name, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        ok = "f" * (4095 - 16 * 251)
+        os.close(os.open(ok, os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+        found = scan(Source(pafs.LocalFileSystem(), str(tmp_path)))
+        assert [len(f.path.encode()) for f in found.files] == [4095]
+        assert found.stamps[0].size == 0 and found.total_bytes == 0
+        os.close(os.open(ok + "g", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+    finally:
+        os.close(fd)
+    with pytest.raises(ManifestError, match=r"4096 bytes long.*PATH_MAX"):
+        scan(Source(pafs.LocalFileSystem(), str(tmp_path)))
+
+
 def test_symlink_outside_is_refused_unless_followed(tmp_path: Path) -> None:
     outside = tmp_path / "outside.bin"
     outside.write_bytes(b"secret")

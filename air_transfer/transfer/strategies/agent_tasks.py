@@ -2,13 +2,13 @@
 before its bytes do.
 
 Ray creates the ObjectRef of a task's result when the task is submitted, and the
-submitter owns it. So the caller submits packing tasks of one or two chunks each to
-its node's agent and holds every chunk's ref (and its checksum's) within
-milliseconds; a
-reader anywhere can start on chunk 0 while chunk 1 is still being read, and waits
-for a chunk that is not packed yet instead of failing. The bytes are read by the
-agent, outside the caller's Python (a training loop keeps its GIL), a few chunks at a
-time (the agent's ``pack`` concurrency group), and checked against the scan's stamps.
+submitter owns it. So the caller (its submitting thread, ``transfer.submit``)
+submits packing tasks of a few chunks each to its node's agent and holds every
+chunk's ref (and its checksum's) within milliseconds; a reader anywhere can start
+on chunk 0 while chunk 1 is still being read, and waits for a chunk that is not
+packed yet instead of failing. The bytes are read by the agent, outside the caller's
+Python (a training loop keeps its GIL), a few chunks at a time (the agent's ``pack``
+concurrency group), and checked against the scan's stamps.
 Ownership is the caller's, exactly as if it had called ``ray.put``: the chunks die
 with the caller, unless the caller is the agent itself (``owner="node"``).
 """
@@ -42,9 +42,10 @@ def agent_can_read(source: Source) -> bool:
 def task_groups(plans: Iterable[ChunkPlan]) -> Iterator[list[ChunkPlan]]:
     """The chunks each packing task takes: the first ``KNOBS.single_chunk_tasks``
     alone (a reader starts on chunk 0 as soon as it is read), then as many as fit in
-    ``KNOBS.pack_task_bytes``. Submitting a task costs the caller ~0.2-0.6 ms, the
-    one cost of the call that grows with the checkpoint; a task holds all its chunk
-    buffers in the agent until it returns."""
+    ``KNOBS.pack_task_bytes``. Submitting a task costs ~0.2-0.6 ms, the one cost of
+    starting a transfer that grows with the checkpoint (paid by the caller's
+    submitting thread); a task holds all its chunk buffers in the agent until it
+    returns."""
     group: list[ChunkPlan] = []
     size = 0
     for plan in plans:

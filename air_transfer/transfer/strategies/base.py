@@ -80,6 +80,13 @@ class TransferStrategy(ABC):
         somewhere readers can reach. ``request.chunks()`` hands over each chunk
         filled, proven and checksummed."""
 
+    def check(self, source: Source, total_bytes: int, config: TransferConfig) -> None:
+        """Raise if this strategy cannot pack ``total_bytes`` of files from ``source``
+        under ``config`` (a clear error naming the limit). Runs on the caller's
+        thread before ``submit``, which ``to_object_ref_async`` runs on a background
+        thread; the default accepts everything."""
+        return None
+
     def submit(self, request: PackRequest) -> Packed:
         """Start packing and return at once: a payload whose chunks readers may
         already ask for (they wait for a chunk not yet packed), and checksums that are

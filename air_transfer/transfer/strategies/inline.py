@@ -18,6 +18,7 @@ from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.proven_read import read_chunks
+from air_transfer.core.scan import Source
 from air_transfer.transfer.strategies.agent_tasks import agent_can_read, submit_pack_stream
 from air_transfer.transfer.strategies.base import Packed, PackRequest, TransferStrategy
 
@@ -28,7 +29,7 @@ class InlineStrategy(TransferStrategy):
     name = "inline"
 
     def pack(self, request: PackRequest) -> Packed:
-        self._check_size(request)
+        self.check(request.source, request.total_bytes, request.config)
         stream = np.empty(request.total_bytes, dtype=np.uint8)
         cb = request.chunk_bytes
         chunks = read_chunks(
@@ -44,18 +45,18 @@ class InlineStrategy(TransferStrategy):
     def submit(self, request: PackRequest) -> Packed:
         """One task in this node's agent that returns the stream and the checksum of
         each of its chunks as separate objects."""
-        self._check_size(request)
+        self.check(request.source, request.total_bytes, request.config)
         if not agent_can_read(request.source):
             return self.pack(request)
         stream, checksums = submit_pack_stream(request)
         return Packed(stream, tuple(checksums))
 
-    def _check_size(self, request: PackRequest) -> None:
-        total, limit = request.total_bytes, request.config.inline_limit
+    def check(self, source: Source, total_bytes: int, config: TransferConfig) -> None:
+        total, limit = total_bytes, config.inline_limit
         if total > limit:
             raise ValueError(
                 f"the 'inline' strategy holds a whole checkpoint in memory; "
-                f"{request.source.root!r} has {total} bytes of files, over "
+                f"{source.root!r} has {total} bytes of files, over "
                 f"inline_max_bytes={limit}. Use 'chunked' or raise "
                 "TransferConfig.inline_max_bytes"
             )

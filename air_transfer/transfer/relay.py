@@ -1,0 +1,72 @@
+"""Relays, run by a node agent: a ref whose value is handed over after it exists.
+
+``to_object_ref_async`` returns the checkpoint's ref before its packing tasks are
+submitted (that runs on a background thread of the caller: docs/performance.md). The
+ref is the return of an agent call, ``relayed(key)``, which waits here until the
+caller's thread hands over the checkpoint (``relay(key, value)``) and returns it.
+Ray creates a task's return ref at submission, owned by the submitter, so the ref is
+the caller's as a ``ray.put`` would be, and a reader given it waits as for a chunk
+not yet packed. A value that is an exception (the submission failed) is raised to
+every reader instead; a caller that dies before handing over frees the wait.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from air_transfer.errors import CheckpointLostError
+from air_transfer.transfer.handle import fresh
+
+
+class Relays:
+    """The values handed over and the waits for them, by key (each key used once)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slots: dict[str, tuple[threading.Event, list[Any]]] = {}
+
+    def give(self, key: str, value: Any) -> None:
+        """Hand over the value of ``key`` (before or after its ``take`` started)."""
+        ready, box = self._slot(key)
+        box.append(value)
+        ready.set()
+
+    def take(self, key: str, pid: int, poll_s: float) -> Any:
+        """The value of ``key`` once given (raised if it is an exception), checking
+        every ``poll_s`` that the giver, process ``pid`` of this node, still runs."""
+        ready, box = self._slot(key)
+        try:
+            while not ready.wait(poll_s):
+                if not _alive(pid):
+                    raise CheckpointLostError(
+                        f"process {pid} exited before it handed over the checkpoint it "
+                        "was transferring (to_object_ref_async)"
+                    )
+        finally:
+            with self._lock:
+                self._slots.pop(key, None)
+        value = box[0]
+        if isinstance(value, BaseException):
+            raise fresh(value)
+        return value
+
+    def waiting(self) -> int:
+        """How many keys have a value or a wait pending (0 when idle)."""
+        with self._lock:
+            return len(self._slots)
+
+    def _slot(self, key: str) -> tuple[threading.Event, list[Any]]:
+        with self._lock:
+            return self._slots.setdefault(key, (threading.Event(), []))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it runs
+        return True
+    return True
