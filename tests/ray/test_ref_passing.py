@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,9 @@ import pytest
 import ray
 from ray.train import Checkpoint
 
-from air_transfer import ChunkedCheckpoint, PackRequest, TransferConfig, register_strategy
+from air_transfer import ChunkedCheckpoint, TransferConfig, register_strategy
 from air_transfer.config import KiB
-from air_transfer.transfer.strategies.base import Packed
-from air_transfer.transfer.strategies.chunked import ChunkedStrategy
+from tests.support.gates import GatedSubmit
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -308,29 +306,12 @@ def test_from_object_ref_names_what_it_got_instead(src: Path) -> None:
         ChunkedCheckpoint.from_object_ref(ray.put(Checkpoint.from_directory(str(src))))
 
 
-class GatedSubmit(ChunkedStrategy):
-    """``chunked`` whose submission waits for ``gate``: it shows where the submission
-    runs. Readers see plain ``chunked`` (it pickles as one)."""
-
-    name = "test-gated-submit"
-    entered = threading.Event()
-    gate = threading.Event()
-
-    def submit(self, request: PackRequest) -> Packed:
-        GatedSubmit.entered.set()
-        if not GatedSubmit.gate.wait(timeout=120):
-            raise TimeoutError("the test never opened the gate")
-        return super().submit(request)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (ChunkedStrategy, ())
-
-
 @pytest.mark.usefixtures("registry_restored")
 def test_the_async_call_returns_before_its_packing_is_submitted(src: Path, tmp_path: Path) -> None:
     """The call returns while its strategy's ``submit`` still waits, on another
     thread (were it on the caller's, the call would block until the gate's timeout
     and raise); the ref, handed to a task meanwhile, resolves once it has run."""
+    GatedSubmit.reset()
     register_strategy(GatedSubmit)
     future = ChunkedCheckpoint.from_directory(src).to_object_ref_async(
         CONFIG.replace(strategy=GatedSubmit.name)

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import ray
 
-from air_transfer import ChunkedCheckpoint, TransferConfig, TransferStrategy
+from air_transfer import ChunkedCheckpoint, PackRequest, TransferConfig, TransferStrategy
 from air_transfer.core.manifest import Manifest
+from air_transfer.transfer.strategies.base import Packed
+from air_transfer.transfer.strategies.chunked import ChunkedStrategy
 
 
 @ray.remote(num_cpus=0)
@@ -92,3 +95,27 @@ def _set_packing_hook(agent: Any, hook: Any) -> None:
 def hold_packing(agent: Any, hook: Any) -> None:
     """Install (or with None, clear) a packing hook in node agent ``agent``."""
     ray.get(agent.__ray_call__.remote(_set_packing_hook, hook))
+
+
+class GatedSubmit(ChunkedStrategy):
+    """``chunked`` whose submission (on the caller's submitting thread, for
+    ``to_object_ref_async``) waits for ``gate``, in this process: what happens before
+    the checkpoint is handed over. Readers see plain ``chunked`` (it pickles as one).
+    ``reset()`` before each use."""
+
+    name = "test-gated-submit"
+    entered = threading.Event()
+    gate = threading.Event()
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.entered, cls.gate = threading.Event(), threading.Event()
+
+    def submit(self, request: PackRequest) -> Packed:
+        GatedSubmit.entered.set()
+        if not GatedSubmit.gate.wait(timeout=120):
+            raise TimeoutError("the test never opened the gate")
+        return super().submit(request)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ChunkedStrategy, ())

@@ -21,16 +21,16 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
 from air_transfer.cluster.agent_client import AgentClient
-from air_transfer.cluster.fetch import fetch_in_order, get, raise_own
+from air_transfer.cluster.fetch import fetch_in_order, get, innermost, raise_own
 from air_transfer.cluster.nodes import live_node_ids
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.reader import ChunkFileReader
-from air_transfer.errors import ChecksumError, SourceChangedError
+from air_transfer.errors import CheckpointLostError, ChecksumError, SourceChangedError
 from air_transfer.observe import metrics
 from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
 
@@ -87,11 +87,20 @@ class AgentLink:
         """Raise the error of README's table that the agent (or a call it made)
         raised (FileNotFoundError naming the path, CheckpointLostError, ...), not
         Ray's wrapper with the agent's traceback (kept for anything else: a bug); a
-        lost agent or node as ConnectionError."""
+        lost agent or node as ConnectionError; an argument of the call that Ray could
+        not resolve (a checkpoint whose packing agent or owner died before handing
+        it over) as CheckpointLostError."""
         try:
             yield
         except RayTaskError as e:
             raise_own(e)  # a copy (see raise_own: a ChunkWriter's frames)
+            cause = innermost(e)
+            if isinstance(cause, (RayActorError, ObjectLostError)):
+                raise CheckpointLostError(
+                    f"what was sent to the agent of storage node {self.node_id} was lost "
+                    f"before it could read it ({type(cause).__name__}: the process or node "
+                    "agent that held it died)"
+                ) from None
             raise
         except RayActorError as e:
             self._agent, self._lost = None, True
