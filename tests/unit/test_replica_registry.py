@@ -180,3 +180,16 @@ def test_a_record_of_another_version_is_refused() -> None:
     store.records[KEY] = store.records[KEY].replace(b'"version": 1', b'"version": 9')
     with pytest.raises(ValueError, match="replica record of version 9"):
         ReplicaRegistry(store)
+
+
+def test_only_copies_known_to_match_the_storage_node_start_fresh() -> None:
+    from air_transfer.storage.client.replica_set import fresh_at_start
+
+    copies = [("n0", "/r"), ("n1", "/c/n1"), ("n2", "/c/n2")]
+    assert fresh_at_start(copies, {"n0": True, "n1": True, "n2": True}) == ["n0", "n1", "n2"]
+    assert fresh_at_start(copies, {"n0": True, "n1": False, "n2": True}) == ["n0", "n2"]
+    assert fresh_at_start(copies, {"n0": False, "n1": True, "n2": False}) == ["n0"]
+    r = ReplicaRegistry()
+    r.register(KEY, copies[:2], 2, "/c/{node_id}", ["n0"])
+    assert r.view(KEY) == (copies[:2], ["n0"], [], 2)
+    assert r.plan_repair(KEY, {"n0", "n1"}) == (("n0", "/r"), ("n1", "/c/n1"))

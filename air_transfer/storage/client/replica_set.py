@@ -110,6 +110,17 @@ def place(
     return [(primary, root)] + [(n, template.format(node_id=n)) for n in chosen[1:wanted]]
 
 
+def fresh_at_start(copies: list[Copy], empty: dict[str, bool]) -> list[str]:
+    """The copies of a storage registered now that are complete: the storage node's
+    (the first), and the others only if they hold what it holds, which is known
+    only when all are empty (a root used before, by an earlier cluster or with one
+    copy, holds what nothing vouches for: repair makes those copies again)."""
+    primary = copies[0][0]
+    if not empty[primary]:
+        return [primary]
+    return [node for node, _ in copies if empty[node]]
+
+
 def view(key: str) -> tuple[list[Copy], list[str], list[str], int] | None:
     """``(member copies, fresh nodes, syncing nodes, K)`` of storage ``key``."""
     result: tuple[list[Copy], list[str], list[str], int] | None = call("view", key)

@@ -97,9 +97,13 @@ class ReplicatedHandler(NodeStorageHandler):
             copies = replica_set.place(
                 self.node_id, self.root, self.replicas, self.nodes, self.replica_root
             )
+            empty = {}
             for node, root in copies:  # each copy's root, as a repaired copy gets it
-                self.link_to(node, root).call(_make_root(root))
-            self.registry("register", self.key, copies, self.replicas, self.replica_root)
+                link = self.link_to(node, root)
+                link.call(_make_root(root))
+                empty[node] = not link.call(_list_top(root))
+            fresh = replica_set.fresh_at_start(copies, empty)
+            self.registry("register", self.key, copies, self.replicas, self.replica_root, fresh)
             found = replica_set.view(self.key)
             assert found is not None
         return found
@@ -323,3 +327,7 @@ class ReplicatedHandler(NodeStorageHandler):
 
 def _make_root(root: str) -> Callable[[AgentClient], ray.ObjectRef[None]]:
     return lambda a: a.fs_create_dir(root, root, True)
+
+
+def _list_top(root: str) -> Callable[[AgentClient], Any]:
+    return lambda a: a.fs_list(root, root, False, True)

@@ -51,13 +51,22 @@ class ReplicaRegistry:
         if self._store is not None:
             self._store.save(key, self._storages[key].to_record())
 
-    def register(self, key: str, copies: list[Copy], wanted: int, template: str) -> None:
-        """Record a new storage with ``copies`` (all complete: they are empty, or the
-        storage existed with one copy before); a known key keeps its record."""
+    def register(
+        self,
+        key: str,
+        copies: list[Copy],
+        wanted: int,
+        template: str,
+        fresh: list[str] | None = None,
+    ) -> None:
+        """Record a new storage with ``copies``, of which ``fresh`` (default: all)
+        are complete (the others are stale: repair makes them again); a known key
+        keeps its record."""
         with self._lock:
             if key not in self._storages:
                 roots = dict(copies)
-                self._storages[key] = Replicated(wanted, roots, set(roots), template)
+                complete = set(roots) if fresh is None else set(fresh) & set(roots)
+                self._storages[key] = Replicated(wanted, roots, complete, template)
                 self._save(key)
 
     def view(self, key: str) -> tuple[list[Copy], list[str], list[str], int] | None:
