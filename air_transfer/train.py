@@ -90,15 +90,41 @@ def checkpoint_upload_fn(
     ``functools.partial``.
 
     ``node`` defaults to the storage's node for a ``storage_filesystem()``, else the
-    head node. On a local filesystem the checkpoint appears whole and verified.
+    head node; into a ``storage_filesystem(replicas=K)`` the checkpoint is stored on
+    every live copy, as a report is (``upload_checkpoint``). On a local filesystem
+    the checkpoint appears whole and verified.
     """
     storage = ray.train.get_context().get_storage()
-    fs = storage.storage_filesystem
     dest = storage.build_checkpoint_path_from_name(checkpoint_dir_name)
+    return upload_checkpoint(storage.storage_filesystem, dest, checkpoint, node, config)
+
+
+def upload_checkpoint(
+    fs: pafs.FileSystem,
+    dest: str,
+    checkpoint: Checkpoint,
+    node: str | None = None,
+    config: TransferConfig | None = None,
+) -> Checkpoint:
+    """``checkpoint_upload_fn``'s work: ``checkpoint`` stored at ``dest`` of ``fs``.
+
+    Into replicated node storage (``node`` unset or the storage node), a local
+    directory is packed once and written by every copy's agent, failing over when
+    the storage node is gone (``replica_train.upload_report``: never incremental,
+    which would change one copy behind the others' backs); anything else is written
+    by this node's agent through ``fs``, which keeps every copy.
+    """
     handler = node_storage_handler(fs)
-    if handler is not None and node in (None, handler.node_id):
+    local = isinstance(checkpoint.filesystem, pafs.LocalFileSystem)
+    if isinstance(handler, ReplicatedHandler) and node in (None, handler.node_id):
+        source = os.path.abspath(checkpoint.path)
+        if local and os.path.isdir(source) and not holds_symlink(source):
+            worker = ray.get_runtime_context().get_actor_id() or ""
+            replica_train.upload_report(handler, dest, source, worker, config)
+            return Checkpoint(dest, filesystem=fs)
+        node = this_node_id()
+    elif handler is not None and node in (None, handler.node_id):
         chosen = config or handler.config
-        local = isinstance(checkpoint.filesystem, pafs.LocalFileSystem)
         if chosen.incremental and local and os.path.isdir(checkpoint.path):
             link = AgentLink(handler.node_id, handler.root, chosen)
             if store_incremental(link, os.path.abspath(checkpoint.path), dest) is not None:

@@ -40,6 +40,9 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
         "CheckpointManager.before_worker_group_shutdown",
     ),
     ("ray.train.v2._internal.execution.worker_group.worker_group", "WorkerGroup.get_workers"),
+    ("ray.experimental.internal_kv", "_internal_kv_put"),
+    ("ray.experimental.internal_kv", "_internal_kv_get"),
+    ("ray.experimental.internal_kv", "_internal_kv_list"),
 )
 #: Keyword of ``.options()`` that bounds how far a streaming generator runs ahead of
 #: its consumer (Ray's own streaming ``DataIterator`` uses it); not in the public docs.
@@ -85,6 +88,30 @@ def referenced_ids() -> set[str] | None:
     except Exception:  # disconnected meanwhile
         return None
     return {key.decode() if isinstance(key, bytes) else str(key) for key in counts}
+
+
+def kv_put(namespace: str, key: str, value: bytes) -> None:
+    """Save ``value`` under ``key`` in the cluster's GCS key-value store (overwriting):
+    it outlives every process but the GCS, so a record kept there survives the actor
+    that wrote it. Ray's public API has no such store (Ray Serve's controller keeps
+    its own checkpoint in it, through the same names)."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(key, value, overwrite=True, namespace=namespace)
+
+
+def kv_items(namespace: str, prefix: str) -> dict[str, bytes]:
+    """Every ``key -> value`` saved by ``kv_put`` in ``namespace`` whose key starts
+    with ``prefix``."""
+    from ray.experimental import internal_kv
+
+    out: dict[str, bytes] = {}
+    for raw in internal_kv._internal_kv_list(prefix, namespace=namespace):
+        key = raw.decode() if isinstance(raw, bytes) else str(raw)
+        value = internal_kv._internal_kv_get(key, namespace=namespace)
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def streaming(method: Any, window: int) -> Any:

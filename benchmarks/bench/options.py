@@ -76,7 +76,9 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "--replicas", type=positive_int, default=1, metavar="K",
         help="--train: node storage keeps K copies (storage_filesystem(replicas=K); "
         "at most the cluster's 2 nodes): run once with 1 and once with 2 to compare "
-        "a replicated report's and restore's cost",
+        "a replicated report's and restore's cost. --readers: the checkpoint is "
+        "stored on K copies (the storage node and K-1 more nodes, no reader on them) "
+        "and read from them",
     )  # fmt: skip
     parser.add_argument(
         "--readers", type=positive_int, default=None, metavar="N",

@@ -225,12 +225,19 @@ def format_train_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(aligned(header, rows, {0, 1, 3, 10}) + reasons(results))
 
 
+def pushed_text(ratios: dict[str, Any]) -> str:
+    """``node:pushed`` for every node Ray pushed anything from (x the checkpoint)."""
+    moved = [f"{node}:{r['pushed']:.2f}" for node, r in ratios.items() if r["pushed"]]
+    return " ".join(moved) or "-"
+
+
 def format_readers_table(results: list[dict[str, Any]]) -> str:
-    """``--readers N``: the N at once against one alone, and what the storage
-    node's disk read (``read_x``: per repeat, as multiples of the checkpoint)."""
+    """``--readers N``: the N at once against one alone, what the storage nodes'
+    disks read (``read_x``: per repeat, as multiples of the checkpoint), and, for
+    the first repeat, what Ray pushed from each node (``pushed_x``)."""
     header = [
         "run", "readers", "layout", "size_gb", "status", "median_s", "min_s", "max_s",
-        "x_one", "reader_median_s", "read_x", "served_x", "verified",
+        "x_one", "reader_median_s", "read_x", "served_x", "pushed_x", "verified",
     ]  # fmt: skip
 
     def ratios(values: list[float]) -> str:
@@ -241,11 +248,12 @@ def format_readers_table(results: list[dict[str, Any]]) -> str:
             r["contender"], str(r["readers"]), r["layout"], f"{r['size_gb']:g}", r["status"],
             num(r["median_s"]), num(r["min_s"]), num(r["max_s"]), num(r["ratio_to_one"], 2),
             num(r["reader_median_s"]), ratios(r["read_ratio"]), ratios(r["served_ratio"]),
+            pushed_text(r["pushed"][0]) if r.get("pushed") else "-",
             "yes" if r["verified"] else "no",
         ]
         for r in results
     ]  # fmt: skip
-    return "\n".join(aligned(header, rows, {0, 2, 4}) + reasons(results))
+    return "\n".join(aligned(header, rows, {0, 2, 4, 12}) + reasons(results))
 
 
 def format_linearity(lin: dict[str, dict[str, Any]]) -> str:

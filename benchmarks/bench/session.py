@@ -45,6 +45,7 @@ def ray_session(
     nodes: Sequence[str] = CROSS_NODES,
     log_to_driver: bool = False,
     retry_store_bytes: int | None = None,
+    system_config: dict[str, Any] | None = None,
 ) -> Iterator[str]:
     """An embedded Ray for the run: one local node, or with ``cross_node`` a
     ``ray.cluster_utils.Cluster`` on this machine with one node per name in
@@ -52,7 +53,8 @@ def ray_session(
     driver runs), each node with its own object store of ``store_bytes``. An
     already initialized Ray (single node only) is reused and left running. The
     workers' output reaches the driver only with ``log_to_driver`` (``--progress``:
-    their bars travel in it).
+    their bars travel in it). ``system_config``: Ray system settings of the cluster
+    (with ``cross_node``), beside ``PLASMA_CONFIG``.
 
     Should Ray fail to start, what the failed start left running is stopped and Ray
     is started once more with a smaller store (``retry_store_bytes``, by default
@@ -67,7 +69,7 @@ def ray_session(
     how = f"{len(nodes)}-node cluster" if cross_node else "local Ray"
     retry = retry_store_bytes or retry_store_size(store_bytes)
     try:
-        cluster = _start_ray(cross_node, num_cpus, store_bytes, nodes, log_to_driver)
+        cluster = _start_ray(cross_node, num_cpus, store_bytes, nodes, log_to_driver, system_config)
     except Exception as e:
         if retry is None:
             raise
@@ -77,7 +79,7 @@ def ray_session(
             file=sys.stderr,
             flush=True,
         )
-        cluster = _start_ray(cross_node, num_cpus, retry, nodes, log_to_driver)
+        cluster = _start_ray(cross_node, num_cpus, retry, nodes, log_to_driver, system_config)
         how += f", started again with a {retry / GB:.2f} GB store after a failed start"
     try:
         yield how
@@ -95,20 +97,32 @@ def retry_store_size(store_bytes: int) -> int | None:
 
 
 def _start_ray(
-    cross_node: bool, num_cpus: int, store_bytes: int, nodes: Sequence[str], log_to_driver: bool
+    cross_node: bool,
+    num_cpus: int,
+    store_bytes: int,
+    nodes: Sequence[str],
+    log_to_driver: bool,
+    system_config: dict[str, Any] | None = None,
 ) -> Any:
     """Start Ray (see ``ray_session``) and connect to it; returns the cluster, if any.
     A start that fails leaves nothing running."""
     started = _children()
     try:
-        return _start_and_connect(cross_node, num_cpus, store_bytes, nodes, log_to_driver)
+        return _start_and_connect(
+            cross_node, num_cpus, store_bytes, nodes, log_to_driver, system_config
+        )
     except BaseException:
         _stop_failed_start(started)
         raise
 
 
 def _start_and_connect(
-    cross_node: bool, num_cpus: int, store_bytes: int, nodes: Sequence[str], log_to_driver: bool
+    cross_node: bool,
+    num_cpus: int,
+    store_bytes: int,
+    nodes: Sequence[str],
+    log_to_driver: bool,
+    system_config: dict[str, Any] | None = None,
 ) -> Any:
     quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": log_to_driver}
     if not cross_node:
@@ -131,7 +145,7 @@ def _start_and_connect(
             **node,
             "resources": {nodes[0]: 1},
             "include_dashboard": False,
-            "_system_config": PLASMA_CONFIG,
+            "_system_config": {**PLASMA_CONFIG, **(system_config or {})},
         },
     )
     try:

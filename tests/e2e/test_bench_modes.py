@@ -41,7 +41,7 @@ def test_train_mode_reports_and_restores_verified_against_both_floors(tmp_path: 
 def test_readers_mode_reads_the_storage_disk_once(tmp_path: Path) -> None:
     """``--readers 2``: one reader alone, then both at once, verified, with the
     storage node's counters (read once whatever the readers: 1.0x; served once
-    per reader)."""
+    per reader) and Ray's bytes moved per node (received once per reader)."""
     report, proc = run_bench_cli(tmp_path, "--readers", "2", "--no-warmup")
     assert report["mode"] == "readers"
     one, both = report["results"]
@@ -53,6 +53,13 @@ def test_readers_mode_reads_the_storage_disk_once(tmp_path: Path) -> None:
         assert r["read_ratio"] == [1.0], r
         assert len(r["reader_seconds"]) == r["readers"] and r["ratio_to_one"] > 0
     assert one["served_ratio"] == [1.0] and both["served_ratio"] == [2.0]
+    # Ray's bytes per node: each reader received the checkpoint once, from the
+    # storage node or from the other reader.
+    for r in (one, both):
+        [moved] = r["pushed"]
+        received = sum(n["received"] for n in moved.values())
+        assert received == pytest.approx(r["readers"], rel=0.02), moved
+        assert sum(n["pushed"] for n in moved.values()) == pytest.approx(received, rel=0.02)
     assert "read_x" in proc.stdout and "n-readers" in proc.stdout
 
 

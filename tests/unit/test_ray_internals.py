@@ -21,7 +21,7 @@ PACKAGE = Path(air_transfer.__file__).parent
 PRIVATE_USE = re.compile(
     r"ray\._private|ray\.tune\.utils\.file_transfer|_generator_backpressure|"
     r"_get_temporary_checkpoint_dir|\._uuid\b|\._actor_id\b|\._PackActor\b|"
-    r"_force_on_node|_unpack_from_actor"
+    r"_force_on_node|_unpack_from_actor|internal_kv"
 )
 
 

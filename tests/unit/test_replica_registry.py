@@ -1,10 +1,14 @@
 """The replica registry's record, without Ray: a copy that misses a change is stale
 at once, repair makes a copy fresh only after a pass saw no write, commits of one
-path are one at a time, under-replicated bytes are counted, and repair is paced."""
+path are one at a time, under-replicated bytes are counted, repair is paced, and a
+registry started again from the saved record knows every stale copy and every
+operation still in flight."""
 
 from __future__ import annotations
 
 import threading
+
+import pytest
 
 from air_transfer.storage.server.repair import Pace
 from air_transfer.storage.server.replica_registry import ReplicaRegistry
@@ -116,3 +120,76 @@ def test_what_counts_as_a_lost_copy() -> None:
     assert is_lost(CheckpointLostError("x")) and not is_lost(
         CheckpointLostError("x"), reading=False
     )
+
+
+class SavedRecords:
+    """A ``Store`` in a dict: what a registry started again finds."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, bytes] = {}
+
+    def save(self, key: str, record: bytes) -> None:
+        self.records[key] = record
+
+    def load_all(self) -> dict[str, bytes]:
+        return dict(self.records)
+
+
+def saved_registry(store: SavedRecords) -> ReplicaRegistry:
+    r = ReplicaRegistry(store)
+    r.register(KEY, [("n0", "/r"), ("n1", "/c/n1")], 2, "/c/{node_id}")
+    return r
+
+
+def test_a_registry_started_again_knows_every_stale_copy() -> None:
+    store = SavedRecords()
+    first = saved_registry(store)
+    first.end(KEY, first.begin(KEY, ["f"])[0], ["n1"], ["f"])
+    again = ReplicaRegistry(store)
+    assert again.view(KEY) == ([("n0", "/r"), ("n1", "/c/n1")], ["n0"], [], 2)
+    assert again.targets(KEY) == ([("n0", "/r")], ["n0"])
+    # A copy being re-made when the registry died is stale: its repair died with it.
+    assert again.plan_repair(KEY, {"n0", "n1"}) == (("n0", "/r"), ("n1", "/c/n1"))
+    assert ReplicaRegistry(store).view(KEY) == ([("n0", "/r"), ("n1", "/c/n1")], ["n0"], [], 2)
+
+
+def test_an_operation_in_flight_outlives_the_registry() -> None:
+    store = SavedRecords()
+    first = saved_registry(store)
+    first.end(KEY, first.begin(KEY, [])[0], ["n1"], [])  # n1 stale
+    op, targets, fresh = first.begin(KEY, ["f"], "op-1")
+    again = ReplicaRegistry(store)
+    assert again.begin(KEY, ["f"], "op-1") == (op, targets, fresh)  # retried: the same
+    again.plan_repair(KEY, {"n0", "n1"})
+    assert again.take_touched(KEY, "n1") == (set(), True)  # the write is in flight
+    assert not again.finish_sync(KEY, "n1")
+    again.end(KEY, "op-1", [], ["f"])  # its writer's end, retried on the new registry
+    assert again.take_touched(KEY, "n1") == ({"f"}, False)
+    assert again.finish_sync(KEY, "n1")
+    assert ReplicaRegistry(store).view(KEY) == (  # and saved so
+        [("n0", "/r"), ("n1", "/c/n1")],
+        ["n0", "n1"],
+        [],
+        2,
+    )
+
+
+def test_a_record_of_another_version_is_refused() -> None:
+    store = SavedRecords()
+    saved_registry(store)
+    store.records[KEY] = store.records[KEY].replace(b'"version": 1', b'"version": 9')
+    with pytest.raises(ValueError, match="replica record of version 9"):
+        ReplicaRegistry(store)
+
+
+def test_only_copies_known_to_match_the_storage_node_start_fresh() -> None:
+    from air_transfer.storage.client.replica_set import fresh_at_start
+
+    copies = [("n0", "/r"), ("n1", "/c/n1"), ("n2", "/c/n2")]
+    assert fresh_at_start(copies, {"n0": True, "n1": True, "n2": True}) == ["n0", "n1", "n2"]
+    assert fresh_at_start(copies, {"n0": True, "n1": False, "n2": True}) == ["n0", "n2"]
+    assert fresh_at_start(copies, {"n0": False, "n1": True, "n2": False}) == ["n0"]
+    r = ReplicaRegistry()
+    r.register(KEY, copies[:2], 2, "/c/{node_id}", ["n0"])
+    assert r.view(KEY) == (copies[:2], ["n0"], [], 2)
+    assert r.plan_repair(KEY, {"n0", "n1"}) == (("n0", "/r"), ("n1", "/c/n1"))

@@ -2,23 +2,29 @@
 actor on the head node, started by the first user) and which copy to use.
 
 The registry's class sits in ``storage.server`` (the other room), so it is started
-by its dotted name, as ``cluster.nodes`` starts the agent. ``read_order`` is how a
-reader picks among the fresh copies: its own node's copy first (a local read), else
-the copies in an order rotated by a hash of the reader's node, so the readers of N
-nodes spread over the K copies, and each reader keeps to one (the copy's chunk
-cache serves its later reads); the others follow, for failover.
+by its dotted name, as ``cluster.nodes`` starts the agent. Every call goes through
+``call``: when the registry's actor dies under it, the next caller starts another
+from the record it saved, and the call is made again there (each is idempotent).
+
+``read_order`` is how a reader picks among the fresh copies: its own node's copy
+first (a local read), else the copies in an order rotated by a hash of the
+reader's node, so the readers of N nodes spread over the K copies, and each reader
+keeps to one (the copy's chunk cache serves its later reads); the others follow,
+for failover.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import posixpath
+import time
 import zlib
 from typing import Any
 
 import ray
-from ray.exceptions import RayError, RayTaskError
+from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from air_transfer.cluster.fetch import get
@@ -28,6 +34,10 @@ from air_transfer.errors import CheckpointLostError
 #: The registry's class, imported on first start by name (see above).
 REGISTRY_CLASS = "air_transfer.storage.server.replica_host:ReplicaHost"
 REGISTRY_NAME = "air-transfer-replicas"
+#: How long a call keeps trying registries started again before it gives up.
+RETRY_S = 60.0
+
+logger = logging.getLogger(__name__)
 
 #: A copy: (node id, its root on that node).
 Copy = tuple[str, str]
@@ -51,11 +61,33 @@ def registry() -> Any:
             lifetime="detached",
             num_cpus=0,
             max_concurrency=32,
-            max_restarts=0,
+            max_restarts=0,  # a dead one is started again by the next caller
             scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id(), soft=False),
         )
         .remote()
     )
+
+
+def call(method: str, *args: Any) -> Any:
+    """``method(*args)`` on the registry, made again on a registry started afresh
+    (from the saved record) when the actor died under it; ConnectionError if none
+    answers within ``RETRY_S``."""
+    deadline = time.monotonic() + RETRY_S
+    while True:
+        try:
+            return get(getattr(registry(), method).remote(*args))
+        except RayActorError as e:
+            if time.monotonic() > deadline:
+                raise ConnectionError(
+                    f"the replica registry did not answer {method} for {RETRY_S:.0f} s: {e}"
+                ) from e
+            logger.warning(
+                "air-transfer: the replica registry died during %s (%s); asking the "
+                "one started in its place",
+                method,
+                type(e).__name__,
+            )
+            time.sleep(0.2)  # the dead actor's name is freed once Ray knows
 
 
 def place(
@@ -78,9 +110,20 @@ def place(
     return [(primary, root)] + [(n, template.format(node_id=n)) for n in chosen[1:wanted]]
 
 
+def fresh_at_start(copies: list[Copy], empty: dict[str, bool]) -> list[str]:
+    """The copies of a storage registered now that are complete: the storage node's
+    (the first), and the others only if they hold what it holds, which is known
+    only when all are empty (a root used before, by an earlier cluster or with one
+    copy, holds what nothing vouches for: repair makes those copies again)."""
+    primary = copies[0][0]
+    if not empty[primary]:
+        return [primary]
+    return [node for node, _ in copies if empty[node]]
+
+
 def view(key: str) -> tuple[list[Copy], list[str], list[str], int] | None:
     """``(member copies, fresh nodes, syncing nodes, K)`` of storage ``key``."""
-    result: tuple[list[Copy], list[str], list[str], int] | None = get(registry().view.remote(key))
+    result: tuple[list[Copy], list[str], list[str], int] | None = call("view", key)
     return result
 
 

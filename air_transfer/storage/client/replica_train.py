@@ -30,11 +30,20 @@ from air_transfer.transfer.submit import submit_transfer
 logger = logging.getLogger(__name__)
 
 
-def upload_report(handler: ReplicatedHandler, path: str, source: str, worker: str) -> None:
+def upload_report(
+    handler: ReplicatedHandler,
+    path: str,
+    source: str,
+    worker: str,
+    config: TransferConfig | None = None,
+) -> None:
     """Store the checkpoint directory ``source`` at ``path`` on every copy: packed
-    once here, each copy's agent writing it from the same chunk objects (and noting
-    it under ``worker`` for ``reclaim``); returns once every live copy holds it."""
-    config, rel = handler.config, handler.rel(path)
+    once here (with ``config``, default the storage's), each copy's agent writing it
+    from the same chunk objects (and noting it under ``worker`` for ``reclaim``);
+    returns once every live copy holds it. Whole on every copy, whatever
+    ``config.incremental`` says: a copy reusing what it holds would need every copy
+    to hold the same, which a stale copy being repaired does not."""
+    config, rel = config or handler.config, handler.rel(path)
     ref, done, _ = submit_transfer(Source(pafs.LocalFileSystem(), source), config)
     handler.change(
         [path],

@@ -13,6 +13,7 @@ write, a writer dropped unclosed) removes every staging file: nothing published.
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +23,6 @@ import numpy as np
 import ray
 
 from air_transfer.cluster.agent_client import AgentClient
-from air_transfer.cluster.fetch import get
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.observe import deferred
@@ -37,7 +37,7 @@ class Replicas(Protocol):
     config: TransferConfig
     key: str
 
-    def registry(self) -> Any: ...
+    def registry(self, method: str, *args: Any) -> Any: ...
     def ensure(self) -> tuple[list[Copy], list[str], list[str], int]: ...
     def link_to(self, node: str, root: str) -> AgentLink: ...
     def rel(self, path: str) -> str: ...
@@ -71,7 +71,7 @@ class ReplicatedWriter(UploadStream):
         self.buffer = bytearray()
         deferred.start()  # here, never from a finalizer
         replicas.ensure()
-        copies, fresh = get(replicas.registry().targets.remote(replicas.key))
+        copies, fresh = replicas.registry("targets", replicas.key)
         self.staged: dict[str, Staged] = {}
         outcomes: dict[str, BaseException | None] = {}
         calls = []
@@ -157,8 +157,8 @@ class ReplicatedWriter(UploadStream):
     def _commit(self) -> None:
         tail, size = np.frombuffer(bytes(self.buffer), np.uint8), self.sent + len(self.buffer)
         checksum = chunk_checksum(tail)
-        reg = self.replicas.registry()
-        op, targets, fresh = get(reg.begin.remote(self.replicas.key, [self.rel]))
+        reg = self.replicas.registry
+        op, targets, fresh = reg("begin", self.replicas.key, [self.rel], uuid.uuid4().hex)
         # Copies staged here whose node the registry has since found gone: this write
         # lacks them too (degraded), though no commit was tried there.
         gone = [node for node in self.staged if node not in dict(targets)]
@@ -172,7 +172,7 @@ class ReplicatedWriter(UploadStream):
                 outcomes[node] = s.error or self._commit_one(s, tail, checksum, size)
         finally:
             answer, missed = self.replicas.judge(outcomes, fresh)
-            get(reg.end.remote(self.replicas.key, op, missed, [self.rel]))
+            reg("end", self.replicas.key, op, missed, [self.rel])
         for node, s in self.staged.items():
             if node not in dict(targets) or outcomes.get(node) is not None:
                 _abort_one(s)

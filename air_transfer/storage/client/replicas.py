@@ -16,6 +16,7 @@ import errno
 import logging
 import os
 import posixpath
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -24,7 +25,6 @@ import pyarrow.fs as pafs
 import ray
 
 from air_transfer.cluster.agent_client import AgentClient
-from air_transfer.cluster.fetch import get
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.reader import ChunkFileReader
@@ -86,8 +86,9 @@ class ReplicatedHandler(NodeStorageHandler):
         return f"{self.node_id}:{self.root}"
 
     # -- the copies --------------------------------------------------------------------
-    def registry(self) -> Any:
-        return replica_set.registry()
+    def registry(self, method: str, *args: Any) -> Any:
+        """``method(*args)`` on the cluster's replica registry (``replica_set.call``)."""
+        return replica_set.call(method, *args)
 
     def ensure(self) -> tuple[list[Copy], list[str], list[str], int]:
         """The registry's view of this storage, registering it on first use."""
@@ -96,9 +97,13 @@ class ReplicatedHandler(NodeStorageHandler):
             copies = replica_set.place(
                 self.node_id, self.root, self.replicas, self.nodes, self.replica_root
             )
+            empty = {}
             for node, root in copies:  # each copy's root, as a repaired copy gets it
-                self.link_to(node, root).call(_make_root(root))
-            get(self.registry().register.remote(self.key, copies, self.replicas, self.replica_root))
+                link = self.link_to(node, root)
+                link.call(_make_root(root))
+                empty[node] = not link.call(_list_top(root))
+            fresh = replica_set.fresh_at_start(copies, empty)
+            self.registry("register", self.key, copies, self.replicas, self.replica_root, fresh)
             found = replica_set.view(self.key)
             assert found is not None
         return found
@@ -137,7 +142,7 @@ class ReplicatedHandler(NodeStorageHandler):
         a fresh copy that answered otherwise or not at all is stale from now on."""
         self.ensure()
         rels = [self.rel(p) for p in paths]
-        op, targets, fresh = get(self.registry().begin.remote(self.key, rels))
+        op, targets, fresh = self.registry("begin", self.key, rels, uuid.uuid4().hex)
         outcomes: dict[str, BaseException | None] = {}
         try:
             refs = {}
@@ -154,7 +159,7 @@ class ReplicatedHandler(NodeStorageHandler):
                     outcomes[node] = e
         finally:
             answer, missed = self.judge(outcomes, fresh)
-            get(self.registry().end.remote(self.key, op, missed, rels))
+            self.registry("end", self.key, op, missed, rels)
         if missed:
             self.degraded(missed, rels)
         if answer is not None:
@@ -322,3 +327,7 @@ class ReplicatedHandler(NodeStorageHandler):
 
 def _make_root(root: str) -> Callable[[AgentClient], ray.ObjectRef[None]]:
     return lambda a: a.fs_create_dir(root, root, True)
+
+
+def _list_top(root: str) -> Callable[[AgentClient], Any]:
+    return lambda a: a.fs_list(root, root, False, True)

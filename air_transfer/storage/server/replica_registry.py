@@ -3,7 +3,9 @@ replicated storage, and which copies a write is going to.
 
 One registry runs per cluster, on the head node (``ReplicaRegistry``, hosted by an
 actor: see ``storage.client.replica_set``); it outlives any storage node, and losing
-the head loses the cluster anyway. A storage is known by its key (its first storage
+the head loses the cluster anyway. Its record outlives the actor: each change is
+saved in the cluster's GCS before it returns, and a registry started again (by the
+next caller) loads it (``replica_record``). A storage is known by its key (its first storage
 node and root). Each copy is ``fresh`` (complete: it took every write since it was
 made), ``syncing`` (being re-made by repair: writes go to it, reads do not) or
 neither (stale: it missed a write or a delete, and is never read again until repair
@@ -19,49 +21,53 @@ checked under the same lock as ``begin``).
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
-from dataclasses import dataclass, field
+import uuid
 
-#: How long an operation may hold its paths (and count as in flight) before the
-#: registry takes its writer for dead.
-BUSY_S = 300.0
+from air_transfer.storage.server.replica_record import BUSY_S, Op, Replicated, Store
+
 #: A copy: (node id, the root its files live under on that node).
 Copy = tuple[str, str]
 
-
-@dataclass
-class Replicated:
-    """The state of one replicated storage."""
-
-    wanted: int  # K: how many complete copies it should have
-    roots: dict[str, str]  # node -> root, for every member copy
-    fresh: set[str]
-    template: str  # the root of a copy on a node that joins later ({node_id})
-    syncing: dict[str, set[str]] = field(default_factory=dict)  # node -> paths touched
-    in_flight: dict[int, set[str]] = field(default_factory=dict)  # op -> its targets
-    started: dict[int, float] = field(default_factory=dict)  # op -> when
-    bytes: int = 0  # what the storage holds, as its last repair or write counted
+__all__ = ["BUSY_S", "Copy", "ReplicaRegistry"]
 
 
 class ReplicaRegistry:
-    """The copies of every replicated node storage of the cluster (thread-safe)."""
+    """The copies of every replicated node storage of the cluster (thread-safe);
+    with a ``store``, each change is saved there before it returns, and the
+    records saved there are loaded at start (``replica_record``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: Store | None = None) -> None:
         self._lock = threading.Lock()
+        self._store = store
         self._storages: dict[str, Replicated] = {}
-        self._ops = itertools.count(1)
+        if store is not None:
+            self._storages = {k: Replicated.from_record(r) for k, r in store.load_all().items()}
         self._paths = threading.Condition(self._lock)
-        self._busy: dict[tuple[str, str], float] = {}  # path being committed -> since
 
-    def register(self, key: str, copies: list[Copy], wanted: int, template: str) -> None:
-        """Record a new storage with ``copies`` (all complete: they are empty, or the
-        storage existed with one copy before); a known key keeps its record."""
+    def _save(self, key: str) -> None:
+        """Save storage ``key``'s record (under the lock, so saves keep its order)."""
+        if self._store is not None:
+            self._store.save(key, self._storages[key].to_record())
+
+    def register(
+        self,
+        key: str,
+        copies: list[Copy],
+        wanted: int,
+        template: str,
+        fresh: list[str] | None = None,
+    ) -> None:
+        """Record a new storage with ``copies``, of which ``fresh`` (default: all)
+        are complete (the others are stale: repair makes them again); a known key
+        keeps its record."""
         with self._lock:
             if key not in self._storages:
                 roots = dict(copies)
-                self._storages[key] = Replicated(wanted, roots, set(roots), template)
+                complete = set(roots) if fresh is None else set(fresh) & set(roots)
+                self._storages[key] = Replicated(wanted, roots, complete, template)
+                self._save(key)
 
     def view(self, key: str) -> tuple[list[Copy], list[str], list[str], int] | None:
         """``(every member copy, the fresh ones, the syncing ones, K)``; None for an
@@ -76,42 +82,44 @@ class ReplicaRegistry:
         with self._lock:
             return list(self._storages)
 
-    def begin(self, key: str, paths: list[str]) -> tuple[int, list[Copy], list[str]]:
-        """Start an operation on ``paths``: its id, the copies to apply it to (fresh
-        and syncing), and which of them are fresh (their answer is the storage's)."""
+    def begin(
+        self, key: str, paths: list[str], op: str | None = None
+    ) -> tuple[str, list[Copy], list[str]]:
+        """Start operation ``op`` (the caller's id, so that a call retried on a
+        registry started again is the same operation; default: a new one) on
+        ``paths``: its id, the copies to apply it to (fresh and syncing), and which
+        of them are fresh (their answer is the storage's)."""
+        op = op or uuid.uuid4().hex
         with self._lock:
-            # One commit of a path at a time, so every copy takes its versions in the
-            # same order (a writer that died mid-commit lets go after BUSY_S).
-            names = [(key, p) for p in paths]
-            while any(time.monotonic() - self._busy.get(n, -BUSY_S) < BUSY_S for n in names):
-                self._paths.wait(1.0)
-            now = time.monotonic()
-            self._busy.update((n, now) for n in names)
             s = self._storages[key]
-            op = next(self._ops)
-            targets = s.fresh | set(s.syncing)
-            s.in_flight[op] = targets
-            s.started[op] = now
-            for touched in s.syncing.values():
-                touched.update(paths)
-            copies = [(n, s.roots[n]) for n in sorted(targets)]
-            return op, copies, sorted(s.fresh)
+            known = s.ops.get(op)
+            if known is None:
+                # One commit of a path at a time, so every copy takes its versions in
+                # the same order (a writer that died mid-commit lets go after BUSY_S).
+                while any(set(paths) & set(o.paths) for o in s.live_ops().values()):
+                    self._paths.wait(1.0)
+                targets = sorted(s.fresh | set(s.syncing))
+                known = s.ops[op] = Op(targets, sorted(s.fresh), list(paths), time.time())
+                for touched in s.syncing.values():
+                    touched.update(paths)
+                self._save(key)
+            copies = [(n, s.roots[n]) for n in known.targets if n in s.roots]
+            return op, copies, list(known.fresh)
 
-    def end(self, key: str, op: int, missed: list[str], paths: list[str]) -> list[str]:
+    def end(self, key: str, op: str, missed: list[str], paths: list[str]) -> list[str]:
         """The operation ``op`` is done; the copies in ``missed`` did not take it
-        (they are stale now). Returns the fresh copies after it."""
+        (they are stale now, saved so before this returns; a repeated call is
+        harmless). Returns the fresh copies after it."""
         with self._lock:
-            for p in paths:
-                self._busy.pop((key, p), None)
             self._paths.notify_all()
             s = self._storages[key]
-            s.in_flight.pop(op, None)
-            s.started.pop(op, None)
+            s.ops.pop(op, None)
             for node in missed:
                 s.fresh.discard(node)
                 s.syncing.pop(node, None)
             for touched in s.syncing.values():
                 touched.update(paths)
+            self._save(key)
             return sorted(s.fresh)
 
     def targets(self, key: str) -> tuple[list[Copy], list[str]]:
@@ -124,7 +132,7 @@ class ReplicaRegistry:
 
     def note_bytes(self, key: str, nbytes: int) -> None:
         with self._lock:
-            self._storages[key].bytes = nbytes
+            self._storages[key].nbytes = nbytes
 
     # -- repair ------------------------------------------------------------------------
     def under_replicated(self, live: set[str]) -> list[tuple[str, int, int]]:
@@ -142,7 +150,7 @@ class ReplicaRegistry:
         times the copies missing."""
         with self._lock:
             storages = [self._storages[key]] if key else list(self._storages.values())
-            return sum(s.bytes * max(0, s.wanted - len(s.fresh & live)) for s in storages)
+            return sum(s.nbytes * max(0, s.wanted - len(s.fresh & live)) for s in storages)
 
     def plan_repair(self, key: str, live: set[str]) -> tuple[Copy, Copy] | None:
         """The next copy to re-make: ``(source, target)``, a fresh live source and a
@@ -168,6 +176,7 @@ class ReplicaRegistry:
                     del s.roots[dead]
                     s.fresh.discard(dead)
             s.syncing[target] = set()
+            self._save(key)
             return (sources[0], s.roots[sources[0]]), (target, s.roots[target])
 
     def take_touched(self, key: str, node: str) -> tuple[set[str], bool] | None:
@@ -178,20 +187,18 @@ class ReplicaRegistry:
             if node not in s.syncing:
                 return None
             touched, s.syncing[node] = s.syncing[node], set()
-            for op in [o for o, t in s.started.items() if time.monotonic() - t > BUSY_S]:
-                s.in_flight.pop(op, None)  # its writer died mid-operation
-                s.started.pop(op, None)
-            return touched, bool(s.in_flight)
+            return touched, bool(s.live_ops())
 
     def finish_sync(self, key: str, node: str) -> bool:
         """Make syncing copy ``node`` fresh if nothing was written since the last
         ``take_touched`` and nothing is in flight; else False (take them again)."""
         with self._lock:
             s = self._storages[key]
-            if s.syncing.get(node) or s.in_flight or node not in s.syncing:
+            if s.syncing.get(node) or s.live_ops() or node not in s.syncing:
                 return False
             del s.syncing[node]
             s.fresh.add(node)
+            self._save(key)
             return True
 
     def abandon_sync(self, key: str, node: str) -> None:

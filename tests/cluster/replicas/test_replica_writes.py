@@ -125,3 +125,24 @@ def test_reads_take_the_local_copy_else_the_one_read_order_names(
     assert after[names[first]] >= before[names[first]] + len(BODY)
     other = next(n for n in (w[0], w[1]) if n != names[first])
     assert after[other] == before[other]
+
+
+def test_a_root_used_before_is_made_again_on_every_copy(cluster4: Cluster, tmp_path: Path) -> None:
+    """Replicas turned on over a storage root that holds files (an earlier run with
+    one copy, or an earlier cluster), with something else left at a copy's root:
+    only the storage node's copy is fresh, and repair makes the other from it."""
+    w = workers()
+    ids = node_ids()
+    (tmp_path / "copies" / ids[w[0]] / "run").mkdir(parents=True)
+    (tmp_path / "copies" / ids[w[0]] / "run" / "kept").write_bytes(BODY)
+    (tmp_path / "copies" / ids[w[1]]).mkdir()
+    (tmp_path / "copies" / ids[w[1]] / "left").write_bytes(b"from an earlier cluster")
+    fs, h = replicated(tmp_path, 2, w[0], named=(w[1],))
+    assert view(h)[1] in ([ids[w[0]]], sorted([ids[w[0]], ids[w[1]]]))  # or repaired already
+    assert copies_identical(h, 2) == {"run": None, "run/kept": BODY}
+    assert (
+        ray.get(
+            read_here.options(num_cpus=0, resources={w[1]: 0.01}).remote(fs, f"{h.root}/run/kept")
+        )
+        == BODY
+    )
