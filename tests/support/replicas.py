@@ -19,7 +19,7 @@ from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.replica_set import registry
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from tests.support.cluster import STORE_BYTES, node_ids
-from tests.support.node_storage import CONFIG
+from tests.support.node_storage import CONFIG, read
 from tests.support.waiting import eventually
 
 _names = itertools.count()
@@ -81,6 +81,15 @@ def copies_identical(h: ReplicatedHandler, k: int) -> dict[str, bytes | None]:
         return trees[0] if all(t == trees[0] for t in trees) else None
 
     return eventually(same, lambda: f"{k} identical fresh copies: {view(h)}", timeout_s=60)
+
+
+@ray.remote(num_cpus=0)
+def read_local(fs: pafs.FileSystem, path: str) -> bytes | None:
+    """What a reader on this node reads at ``path`` (None: absent)."""
+    try:
+        return read(fs, path)
+    except FileNotFoundError:
+        return None
 
 
 def remove(cluster: Cluster, node_id: str) -> None:

@@ -8,7 +8,6 @@ import os
 import threading
 from pathlib import Path
 
-import pyarrow.fs as pafs
 import ray
 from ray.cluster_utils import Cluster
 
@@ -19,6 +18,7 @@ from tests.support.cluster import node_ids
 from tests.support.node_storage import read
 from tests.support.replicas import (
     copies_identical,
+    read_local,
     remove,
     replicated,
     top_up,
@@ -59,15 +59,6 @@ def test_writes_racing_the_loss_of_the_storage_node(cluster4: Cluster, tmp_path:
     stored = copies_identical(h, 2)
     assert all(stored[name] == bodies[name] for name in stored)  # nothing partial
     assert {n for n, e in outcome.items() if e is None} <= set(stored)
-
-
-@ray.remote(num_cpus=0)
-def read_local(fs: pafs.FileSystem, path: str) -> bytes | None:
-    """What a reader on this node reads at ``path`` (None: absent)."""
-    try:
-        return read(fs, path)
-    except FileNotFoundError:
-        return None
 
 
 def test_a_copy_that_missed_changes_is_never_read(cluster4: Cluster, tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pyarrow.fs as pafs
 import ray
 from ray.cluster_utils import Cluster
 
@@ -19,16 +18,7 @@ from air_transfer.storage.server.replica_record import Replicated
 from tests.support.checkpoints import MiB, on
 from tests.support.cluster import node_ids
 from tests.support.node_storage import read
-from tests.support.replicas import copies_identical, replicated, workers
-
-
-@ray.remote(num_cpus=0)
-def read_local(fs: pafs.FileSystem, path: str) -> bytes | None:
-    """What a reader on this node reads at ``path`` (None: absent)."""
-    try:
-        return read(fs, path)
-    except FileNotFoundError:
-        return None
+from tests.support.replicas import copies_identical, read_local, replicated, workers
 
 
 def test_a_registry_started_again_never_serves_a_stale_copy(
