@@ -68,6 +68,48 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
+#: The order, within each tier, of the modules by the Ray they use: ``own`` (a
+#: module that starts one of its own: marked ``own_ray``, or asks for ``no_ray``),
+#: the shared ``local`` one, the shared ``cluster``, or ``none`` seen (a module that
+#: asks at run time sits where the shared local Ray is already up). Grouped, the
+#: shared Ray is started once per group instead of again after every module that
+#: stopped it; the cluster tier ends and the end-to-end tier begins on the shared
+#: cluster, so it carries over. Modules keep their order inside a group, tests theirs.
+RAY_ORDER = {
+    "unit": ("none",),
+    "ray": ("own", "local", "none"),
+    "cluster": ("own", "none", "local", "cluster"),
+    "e2e": ("cluster", "none", "local", "own"),
+}
+
+
+def _ray_used(item: pytest.Item) -> str:
+    if item.get_closest_marker("own_ray") is not None or "no_ray" in item.fixturenames:
+        return "own"
+    if "ray_local" in item.fixturenames:
+        return "local"
+    return "cluster" if "cluster" in item.fixturenames else "none"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run each tier's modules grouped by the Ray they use (``RAY_ORDER``); a
+    module's group is that of the first of its tests that uses one."""
+    here = Path(__file__).parent
+    group: dict[Path, str] = {}
+    for item in items:
+        used = _ray_used(item)
+        if group.get(item.path, "none") == "none":
+            group[item.path] = used
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        tier = item.path.relative_to(here).parts[0]
+        order = RAY_ORDER.get(tier, ("none",))
+        rank = order.index(group[item.path]) if group[item.path] in order else 0
+        return (TIERS.index(tier) if tier in TIERS else len(TIERS), rank)
+
+    items.sort(key=key)
+
+
 @pytest.fixture(scope="module")
 def ray_local() -> None:
     """The local Ray the suite shares (``tests.support.shared_ray``): started at the

@@ -17,6 +17,8 @@ from tests.support.checkpoints import Consumer, MiB, Producer, make_checkpoint, 
 from tests.support.cluster import node_ids, start_cluster
 from tests.support.gates import Gate, gated
 
+pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the order)
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[object]:

@@ -1,7 +1,9 @@
 """The scripts in ``examples/`` run, at small size, and do what they say: each
 ``main()`` is imported and run, and what it returns is checked, so an API change
-that breaks an example fails here instead of in a user's hands. The two that start
-a cluster of their own: ``test_example_train.py``, ``test_example_dcp.py``."""
+that breaks an example fails here instead of in a user's hands; on the cluster the
+end-to-end tier shares (an example uses the Ray it is given, as in a notebook). The
+two that start a cluster of their own: ``test_example_train.py``,
+``test_example_dcp.py``."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from air_transfer.config import KiB, MiB
 from tests.support.examples import load
 
 
-@pytest.mark.usefixtures("ray_local")
+@pytest.mark.usefixtures("cluster")
 @pytest.mark.parametrize("use_async", [False, True], ids=["to_object_ref", "async"])
 def test_evaluate_each_epoch(
     use_async: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -31,7 +33,7 @@ def test_evaluate_each_epoch(
     assert ray.is_initialized(), "main() stopped the Ray it was given"
 
 
-@pytest.mark.usefixtures("ray_local", "registry_restored")
+@pytest.mark.usefixtures("cluster", "registry_restored")
 def test_custom_strategy_is_selected_by_size(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,6 +25,8 @@ from tests.support.replicas import copies_identical, remove
 from tests.support.train_fns import train_loop
 from tests.support.waiting import eventually
 
+pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the order)
+
 CONFIG = TransferConfig(chunk_bytes=MiB, window=4)
 
 

@@ -34,6 +34,8 @@ from tests.support.metrics import P, baseline, key, scrape, start_ray, wait_for_
 from tests.support.rewriters import RewriteOnce, install_in_agent
 from tests.support.waiting import eventually
 
+pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the order)
+
 
 def _source(root: Path, sizes: list[int]) -> tuple[Path, int]:
     root.mkdir()

@@ -66,6 +66,10 @@ def connect(address: str) -> None:
 #: The shared cluster's nodes besides the head; each also offers ``trainer``, the
 #: resource Train's workers ask for, so that they never run on the driver's node.
 SHARED_NODES = ("node_a", "node_b")
+#: What each of them offers besides its name: ``trainer``, and the resource that
+#: ``examples/torch_dcp.py`` puts its workers on where a cluster offers it, so that
+#: the example runs on this cluster as a user's script runs on theirs.
+WORKER_RESOURCES = {"trainer": 1.0, "examples_dcp_worker_node": 1.0}
 
 
 def shared_cluster() -> Cluster:
@@ -76,7 +80,7 @@ def shared_cluster() -> Cluster:
     held = shared_ray.held_cluster()
     if held is not None and _intact(held):
         return held
-    cluster = start_cluster(*SHARED_NODES, node_resources={"trainer": 1})
+    cluster = start_cluster(*SHARED_NODES, node_resources=WORKER_RESOURCES)
     shared_ray.hold_cluster(cluster)
     return cluster
 

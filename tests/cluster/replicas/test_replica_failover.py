@@ -21,6 +21,8 @@ from tests.support.gates import Gate
 from tests.support.node_storage import BODY, read
 from tests.support.replicas import copies_identical, remove, replicated, view, workers
 
+pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the order)
+
 BIG = os.urandom(12 * MiB + 7)  # 7 read chunks of 2 MiB: a read has more ahead than its window
 
 

@@ -8,6 +8,7 @@ import os
 import threading
 from pathlib import Path
 
+import pytest
 import ray
 from ray.cluster_utils import Cluster
 
@@ -27,6 +28,8 @@ from tests.support.replicas import (
     workers,
 )
 from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the order)
 
 
 def test_writes_racing_the_loss_of_the_storage_node(cluster4: Cluster, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import ray
 from ray.cluster_utils import Cluster
 
@@ -19,6 +20,8 @@ from tests.support.checkpoints import MiB, on
 from tests.support.cluster import node_ids
 from tests.support.node_storage import read
 from tests.support.replicas import copies_identical, read_local, replicated, workers
+
+pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the order)
 
 
 def test_a_registry_started_again_never_serves_a_stale_copy(

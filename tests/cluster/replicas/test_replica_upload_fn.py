@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from ray.cluster_utils import Cluster
 from ray.train import Checkpoint
 
@@ -16,6 +17,8 @@ from air_transfer.train import download_directory, upload_checkpoint
 from tests.support.checkpoints import MiB, digest_tree, make_checkpoint
 from tests.support.cluster import node_ids
 from tests.support.replicas import copies_identical, remove, replicated, tree, workers
+
+pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the order)
 
 
 def test_upload_fn_writes_every_copy_and_fails_over(cluster4: Cluster, tmp_path: Path) -> None:

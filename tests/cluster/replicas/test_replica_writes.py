@@ -15,6 +15,8 @@ from tests.support.cluster import node_ids
 from tests.support.node_storage import BODY, CONFIG, read
 from tests.support.replicas import copies_identical, replicated, view, workers
 
+pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the order)
+
 
 @pytest.mark.parametrize("k", [2, 3])
 def test_every_change_lands_on_k_distinct_nodes(cluster4: Cluster, tmp_path: Path, k: int) -> None:
