@@ -4,6 +4,7 @@ that every contract test runs over it as well."""
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -89,6 +90,16 @@ def _ray_used(item: pytest.Item) -> str:
     if "ray_local" in item.fixturenames:
         return "local"
     return "cluster" if "cluster" in item.fixturenames else "none"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move everything alive once the tests are collected (Ray, torch, pyarrow and
+    every test module: ~360,000 objects) out of the garbage collector's sight
+    (``gc.freeze``): the suite collects garbage hundreds of times, to release refs
+    held in reference cycles before it checks that Ray freed them, and each full
+    collection took ~0.12-0.16 s scanning those objects; it now scans only what the
+    tests made."""
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
