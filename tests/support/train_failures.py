@@ -5,6 +5,7 @@ filesystem."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,11 @@ def fit(tmp_path: Path, filesystem: pafs.FileSystem | None, **loop_config: Any) 
     return trainer.fit()
 
 
+def reported_digests(tmp_path: Path, step: int) -> dict[str, Any]:
+    """The digests rank 0 reported at ``step`` of the first attempt (that report returned)."""
+    return {"digests": json.loads((tmp_path / "returned" / str(step)).read_text())}
+
+
 def returned_reports(tmp_path: Path) -> set[int]:
     """The steps whose report (rank 0's) returned before the failure."""
     return {int(p.name) for p in (tmp_path / "returned").iterdir()}
@@ -68,8 +74,9 @@ def assert_resumed_from_last_returned_report(result: ray.train.Result, tmp_path:
     """The run restarted once: from step 1 if rank 0's report of step 1 returned
     before the failure stopped the workers, else from step 0 or 1 (registered, the
     report can still be stopped before it returns): what every order of the failure
-    and the upload allows. Storage holds the checkpoints Train kept and nothing else
-    (no orphan, no staging)."""
+    and the upload allows; the restarted worker (on a node other than the storage's)
+    read that step's checkpoint byte for byte. Storage holds the checkpoints Train
+    kept and nothing else (no orphan, no staging)."""
     assert (tmp_path / "failed-once").exists()
     returned = returned_reports(tmp_path)
     assert 0 in returned
@@ -81,6 +88,9 @@ def assert_resumed_from_last_returned_report(result: ray.train.Result, tmp_path:
         resumed_from = history[2]["restored_step"]
     allowed = {1} if 1 in returned else {0, 1}
     assert resumed_from in allowed, (returned, history)
+    restoring = history[1] if history[1]["restored_step"] is not None else history[2]
+    reported = history.get(resumed_from) or reported_digests(tmp_path, resumed_from)
+    assert restoring["restored_digests"] == reported["digests"]
     experiment = tmp_path / "storage" / "run"
     on_disk = sorted(p.name for p in experiment.iterdir() if p.is_dir())
     kept = sorted(Path(c.path).name for c, _ in result.best_checkpoints)

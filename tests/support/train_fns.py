@@ -99,13 +99,17 @@ def ranked_loop(config: dict[str, Any]) -> None:
     metrics only, and rank ``fail_rank`` raises once right after its report of step
     ``fail_after``. Every report says which step the run resumed from; in the first
     attempt rank 0 leaves a file in ``returned_dir`` for each report that returned
-    (with ``mode="ASYNC"``, once Train has registered it)."""
+    (with ``mode="ASYNC"``, once Train has registered it), holding its digests."""
     checkpoint = ray.train.get_checkpoint()
     start, restored = _restored(checkpoint)
     rank = ray.train.get_context().get_world_rank()
     mode = ray.train.CheckpointUploadMode[config.get("mode", "SYNC")]
     for step in range(start, config["steps"]):
-        metrics = {"step": step, "restored_step": restored.get("restored_step")}
+        metrics = {
+            "step": step,
+            "restored_step": restored.get("restored_step"),
+            "restored_digests": restored.get("restored_digests"),
+        }
         if rank == 0:
             d, digests = _step_checkpoint(step, config["size"])
             ray.train.report(
@@ -119,7 +123,7 @@ def ranked_loop(config: dict[str, Any]) -> None:
                 committed = ray.train.CheckpointConsistencyMode.COMMITTED
                 ray.train.get_all_reported_checkpoints(consistency_mode=committed)
             if checkpoint is None:
-                Path(config["returned_dir"], str(step)).touch()
+                Path(config["returned_dir"], str(step)).write_text(json.dumps(digests))
         else:
             ray.train.report(metrics)
         if rank == config["fail_rank"]:
