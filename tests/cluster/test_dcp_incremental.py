@@ -91,7 +91,8 @@ def full_chunks(checkpoints: list[Path]) -> set[str]:
     sums = set()
     for f in (f for c in checkpoints for f in files(c)):
         body = f.read_bytes()
-        sums |= {chunk_checksum(body[o : o + CHUNK]) for o in range(0, len(body) - CHUNK + 1, CHUNK)}
+        ends = range(CHUNK, len(body) + 1, CHUNK)
+        sums |= {chunk_checksum(body[end - CHUNK : end]) for end in ends}
     return sums
 
 

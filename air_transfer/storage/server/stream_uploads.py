@@ -15,6 +15,7 @@ in ``IncrementalStore``'s totals (``incremental_counters``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from air_transfer.cluster.agent_client import Expect
@@ -29,10 +30,13 @@ from air_transfer.storage.server.uploads import DiskUploads
 
 
 class StreamUploads:
-    """Chunks of upload streams reused from this node's disk, or fetched."""
+    """Chunks of upload streams reused from this node's disk, or fetched (``fetch``:
+    a ref's value, ``ray.get`` but for tests of this layer alone)."""
 
-    def __init__(self, uploads: DiskUploads, store: IncrementalStore) -> None:
-        self.uploads, self.store = uploads, store
+    def __init__(
+        self, uploads: DiskUploads, store: IncrementalStore, fetch: Callable[[Any], Any] = get
+    ) -> None:
+        self.uploads, self.store, self.fetch = uploads, store, fetch
 
     def fs_write_or_reuse(
         self,
@@ -55,7 +59,7 @@ class StreamUploads:
             self.store.count({"bytes_written": length})
             return True
         [ref] = sent
-        self.uploads.fs_write(root, staging, offset, get(ref), checksum, direct_io)
+        self.uploads.fs_write(root, staging, offset, self.fetch(ref), checksum, direct_io)
         self.store.count({"chunks_sent": 1, "bytes_sent": length, "bytes_written": length})
         return False
 
