@@ -195,3 +195,27 @@ def test_a_failed_incremental_save_leaves_nothing(
     assert (counters() - before)["bytes_reused"] > 0
     eventually(lambda: os.listdir(failed) == [], lambda: f"left: {os.listdir(failed)}")
     assert restored(base, fs, 1, 1)
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def write_and_die(fs: pafs.FileSystem, path: str, body: bytes) -> None:
+    """Write ``body`` into an incremental stream and die with chunks in flight (the
+    storage agent may be fetching one from this process's object store)."""
+    f = fs.open_output_stream(path)
+    f.write(body)
+    os._exit(1)
+
+
+def test_a_writer_dying_mid_stream_publishes_nothing(
+    rank: Any, fs: pafs.FileSystem, tmp_path: Path
+) -> None:
+    """Whenever the writer dies, its file never appears, and the storage agent goes
+    on storing (a save after it is whole)."""
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(write_and_die.options(resources={"node_a": 0.01}).remote(
+            fs, str(tmp_path / "d/f"), os.urandom(6 * CHUNK)
+        ))  # fmt: skip
+    assert fs.get_file_info(pafs.FileSelector(str(tmp_path / "d"))) == []
+    saved(rank, tmp_path / "c", fs, 1, 1)
+    assert restored(tmp_path / "c", fs, 1, 1)
