@@ -78,7 +78,9 @@ class StreamUploads:
         expect: Expect = None,
     ) -> None:
         """``DiskUploads.fs_commit``, then ``path`` noted as holding per-file chunks
-        of ``chunk_bytes`` with checksums ``sums`` (one per chunk, the tail's too)."""
+        of ``chunk_bytes`` with checksums ``sums`` (one per chunk, the tail's too),
+        unless it is smaller than one chunk (a run's small files, rewritten at every
+        report, would only grow the index)."""
         sums = tuple(sums)
         if not isinstance(chunk_bytes, int) or not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             self.uploads.fs_abort(root, staging)
@@ -100,7 +102,7 @@ class StreamUploads:
                 "bytes_written": tail_bytes,
             }
         )
-        if size:
+        if size >= chunk_bytes:  # a file all tail has no chunk a stream would ask for
             try:  # a hint only: a path changed since the commit is not offered
                 real = resolve(checked_path(root, path))
             except OSError:
