@@ -1,7 +1,8 @@
 """``bench --dcp``'s incremental row: the ``air-incremental`` contender saves a second
-time with ~90% of each rank's bytes unchanged (the first tensors in name order whose
-bytes make up ``CHANGED`` of the rank's state get new values, same shapes: frozen
-layers beside trained ones) into incremental node storage
+time with ~90% of each rank's bytes unchanged (the last tensors of the state dict,
+its top layers with their Adam state, making up ``CHANGED`` of its bytes get new
+values, same shapes: frozen layers below trained ones; DCP lays a shard out in the
+state dict's order, so they are contiguous in it) into incremental node storage
 (``TransferConfig(incremental=True)``); figures: what the storage agent's
 ``incremental_counters`` say that save sent and reused (both ranks), its blocking
 time per rank beside the first save's, and whether it restores exactly.
@@ -19,11 +20,11 @@ CHANGED = 0.10
 
 
 def changed_state(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` with its first tensors (by name) holding ``CHANGED`` of its tensor
-    bytes replaced by other values of the same shape, and the step advanced."""
+    """``state`` with its last tensors holding ``CHANGED`` of its tensor bytes
+    replaced by other values of the same shape, and the step advanced."""
     import torch
 
-    tensors = sorted(k for k, v in state.items() if isinstance(v, torch.Tensor))
+    tensors = [k for k, v in reversed(state.items()) if isinstance(v, torch.Tensor)]
     budget = CHANGED * sum(state[k].nbytes for k in tensors)
     out, spent = dict(state), 0
     for k in tensors:

@@ -8,8 +8,10 @@ same chunk in every save. Each full chunk is put in this node's object store and
 the storage node is asked, with its checksum and a ref to it, to write it
 (``fs_write_or_reuse``): it copies a proven stored copy from its own disk, or
 fetches the chunk through the ref. At most ``window`` chunks await an answer; each
-stays in this node's store until answered, then goes. The tail travels with the
-commit, as a ``ChunkWriter``'s does, and the commit hands over every chunk's
+stays in this node's store until answered, then goes. The tail (the last, partial
+chunk) is asked about too when it is at least a quarter of a chunk (a DCP shard's
+last tensor, frozen); a smaller one travels with the commit, as a ``ChunkWriter``'s
+does, a question costing more than its bytes. The commit hands over every chunk's
 checksum, so the file can serve later saves. Publishing and aborting are
 ``ChunkWriter``'s: whole at ``close``, nothing otherwise.
 """
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from air_transfer.core.checksum import chunk_checksum
 from air_transfer.storage.client.uploads import ChunkWriter
 
 
@@ -33,7 +36,7 @@ class IncrementalChunkWriter(ChunkWriter):
         super().__init__(*args, **kwargs)
         if self.offset:
             raise ValueError("an incremental upload starts at offset 0 of its file")
-        self.sums: list[str] = []  # every full chunk's checksum, in file order
+        self.sums: list[str] = []  # every chunk's checksum, in file order
 
     def _submit(self, chunk: np.ndarray, offset: int, checksum: str) -> ray.ObjectRef[Any]:
         link, length = self.link, len(chunk)
@@ -46,14 +49,19 @@ class IncrementalChunkWriter(ChunkWriter):
         )
 
     def _commit(self, tail: Any, checksum: str, size: int) -> None:
-        link = self.link
-        sums = (*self.sums, checksum) if len(tail) else tuple(self.sums)
+        link, offset = self.link, self.offset
+        if len(tail) and 4 * len(tail) >= self.chunk_bytes:  # asked as a full chunk is
+            link.wait(self._submit(tail, offset, checksum))
+            offset, tail, checksum = offset + len(tail), b"", chunk_checksum(b"")
+        elif len(tail):
+            self.sums.append(checksum)
+        sums = tuple(self.sums)
         link.call(
             lambda agent: agent.fs_commit_indexed(
                 link.root,
                 self.local,
                 self.staging,
-                self.offset,
+                offset,
                 tail,
                 checksum,
                 size,
