@@ -3,8 +3,8 @@
 save sends only the chunks of its shard that no earlier save under the root holds
 (the storage agent's ``incremental_counters``, against what the stored files say
 changed); 0%, ~90% and 100% unchanged; a corrupted stored chunk sent again; deleting
-the older save; two saves sharing a base at once; a failed save leaving nothing.
-Every save restores bit-identical."""
+the older save; two saves sharing a base at once; a failed save, and a writer dying
+with chunks in flight, leaving nothing. Every save restores bit-identical."""
 
 from __future__ import annotations
 
