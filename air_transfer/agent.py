@@ -40,6 +40,7 @@ from air_transfer.storage.server.reads import read_chunks
 from air_transfer.storage.server.report_ledger import ReportLedger
 from air_transfer.storage.server.senders import sender
 from air_transfer.storage.server.sink import store_checkpoint, store_report
+from air_transfer.storage.server.stream_uploads import StreamUploads
 from air_transfer.storage.server.uploads import DiskUploads
 from air_transfer.transfer.handle import TransferHandle
 from air_transfer.transfer.live_chunks import LiveChunks
@@ -70,6 +71,7 @@ class NodeAgent:
         self._stored = 0  # checkpoints written by store_checkpoint and store_report
         self._reports = ReportLedger()
         self._incremental = IncrementalStore()
+        self._streams = StreamUploads(self._uploads, self._incremental)
         #: Transfers packed for another process, held until it lets go (``release``).
         self._leases: dict[str, tuple[ray.ObjectRef[Any], tuple[int, str] | None, str]] = {}
         #: The chunks of those transfers, for later ones (``reuse_chunks``).
@@ -306,3 +308,35 @@ class NodeAgent:
 
     def fs_abort(self, root: str, staging: str) -> None:
         self._uploads.fs_abort(root, staging)
+
+    def fs_write_or_reuse(
+        self,
+        root: str,
+        staging: str,
+        offset: int,
+        checksum: str,
+        length: int,
+        sent: list[Any],
+        direct_io: bool = False,
+    ) -> bool:
+        return self._streams.fs_write_or_reuse(
+            root, staging, offset, checksum, length, sent, direct_io
+        )
+
+    def fs_commit_indexed(
+        self,
+        root: str,
+        path: str,
+        staging: str,
+        offset: int,
+        tail: Any,
+        checksum: str,
+        size: int,
+        sums: tuple[str, ...],
+        chunk_bytes: int,
+        direct_io: bool = False,
+        expect: Expect = None,
+    ) -> None:
+        self._streams.fs_commit_indexed(
+            root, path, staging, offset, tail, checksum, size, sums, chunk_bytes, direct_io, expect
+        )

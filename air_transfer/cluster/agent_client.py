@@ -286,6 +286,42 @@ class AgentClient:
         )
         return ref
 
+    def fs_write_or_reuse(
+        self,
+        root: str,
+        staging: str,
+        offset: int,
+        checksum: str,
+        length: int,
+        sent: list[Any],
+        direct_io: bool = False,
+    ) -> ray.ObjectRef[bool]:
+        """Whether the chunk was copied from the storage node's disk (else fetched
+        through ``sent``, ``[ref]``)."""
+        ref: ray.ObjectRef[bool] = self.actor.fs_write_or_reuse.remote(
+            root, staging, offset, checksum, length, sent, direct_io
+        )
+        return ref
+
+    def fs_commit_indexed(
+        self,
+        root: str,
+        path: str,
+        staging: str,
+        offset: int,
+        tail: Any,
+        checksum: str,
+        size: int,
+        sums: tuple[str, ...],
+        chunk_bytes: int,
+        direct_io: bool = False,
+        expect: Expect = None,
+    ) -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.fs_commit_indexed.remote(
+            root, path, staging, offset, tail, checksum, size, sums, chunk_bytes, direct_io, expect
+        )
+        return ref
+
     def fs_abort(self, root: str, staging: str) -> ray.ObjectRef[None]:
         ref: ray.ObjectRef[None] = self.actor.fs_abort.remote(root, staging)
         return ref

@@ -12,6 +12,8 @@ each rank saves and restores half of it. Each contender is one Train run
   into a local ``storage_path``); restore: ``as_directory()`` + ``dcp.load``.
 - ``air-transfer``: ``air_transfer.dcp.report`` / ``air_transfer.dcp.load`` with
   ``RunConfig(storage_filesystem=air_transfer.storage_filesystem())``.
+- ``air-incremental``: the same into incremental node storage, then a second save
+  with ~90% of the bytes unchanged (``bench.dcp_incremental``: bytes it sent).
 
 Figures: each rank's blocking time in save (``save_s``: dcp.save + report, or
 ``dcp.report``), the save's wall time (until Train has committed it), the restore's
@@ -39,6 +41,8 @@ import ray.train
 
 import air_transfer
 from air_transfer import TransferConfig
+from benchmarks.bench.dcp_incremental import CONTENDER as INCREMENTAL
+from benchmarks.bench.dcp_incremental import add_second_save, format_second_save, second_save
 from benchmarks.bench.runner import progress
 from benchmarks.bench.session import machine_info, ray_session
 from benchmarks.units import MiB
@@ -108,7 +112,7 @@ def dcp_loop(config: dict[str, Any]) -> None:
 
     rank = ray.train.get_context().get_world_rank()
     state = sharded_state(rank, config["layers"])
-    ours = config["contender"] == OURS
+    ours = config["contender"] != RAY_RECIPE
     out: dict[str, Any] = {"rank": rank, "node": ray.get_runtime_context().get_node_id()}
     dist.barrier()
     start = time.perf_counter()
@@ -151,6 +155,8 @@ def dcp_loop(config: dict[str, Any]) -> None:
                 after = ray.get(agent.read_counters.remote())["bytes_served"]
                 out["restore_bytes"] = after - before
     out["state_bytes"] = sum(v.nbytes for v in state.values() if hasattr(v, "nbytes"))
+    if config["contender"] == INCREMENTAL:
+        second_save(state, config, out, equal, zeroed)
     ray.get(config["log"].add.remote(out))
 
 
@@ -174,7 +180,9 @@ def run_contender(
     from ray.train.torch import TorchTrainer
 
     log: Any = ray.remote(num_cpus=0)(RankLog).remote()
-    ours = contender == OURS
+    ours = contender != RAY_RECIPE
+    if contender == INCREMENTAL:
+        config = config.replace(incremental=True)
     fs = air_transfer.storage_filesystem(storage_node, config, root=storage_dir) if ours else None
     trainer = TorchTrainer(
         dcp_loop,
@@ -205,6 +213,8 @@ def run_contender(
         row[key] = [r[key] for r in ranks]
     row["save_wall_s"] = max(r["save_wall_s"] for r in ranks)
     row["restore_wall_s"] = max(r["restore_wall_s"] for r in ranks)
+    if contender == INCREMENTAL:
+        add_second_save(row, ranks)
     if not row["verified"]:
         row["status"], row["reason"] = "failed", "a restore differs from what was saved"
     return row
@@ -234,7 +244,7 @@ def run_dcp(opts: argparse.Namespace) -> dict[str, Any]:
         progress(f"{how}: storage on the driver's node, {WORLD} ranks on the other two; "
                  f"{layers} layers of {SIDE}x{SIDE} (+ Adam state), sharded by hand")  # fmt: skip
         storage_node = str(ray.get_runtime_context().get_node_id())
-        for contender in (RAY_RECIPE, OURS):
+        for contender in (RAY_RECIPE, OURS, INCREMENTAL):
             storage_dir = tempfile.mkdtemp(prefix="dcp-", dir=opts.data_dir)
             progress(f"{contender}: save and restore")
             try:
@@ -265,10 +275,10 @@ def format_dcp_table(rows: list[dict[str, Any]]) -> str:
     """Per contender: save blocking per rank, save wall, restore wall, bytes per rank."""
     head = ("contender", "save_s r0/r1", "save_wall", "restore_wall", "restore MiB r0/r1",
             "temp MiB r0/r1", "ok")  # fmt: skip
-    lines = ["{:<13} {:>13} {:>9} {:>12} {:>17} {:>14} {:>3}".format(*head)]
+    lines = ["{:<15} {:>13} {:>9} {:>12} {:>17} {:>14} {:>3}".format(*head)]
     for r in rows:
         if r["status"] != "ok":
-            lines.append(f"{r['contender']:<13} {r['status']}: {r['reason']}")
+            lines.append(f"{r['contender']:<15} {r['status']}: {r['reason']}")
             continue
 
         def pair(key: str, scale: float = 1.0, r: dict[str, Any] = r) -> str:
@@ -276,8 +286,9 @@ def format_dcp_table(rows: list[dict[str, Any]]) -> str:
             return "/".join(f"{v / scale:.{digits}f}" for v in r[key])
 
         lines.append(
-            f"{r['contender']:<13} {pair('save_s'):>13} {r['save_wall_s']:>9.2f} "
+            f"{r['contender']:<15} {pair('save_s'):>13} {r['save_wall_s']:>9.2f} "
             f"{r['restore_wall_s']:>12.2f} {pair('restore_bytes', MiB):>17} "
             f"{pair('local_temp_bytes', MiB):>14} {'yes' if r['verified'] else 'NO':>3}"
         )
-    return "\n".join(lines)
+    second = format_second_save(rows)
+    return "\n".join([*lines, second] if second else lines)

@@ -22,6 +22,7 @@ from air_transfer.cluster.nodes import this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import storage_path
 from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
+from air_transfer.storage.client.incremental_uploads import IncrementalChunkWriter
 from air_transfer.storage.client.same_node import SameNodeWriter, open_native
 from air_transfer.storage.client.streams import AgentLink, open_reader
 from air_transfer.storage.client.uploads import ChunkWriter
@@ -182,6 +183,9 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         if self._on_storage_node():  # the bytes go straight into the staging file
             upload = self._upload(local)
             writer = SameNodeWriter(self.link, local, staging, start, expect, self.config, upload)
+        elif self.config.incremental and not start:  # checksums first (not an append)
+            upload = self._upload(local)
+            writer = IncrementalChunkWriter(self.link, local, staging, start, expect, upload)
         else:
             writer = ChunkWriter(self.link, local, staging, start, expect, self._upload(local))
         return pa.PythonFile(writer, mode="w")

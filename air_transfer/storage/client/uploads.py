@@ -110,16 +110,37 @@ class ChunkWriter(UploadStream):
     def _send(self, chunk: np.ndarray) -> None:
         while len(self.pending) >= self.window:
             self.link.wait(self.pending.popleft())
-        link, offset, checksum = self.link, self.offset, chunk_checksum(chunk)
-        call = link.submit(
+        self.pending.append(self._submit(chunk, self.offset, chunk_checksum(chunk)))
+        self.offset += len(chunk)
+        if self.transfer is not None:
+            self.transfer.advance(len(chunk))
+
+    def _submit(self, chunk: np.ndarray, offset: int, checksum: str) -> ray.ObjectRef[Any]:
+        """Start writing ``chunk`` at ``offset`` of the staging file (Ray copies it
+        into the object store on submit: the caller may reuse its buffer)."""
+        link = self.link
+        return link.submit(
             lambda agent: agent.fs_write(
                 link.root, self.staging, offset, chunk, checksum, link.config.direct_io
             )
         )
-        self.pending.append(call)
-        self.offset += len(chunk)
-        if self.transfer is not None:
-            self.transfer.advance(len(chunk))
+
+    def _commit(self, tail: Any, checksum: str, size: int) -> None:
+        """Write the ``tail`` (the last, partial chunk) and publish the file."""
+        link = self.link
+        link.call(
+            lambda agent: agent.fs_commit(
+                link.root,
+                self.local,
+                self.staging,
+                self.offset,
+                tail,
+                checksum,
+                size,
+                link.config.direct_io,
+                self.expect,
+            )
+        )
 
     def close(self) -> None:
         """Commit the file: it appears whole, or (after a failed write) not at all."""
@@ -131,20 +152,7 @@ class ChunkWriter(UploadStream):
             while self.pending:
                 self.link.wait(self.pending.popleft())
             tail = self.buffer[: self.filled] if self.buffer is not None else b""
-            link, checksum, size = self.link, chunk_checksum(tail), self.offset + self.filled
-            link.call(
-                lambda agent: agent.fs_commit(
-                    link.root,
-                    self.local,
-                    self.staging,
-                    self.offset,
-                    tail,
-                    checksum,
-                    size,
-                    link.config.direct_io,
-                    self.expect,
-                )
-            )
+            self._commit(tail, chunk_checksum(tail), self.offset + self.filled)
         except BaseException as e:
             self._abort(e)
             raise

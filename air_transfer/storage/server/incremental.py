@@ -18,16 +18,21 @@ written again after publishing (every write of node storage replaces a file),
 which is what makes sharing its inode safe; deleting any checkpoint only drops a
 link. Plain Python but for the senders it is handed; each store counts in node
 storage's upload metrics.
+
+Upload streams (torch DCP's shards, ``stream_uploads``) reuse chunks one by one
+through ``reuse_chunk``, proven the same way, and their files join the index once
+committed (``note_file``), so streams and trees reuse each other's chunks.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import posixpath
 import stat
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import open_regular, real_root
@@ -75,6 +80,35 @@ class IncrementalStore:
         with self._lock:
             return {name: self._totals[name] for name in STATS}
 
+    def count(self, stats: Mapping[str, int]) -> None:
+        """Add what an upload stream did to the totals."""
+        with self._lock:
+            self._totals.update(stats)
+
+    def reuse_chunk(self, root: str, checksum: str, view: memoryview) -> bool:
+        """Fill ``view`` with a chunk of ``checksum`` and ``len(view)`` bytes that a
+        file stored under ``root`` holds, read and proven now (counted as reused);
+        False if none holds it now."""
+        key, stats = real_root(root), Counter[str]()
+        bases = _Bases(key)
+        try:
+            where = self._index.chunks(key, checksum, len(view))
+            found = proven_chunk(where, bases.open, view, checksum, stats)
+        finally:
+            bases.close()
+        if found:
+            stats.update(chunks_reused=1, bytes_reused=len(view))
+        self.count(stats)
+        return found
+
+    def note_file(
+        self, root: str, path: str, size: int, sums: tuple[str, ...], chunk_bytes: int
+    ) -> None:
+        """Offer the file just committed at node path ``path`` (its real path) to later
+        stores, with the checkpoint of its directory."""
+        group = posixpath.dirname(path)
+        self._index.add(real_root(root), [(path, size, sums)], chunk_bytes, group)
+
     def store(
         self,
         root: str,
@@ -120,7 +154,7 @@ class _Assembly:
         self.root, self.files, self.index, self.check = root, files, index, check
         self.stats: Counter[str] = Counter()
         self.buffer = memoryview(bytearray(files.chunk_bytes))
-        self.bases: dict[str, int | None] = {}  # node path -> fd (None: unusable)
+        self.bases = _Bases(root)
         self.own: list[Entry] = []  # files with an inode of their own: mode and mtime set
 
     def write(self, target: str, send: Send) -> None:
@@ -133,7 +167,7 @@ class _Assembly:
             try:
                 missing = self._fill(staging.path)
             finally:
-                self._close_bases()
+                self.bases.close()
             self._receive(staging.path, missing, send)
             self._finish(staging.path)
             with site.publish_lock():
@@ -176,7 +210,7 @@ class _Assembly:
         cloned: its chunks are copied instead)."""
         cb = self.files.chunk_bytes
         for path in self.index.files(self.root, f.size, sums):
-            src = self._base(path)
+            src = self.bases.open(path)
             if src is None:
                 continue
             out = os.open(dst, _NEW, 0o600)
@@ -205,32 +239,13 @@ class _Assembly:
         """Copy a stored chunk with ``checksum`` to ``offset`` of ``out``, once read
         and proven; False if no stored copy has it now."""
         view = self.buffer[:length]
-        for path, at in self.index.chunks(self.root, checksum, length):
-            src = self._base(path)
-            if src is None:
-                continue
-            if read_at(src, at, view) and chunk_checksum(view) == checksum:
-                write_at(out, offset, view)
-                self._count("chunks_reused", "bytes_reused", length)
-                self.stats["bytes_written"] += length
-                return True
-            self.stats["chunks_rejected"] += 1
-        return False
-
-    def _base(self, path: str) -> int | None:
-        """A stored file opened (confined to the root) for this store, or None."""
-        if path not in self.bases:
-            try:
-                self.bases[path] = open_regular(self.root, path)[0]
-            except OSError:  # deleted, replaced by a directory, left the root: unusable
-                self.bases[path] = None
-        return self.bases[path]
-
-    def _close_bases(self) -> None:
-        for fd in self.bases.values():
-            if fd is not None:
-                os.close(fd)
-        self.bases.clear()
+        where = self.index.chunks(self.root, checksum, length)
+        if not proven_chunk(where, self.bases.open, view, checksum, self.stats):
+            return False
+        write_at(out, offset, view)
+        self._count("chunks_reused", "bytes_reused", length)
+        self.stats["bytes_written"] += length
+        return True
 
     # -- what the sender sends -------------------------------------------------------
     def _receive(self, top: str, missing: list[ChunkPlan], send: Send) -> None:
@@ -270,3 +285,45 @@ class _Assembly:
     def _count(self, things: str, nbytes: str, size: int) -> None:
         self.stats[things] += 1
         self.stats[nbytes] += size
+
+
+def proven_chunk(
+    where: Iterable[tuple[str, int]],
+    base: Callable[[str], int | None],
+    view: memoryview,
+    checksum: str,
+    stats: Counter[str],
+) -> bool:
+    """Fill ``view`` from the first ``(stored file, offset)`` of ``where`` whose bytes
+    there have ``checksum`` now (read and hashed); each one that no longer does is
+    counted in ``stats`` as rejected."""
+    for path, at in where:
+        src = base(path)
+        if src is None:
+            continue
+        if read_at(src, at, view) and chunk_checksum(view) == checksum:
+            return True
+        stats["chunks_rejected"] += 1
+    return False
+
+
+class _Bases:
+    """Stored files opened (confined to ``root``) for one store, each once."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.fds: dict[str, int | None] = {}  # node path -> fd (None: unusable)
+
+    def open(self, path: str) -> int | None:
+        if path not in self.fds:
+            try:
+                self.fds[path] = open_regular(self.root, path)[0]
+            except OSError:  # deleted, replaced by a directory, left the root: unusable
+                self.fds[path] = None
+        return self.fds[path]
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            if fd is not None:
+                os.close(fd)
+        self.fds.clear()

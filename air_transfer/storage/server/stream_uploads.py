@@ -1,0 +1,110 @@
+"""Node storage, the storage-node side: incremental upload streams (a torch DCP
+shard written through ``open_output_stream`` of an incremental node storage).
+
+The writer cuts its bytes into per-file chunks (``core.file_chunks``), puts each full
+chunk in its own node's object store and asks here with the chunk's checksum and a
+ref to it: a chunk some file stored under the same root holds (``chunk_index``,
+read and hashed now: ``IncrementalStore.reuse_chunk``) is copied into the staging
+file from this disk, and only a chunk this node lacks (or whose stored copy no
+longer matches) is fetched through the ref, so only those bytes cross the network.
+Either way the staging file gets the chunk checked against its checksum
+(``DiskUploads.fs_write``); the commit publishes the file whole as every upload's
+commit does, then offers it, with its chunks' checksums, to later stores. Counted
+in ``IncrementalStore``'s totals (``incremental_counters``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from air_transfer.cluster.agent_client import Expect
+from air_transfer.cluster.fetch import get
+from air_transfer.config import MAX_CHUNK_BYTES
+from air_transfer.core.checksum import is_checksum
+from air_transfer.core.confine import checked_path, resolve
+from air_transfer.core.file_chunks import chunks_of
+from air_transfer.errors import ManifestError
+from air_transfer.storage.server.incremental import IncrementalStore
+from air_transfer.storage.server.uploads import DiskUploads
+
+
+class StreamUploads:
+    """Chunks of upload streams reused from this node's disk, or fetched (``fetch``:
+    a ref's value, ``ray.get`` but for tests of this layer alone)."""
+
+    def __init__(
+        self, uploads: DiskUploads, store: IncrementalStore, fetch: Callable[[Any], Any] = get
+    ) -> None:
+        self.uploads, self.store, self.fetch = uploads, store, fetch
+
+    def fs_write_or_reuse(
+        self,
+        root: str,
+        staging: str,
+        offset: int,
+        checksum: str,
+        length: int,
+        sent: list[Any],
+        direct_io: bool = False,
+    ) -> bool:
+        """Write the chunk of ``length`` bytes with ``checksum`` at ``offset`` of a
+        staging file: from a stored copy if one is proven now (True), else fetched
+        through ``sent`` (``[ref]``, nested so that nothing moves unless asked)."""
+        if not isinstance(length, int) or not 0 < length <= MAX_CHUNK_BYTES:
+            raise ValueError(f"a chunk length of 1..{MAX_CHUNK_BYTES} bytes, got {length!r}")
+        view = memoryview(bytearray(length))
+        if self.store.reuse_chunk(root, checksum, view):
+            self.uploads.fs_write(root, staging, offset, view, checksum, direct_io)
+            self.store.count({"bytes_written": length})
+            return True
+        [ref] = sent
+        self.uploads.fs_write(root, staging, offset, self.fetch(ref), checksum, direct_io)
+        self.store.count({"chunks_sent": 1, "bytes_sent": length, "bytes_written": length})
+        return False
+
+    def fs_commit_indexed(
+        self,
+        root: str,
+        path: str,
+        staging: str,
+        offset: int,
+        tail: Any,
+        checksum: str,
+        size: int,
+        sums: tuple[str, ...],
+        chunk_bytes: int,
+        direct_io: bool = False,
+        expect: Expect = None,
+    ) -> None:
+        """``DiskUploads.fs_commit``, then ``path`` noted as holding per-file chunks
+        of ``chunk_bytes`` with checksums ``sums`` (one per chunk, the tail's too),
+        unless it is smaller than one chunk (a run's small files, rewritten at every
+        report, would only grow the index)."""
+        sums = tuple(sums)
+        if not isinstance(chunk_bytes, int) or not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
+            self.uploads.fs_abort(root, staging)
+            raise ValueError(f"a chunk size of 1..{MAX_CHUNK_BYTES} bytes, got {chunk_bytes!r}")
+        if len(sums) != chunks_of(size, chunk_bytes) or not all(map(is_checksum, sums)):
+            self.uploads.fs_abort(root, staging)
+            raise ManifestError(
+                f"{path!r}: {len(sums)} chunk checksums for a file of {size} bytes in "
+                f"chunks of {chunk_bytes} (it has {chunks_of(size, chunk_bytes)}); "
+                "nothing was stored"
+            )
+        self.uploads.fs_commit(root, path, staging, offset, tail, checksum, size, direct_io, expect)
+        tail_bytes = len(memoryview(tail).cast("B"))
+        self.store.count(
+            {
+                "files": 1,
+                "chunks_sent": int(tail_bytes > 0),
+                "bytes_sent": tail_bytes,
+                "bytes_written": tail_bytes,
+            }
+        )
+        if size >= chunk_bytes:  # a file all tail has no chunk a stream would ask for
+            try:  # a hint only: a path changed since the commit is not offered
+                real = resolve(checked_path(root, path))
+            except OSError:
+                return
+            self.store.note_file(root, real, size, sums, chunk_bytes)

@@ -1,0 +1,129 @@
+"""Incremental upload streams on the storage node (``StreamUploads``), no Ray: a
+chunk is copied from a stored file only once read and proven (a corrupted one is
+fetched instead), only the rest is fetched, files committed one by one serve later
+streams and directory stores alike and count as one checkpoint of their directory,
+and a commit with bad checksums stores nothing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from air_transfer.core.checksum import chunk_checksum
+from air_transfer.errors import ManifestError
+from air_transfer.storage.server.chunk_index import KEEP, ChunkIndex
+from air_transfer.storage.server.incremental import IncrementalStore
+from air_transfer.storage.server.senders import local_chunks
+from air_transfer.storage.server.stream_uploads import StreamUploads
+from air_transfer.storage.server.uploads import DiskUploads
+from tests.support.incremental import describe
+
+CHUNK = 4096
+
+
+class Streams:
+    """Streams into ``root`` as an ``IncrementalChunkWriter`` drives them, with the
+    chunks "sent" by value; ``fetched`` counts the chunks that had to come."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.uploads, self.store = str(root), DiskUploads(), IncrementalStore()
+        self.fetched = 0
+
+        def fetch(ref: Any) -> Any:
+            self.fetched += 1
+            return ref
+
+        self.streams = StreamUploads(self.uploads, self.store, fetch)
+
+    def write(self, path: str, body: bytes) -> list[bool]:
+        """Upload ``body`` to ``path``; whether each full chunk was reused."""
+        local = f"{self.root}/{path}"
+        staging, _, _ = self.uploads.fs_open_write(self.root, local, False)
+        full = len(body) // CHUNK * CHUNK
+        pieces = [body[o : o + CHUNK] for o in range(0, full, CHUNK)]
+        sums = [chunk_checksum(p) for p in pieces]
+        answers = [
+            self.streams.fs_write_or_reuse(self.root, staging, k * CHUNK, s, len(p), [p])
+            for k, (p, s) in enumerate(zip(pieces, sums, strict=True))
+        ]
+        tail = body[full:]
+        if tail:
+            sums.append(chunk_checksum(tail))
+        self.streams.fs_commit_indexed(
+            self.root, local, staging, full, tail, chunk_checksum(tail), len(body),
+            tuple(sums), CHUNK,
+        )  # fmt: skip
+        return answers
+
+
+def test_a_stream_copies_only_proven_chunks_and_fetches_the_rest(tmp_path: Path) -> None:
+    (tmp_path / "c1").mkdir()
+    (tmp_path / "c2").mkdir()
+    (tmp_path / "c3").mkdir()
+    s = Streams(tmp_path)
+    body = os.urandom(4 * CHUNK + 100)
+    assert s.write("c1/shard", body) == [False] * 4 and s.fetched == 4
+
+    changed = body[:CHUNK] + os.urandom(CHUNK) + body[2 * CHUNK :]
+    s.fetched = 0
+    assert s.write("c2/shard", changed) == [True, False, True, True] and s.fetched == 1
+    assert (tmp_path / "c2/shard").read_bytes() == changed
+
+    for stored in ("c1/shard", "c2/shard"):  # chunk 2 corrupted wherever it is stored
+        with open(tmp_path / stored, "r+b") as f:
+            f.seek(2 * CHUNK + 7)
+            f.write(b"\0" * 8)
+    before = s.store.totals()
+    assert s.write("c3/shard", changed) == [True, True, False, True]
+    assert (tmp_path / "c3/shard").read_bytes() == changed
+    cost = {k: v - before[k] for k, v in s.store.totals().items()}
+    assert cost["chunks_rejected"] == 2 and cost["bytes_sent"] == CHUNK + 100
+    assert cost["bytes_reused"] == 3 * CHUNK and cost["files"] == 1
+
+
+def test_a_streamed_file_is_linked_or_cloned_by_a_directory_store(tmp_path: Path) -> None:
+    """Streams and directory stores share one index: a directory store finds the
+    streamed shard whole and stores it without a byte sent."""
+    (tmp_path / "c1").mkdir()
+    s, body = Streams(tmp_path), os.urandom(3 * CHUNK + 5)
+    s.write("c1/shard", body)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "shard").write_bytes(body)
+    os.chmod(src / "shard", (tmp_path / "c1/shard").stat().st_mode)  # a link needs it
+    source, files = describe(src, CHUNK)
+    cost = s.store.store(
+        str(tmp_path), str(tmp_path / "c2"), files, lambda p: local_chunks(source, p)
+    )
+    assert cost["bytes_sent"] == 0 and cost["bytes_linked"] + cost["bytes_cloned"] == len(body)
+    assert (tmp_path / "c2/shard").read_bytes() == body
+
+
+def test_a_commit_with_wrong_checksums_stores_nothing(tmp_path: Path) -> None:
+    s = Streams(tmp_path)
+    local = f"{tmp_path}/f"
+    staging, _, _ = s.uploads.fs_open_write(str(tmp_path), local, False)
+    with pytest.raises(ManifestError, match="1 chunk checksums for a file of 8292 bytes"):
+        s.streams.fs_commit_indexed(
+            str(tmp_path), local, staging, 0, b"x" * 8292, chunk_checksum(b"x"), 8292,
+            (chunk_checksum(b"x"),), CHUNK,
+        )  # fmt: skip
+    assert os.listdir(tmp_path) == []
+    staging, _, _ = s.uploads.fs_open_write(str(tmp_path), local, False)
+    with pytest.raises(ValueError, match="a chunk length of 1"):
+        s.streams.fs_write_or_reuse(str(tmp_path), staging, 0, chunk_checksum(b""), 0, [b""])
+
+
+def test_files_committed_into_one_directory_are_one_checkpoint_of_the_index() -> None:
+    """A save of more files than ``KEEP`` does not push the last save out."""
+    index, sums = ChunkIndex(), (chunk_checksum(b"a"),)
+    index.add("/r", [("/r/c1/f", 1, sums)], CHUNK, group="/r/c1")
+    for i in range(KEEP + 2):
+        index.add("/r", [(f"/r/c2/f{i}", 1, (chunk_checksum(str(i).encode()),))], CHUNK, "/r/c2")
+    assert list(index.files("/r", 1, sums)) == ["/r/c1/f"]
+    for i in range(KEEP):
+        index.add("/r", [(f"/r/d{i}/f", 1, (chunk_checksum(b"b"),))], CHUNK, f"/r/d{i}")
+    assert list(index.files("/r", 1, sums)) == []  # KEEP newer checkpoints since
