@@ -80,7 +80,9 @@ def test_a_stream_copies_only_proven_chunks_and_fetches_the_rest(tmp_path: Path)
     assert s.write("c3/shard", changed) == [True, True, False, True]
     assert (tmp_path / "c3/shard").read_bytes() == changed
     cost = {k: v - before[k] for k, v in s.store.totals().items()}
-    assert cost["chunks_rejected"] == 2 and cost["bytes_sent"] == CHUNK + 100
+    # Rejected: chunk 2 in each stored file, then c2/shard as a whole (not linked).
+    assert cost["chunks_rejected"] == 3 and cost["bytes_sent"] == CHUNK + 100
+    assert cost["files_linked"] == 0
     assert cost["bytes_reused"] == 3 * CHUNK and cost["files"] == 1
 
 
@@ -127,3 +129,47 @@ def test_files_committed_into_one_directory_are_one_checkpoint_of_the_index() ->
     for i in range(KEEP):
         index.add("/r", [(f"/r/d{i}/f", 1, (chunk_checksum(b"b"),))], CHUNK, f"/r/d{i}")
     assert list(index.files("/r", 1, sums)) == []  # KEEP newer checkpoints since
+
+
+def test_a_stream_of_bytes_a_stored_file_holds_becomes_a_link_of_it(tmp_path: Path) -> None:
+    """A shard unchanged since an earlier save is one copy on disk: a hard link of the
+    stored file, once its bytes are proven; deleting the older leaves the newer."""
+    for d in ("c1", "c2", "c3"):
+        (tmp_path / d).mkdir()
+    s, body = Streams(tmp_path), os.urandom(3 * CHUNK + 100)
+    s.write("c1/shard", body)
+    before = s.store.totals()
+    assert s.write("c2/shard", body) == [True] * 3
+    cost = {k: v - before[k] for k, v in s.store.totals().items()}
+    assert cost["files_linked"] == 1 and cost["bytes_linked"] == len(body)
+    first, second = (tmp_path / "c1/shard").stat(), (tmp_path / "c2/shard").stat()
+    assert first.st_ino == second.st_ino and second.st_nlink == 2
+    (tmp_path / "c1/shard").unlink()
+    assert (tmp_path / "c2/shard").read_bytes() == body
+    assert s.write("c3/shard", body) == [True] * 3  # the link serves later saves
+    assert (tmp_path / "c3/shard").stat().st_ino == second.st_ino
+    assert not [p for d in ("c1", "c2", "c3") for p in os.listdir(tmp_path / d) if p != "shard"]
+
+
+@pytest.mark.parametrize("spoil", ["corrupted", "other mode"])
+def test_a_stored_file_not_proven_or_of_another_mode_is_not_linked(
+    tmp_path: Path, spoil: str
+) -> None:
+    """Its good chunks are still copied, but the new file is a copy of its own."""
+    (tmp_path / "c1").mkdir()
+    (tmp_path / "c2").mkdir()
+    s, body = Streams(tmp_path), os.urandom(3 * CHUNK + 100)
+    s.write("c1/shard", body)
+    stored = tmp_path / "c1/shard"
+    if spoil == "corrupted":  # in its tail, which no chunk of the stream asks about
+        with open(stored, "r+b") as f:
+            f.seek(3 * CHUNK + 50)
+            f.write(b"\0" * 8)
+    else:
+        os.chmod(stored, 0o600)
+    before = s.store.totals()
+    assert s.write("c2/shard", body) == [True] * 3
+    cost = {k: v - before[k] for k, v in s.store.totals().items()}
+    assert cost["files_linked"] == 0 and cost["chunks_rejected"] == int(spoil == "corrupted")
+    assert (tmp_path / "c2/shard").read_bytes() == body
+    assert (tmp_path / "c2/shard").stat().st_ino != stored.stat().st_ino

@@ -101,6 +101,23 @@ class IncrementalStore:
         self.count(stats)
         return found
 
+    def proven_file(
+        self, root: str, size: int, sums: tuple[str, ...], chunk_bytes: int
+    ) -> int | None:
+        """An open descriptor (the caller closes it) of a file stored under ``root``
+        holding exactly these bytes, read and proven now; None if none does now."""
+        key, buffer = real_root(root), memoryview(bytearray(chunk_bytes))
+        for path in self._index.files(key, size, sums):
+            try:
+                fd = open_regular(key, path)[0]
+            except OSError:  # deleted, replaced by a directory, left the root
+                continue
+            if verified(fd, size, chunk_bytes, sums, buffer):
+                return fd
+            os.close(fd)
+            self.count({"chunks_rejected": 1})
+        return None
+
     def note_file(
         self, root: str, path: str, size: int, sums: tuple[str, ...], chunk_bytes: int
     ) -> None:

@@ -8,20 +8,23 @@ read and hashed now: ``IncrementalStore.reuse_chunk``) is copied into the stagin
 file from this disk, and only a chunk this node lacks (or whose stored copy no
 longer matches) is fetched through the ref, so only those bytes cross the network.
 Either way the staging file gets the chunk checked against its checksum
-(``DiskUploads.fs_write``); the commit publishes the file whole as every upload's
-commit does, then offers it, with its chunks' checksums, to later stores. Counted
+(``DiskUploads.fs_write``). At the commit, a stream whose every byte a stored file
+holds (proven: read and hashed now) becomes a hard link of that file, one copy on
+disk for both; the commit publishes the file whole as every upload's commit does,
+then offers it, with its chunks' checksums, to later stores. Counted
 in ``IncrementalStore``'s totals (``incremental_counters``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 from air_transfer.cluster.agent_client import Expect
 from air_transfer.cluster.fetch import get
 from air_transfer.config import MAX_CHUNK_BYTES
-from air_transfer.core.checksum import is_checksum
+from air_transfer.core.checksum import chunk_checksum, is_checksum
 from air_transfer.core.confine import checked_path, resolve
 from air_transfer.core.file_chunks import chunks_of
 from air_transfer.errors import ManifestError
@@ -63,6 +66,22 @@ class StreamUploads:
         self.store.count({"chunks_sent": 1, "bytes_sent": length, "bytes_written": length})
         return False
 
+    def _linked(
+        self, root: str, staging: str, size: int, sums: tuple[str, ...], chunk_bytes: int
+    ) -> bool:
+        """Whether the staging file became a hard link of a stored file proven to hold
+        exactly the stream's bytes (a shard unchanged since an earlier save)."""
+        source = self.store.proven_file(root, size, sums, chunk_bytes)
+        if source is None:
+            return False
+        try:
+            linked = self.uploads.fs_link_staging(root, staging, source)
+        finally:
+            os.close(source)
+        if linked:
+            self.store.count({"files_linked": 1, "bytes_linked": size})
+        return linked
+
     def fs_commit_indexed(
         self,
         root: str,
@@ -92,14 +111,21 @@ class StreamUploads:
                 f"chunks of {chunk_bytes} (it has {chunks_of(size, chunk_bytes)}); "
                 "nothing was stored"
             )
-        self.uploads.fs_commit(root, path, staging, offset, tail, checksum, size, direct_io, expect)
         tail_bytes = len(memoryview(tail).cast("B"))
+        try:
+            linked = size >= chunk_bytes and self._linked(root, staging, size, sums, chunk_bytes)
+        except BaseException:
+            self.uploads.fs_abort(root, staging)
+            raise
+        if linked:  # the staging file holds every byte now, the tail's too
+            offset, tail, checksum = size, b"", chunk_checksum(b"")
+        self.uploads.fs_commit(root, path, staging, offset, tail, checksum, size, direct_io, expect)
         self.store.count(
             {
                 "files": 1,
                 "chunks_sent": int(tail_bytes > 0),
                 "bytes_sent": tail_bytes,
-                "bytes_written": tail_bytes,
+                "bytes_written": 0 if linked else tail_bytes,
             }
         )
         if size >= chunk_bytes:  # a file all tail has no chunk a stream would ask for

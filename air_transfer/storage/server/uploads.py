@@ -155,6 +155,31 @@ class DiskUploads:
                 self.fs_abort(root, staging)
             raise
 
+    def fs_link_staging(self, root: str, staging: str, source: int) -> bool:
+        """Make a staging file a hard link of the open stored file ``source``, which
+        holds the same bytes (proven by the caller): one copy on disk for both. False,
+        the staging file kept as it is, where the modes differ or the filesystem
+        refuses the link."""
+        _require_staging(staging)
+
+        def relink(w: Where) -> bool:
+            mode = os.stat(w.name, dir_fd=w.fd, follow_symlinks=False).st_mode
+            if stat.S_IMODE(os.fstat(source).st_mode) != stat.S_IMODE(mode):
+                return False
+            link = hidden_name(w.name, STAGING_MARK)
+            try:  # by its descriptor, never by a path that could be swapped meanwhile
+                os.link(f"/proc/self/fd/{source}", link, dst_dir_fd=w.fd, follow_symlinks=True)
+            except OSError:
+                return False
+            try:
+                os.rename(link, w.name, src_dir_fd=w.fd, dst_dir_fd=w.fd)
+            except BaseException:
+                os.unlink(link, dir_fd=w.fd)
+                raise
+            return True
+
+        return bool(at(root, staging, relink, follow=False))
+
     def fs_abort(self, root: str, staging: str) -> None:
         _require_staging(staging)
 
