@@ -79,6 +79,12 @@ class AgentClient:
         k = len(plans)
         return _refs(self.actor.checksum_chunks.options(num_returns=k).remote(source, plans), k)
 
+    def checksum_stored(self, chunks: Sequence[Ref]) -> list[Ref]:
+        """One task hashing chunks already in the object store (their refs): the
+        refs of their checksums, in order."""
+        k = len(chunks)
+        return _refs(self.actor.checksum_stored.options(num_returns=k).remote(*chunks), k)
+
     def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> tuple[Ref, list[Ref]]:
         """One task packing the whole (small) stream as one object, and the checksum
         of each of its chunks."""
