@@ -65,8 +65,7 @@ def start_transfer(
     started = time.monotonic()
     submitted: Submitted = concurrent.futures.Future()
     if not background or config.owner == "node" or running_in_agent():
-        blocking = not background and config.owner != "node" and not running_in_agent()
-        ref, done, strategy = submit_transfer(source, config, blocking=blocking)
+        ref, done, strategy = submit_transfer(source, config, blocking=not background)
         packing(strategy, done, started)
         submitted.set_result(done)
         return ref, submitted

@@ -45,7 +45,7 @@ class ChunkedStrategy(TransferStrategy):
         return Packed(data, tuple(checksums))
 
     def submit_blocking(self, request: PackRequest) -> Packed:
-        """Every other chunk packed here while the agent packs the rest
+        """Two chunks in three stored here while the agent packs the rest
         (``shared_pack``): the caller waits anyway; a source the agent cannot
         receive is packed here alone."""
         if not agent_can_read(request.source):
