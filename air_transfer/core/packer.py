@@ -56,9 +56,24 @@ class ChunkPacker:
         """The chunks of ``plans`` of ``source`` and their checksums, each proven
         against its plan's stamps (SourceChangedError otherwise); they stay valid
         together until this thread packs again."""
-        chunks, checksums = [], []
+        chunks, checksums = self._pack(source, plans, hash_mapped=True)
+        return chunks, [c for c in checksums if c is not None]
+
+    def pack_unhashed(
+        self, source: Source, plans: Sequence[ChunkPlan]
+    ) -> tuple[list[np.ndarray], list[str | None]]:
+        """As ``pack``, but a chunk mapped under its lease is not hashed (its checksum
+        None: to be taken of the stored copy; the lease, held by the view until Ray
+        has copied it, keeps the file as checked before mapping)."""
+        return self._pack(source, plans, hash_mapped=False)
+
+    def _pack(
+        self, source: Source, plans: Sequence[ChunkPlan], hash_mapped: bool
+    ) -> tuple[list[np.ndarray], list[str | None]]:
+        chunks: list[np.ndarray] = []
+        checksums: list[str | None] = []
         with FileCursor(source) as cursor, _GroupLeases(source) as leases:
-            mapped = [leases.map(cursor, plan) for plan in plans]
+            mapped = [leases.map(cursor, plan, hash_mapped) for plan in plans]
             read = sum(plan.length for plan, m in zip(plans, mapped, strict=True) if m is None)
             buffer = self._buffer(read)
             offset = 0
@@ -141,9 +156,15 @@ class _GroupLeases:
         self.source = source
         self.leases: dict[str, Lease | None] = {}
 
-    def map(self, cursor: FileCursor, plan: ChunkPlan) -> tuple[np.ndarray, str] | None:
-        """Chunk ``plan`` as a mapped view and its checksum, proven against its stamp;
-        None where it is to be read instead."""
+    def map(
+        self, cursor: FileCursor, plan: ChunkPlan, hashed: bool = True
+    ) -> tuple[np.ndarray, str | None] | None:
+        """Chunk ``plan`` as a mapped view and its checksum, proven against its stamp
+        (without ``hashed``: checked before mapping, None for the checksum); None
+        where it is to be read instead."""
+        if not hashed:
+            found = self.map_unhashed(cursor, plan)
+            return None if found is None else (found[0], None)
         if len(plan.spans) != 1:
             return None
         (span,), ((path, stamp),) = plan.spans, plan.files

@@ -103,6 +103,17 @@ class PackingService:
         metrics.add_bytes("packed", sum(plan.length for plan in plans), "streamed")
         return _returns(checksums)
 
+    def store_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+        """The chunks of ``plans``, those mapped left unhashed, and a status per chunk
+        (its checksum, None where it is to be taken of the stored copy, or the
+        packing error): ``2 * len(plans)`` objects, as ``pack_chunks``."""
+        try:
+            chunks, checksums = self._packer.pack_unhashed(source, plans)
+        except Exception as e:
+            return _failed(e, len(plans), len(plans))
+        self._count(plans, "chunked")
+        return _returns([*chunks, *checksums])
+
     def checksum_stored(self, *chunks: Any) -> Any:
         """The checksums of chunks already in the object store (Ray hands each over
         as a zero-copy view of the stored bytes), one object each: a blocking

@@ -1,4 +1,4 @@
-"""The blocking call stores two chunks in three itself while the node agent packs the
+"""The blocking call stores every other chunk itself while the node agent stores the
 rest (``transfer.strategies.shared_pack``): the caller's chunks go into the store
 from their mapping under a read lease, their checksums taken of the stored bytes;
 a change of the source in the caller's part raises SourceChangedError and leaves
@@ -44,7 +44,7 @@ def store_free() -> int:
     return free
 
 
-def test_the_caller_stores_two_chunks_in_three_mapped_and_the_agent_the_rest(
+def test_the_caller_stores_every_other_chunk_mapped_and_the_agent_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     src, data = make_source(tmp_path, 6 * CHUNK)
@@ -56,8 +56,8 @@ def test_the_caller_stores_two_chunks_in_three_mapped_and_the_agent_the_rest(
     monkeypatch.setattr(packer, "_while_mapped", record)
     before = counters()["bytes_packed"]
     ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config=CONFIG)
-    assert here == [(0, True), (2, True), (3, True), (5, True)]  # mapped, leased
-    assert counters()["bytes_packed"] - before == 2 * CHUNK  # chunks 1 and 4
+    assert here == [(0, True), (2, True), (4, True)]  # mapped here, under a lease
+    assert counters()["bytes_packed"] - before == 3 * CHUNK  # chunks 1, 3 and 5
     # Every checksum, the ones the agent took of the caller's stored chunks too, is
     # that of the source's bytes.
     chunks = ChunkedCheckpoint.from_object_ref(ref).handle().complete().manifest.chunks
