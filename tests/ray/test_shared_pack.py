@@ -11,20 +11,25 @@ import os
 from pathlib import Path
 
 import pytest
+import ray
+import ray.cloudpickle
 
 from air_transfer import ChunkedCheckpoint, SourceChangedError, TransferConfig
 from air_transfer.cluster._ray import object_store_free_bytes
-from air_transfer.cluster.nodes import this_node_id
+from air_transfer.cluster.nodes import node_agent, this_node_id
 from air_transfer.config import MiB
 from air_transfer.core import packer, proven_read
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.plan import Span
+from tests.support import rewriters
 from tests.support.leases import lease_breaking, lease_listed, truncate_elsewhere
 from tests.support.live_chunks import counters
-from tests.support.rewriters import CHANGED, RewriteOnce
+from tests.support.rewriters import CHANGED, RewriteOnce, install_in_agent
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("ray_local")
+# The hooks run in the node agent too: ship their code by value.
+ray.cloudpickle.register_pickle_by_value(rewriters)
 
 CHUNK = 2 * MiB
 CONFIG = TransferConfig(chunk_bytes=CHUNK, window=4, strategy="chunked")
@@ -68,16 +73,26 @@ def test_the_caller_stores_every_other_chunk_mapped_and_the_agent_the_rest(
     assert (out / "w.bin").read_bytes() == data
 
 
-def test_a_change_in_the_callers_half_raises_and_leaves_nothing_in_the_store(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("where", ["caller", "agent"])
+def test_a_change_in_either_part_raises_and_leaves_nothing_in_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    """Chunk 2 (the caller's) is rewritten between its read and its check: the call
-    raises, returns no ref, and every chunk either half stored is freed."""
+    """Chunk 2 (the caller's) or chunk 3 (the agent's) is rewritten between the
+    check before its mapping and the mapping: the call raises, returns no ref, and
+    every chunk either part stored is freed."""
     src, _ = make_source(tmp_path, 8 * CHUNK)
     baseline = eventually(store_free, "the store's free bytes")
-    monkeypatch.setattr(proven_read, "_after_span_read", RewriteOnce("w.bin", offset=2 * CHUNK))
-    with pytest.raises(SourceChangedError, match=CHANGED) as e:
-        ChunkedCheckpoint.from_directory(src).to_object_ref(config=CONFIG)
+    agent = node_agent()
+    if where == "caller":
+        hook = RewriteOnce("w.bin", offset=2 * CHUNK)
+        monkeypatch.setattr(proven_read, "_after_span_read", hook)
+    else:
+        install_in_agent(agent, RewriteOnce("w.bin", offset=3 * CHUNK))
+    try:
+        with pytest.raises(SourceChangedError, match=CHANGED) as e:
+            ChunkedCheckpoint.from_directory(src).to_object_ref(config=CONFIG)
+    finally:
+        install_in_agent(agent, None)
     assert e.value.filename == str(src / "w.bin")
     del e
     eventually(
