@@ -58,19 +58,21 @@ def pack_shared(request: PackRequest, here: Split = every_other) -> Packed:
     ours = [plan for plan in plans if here(plan)]
     stored = ChunkPacker().store_each(request.source, ours, ray.put)
     metrics.add_bytes("packed", sum(plan.length for plan in ours), "chunked")
-    unhashed = [ref for ref, checksum in stored if checksum is None]
-    sums = _checksums_of_stored([*data, *unhashed], request.chunk_bytes)
-    theirs = iter(zip(data, sums[: len(data)], strict=True))
-    later = iter(sums[len(data) :])
-    mine = iter(
-        (ref, checksum if checksum is not None else next(later)) for ref, checksum in stored
-    )
+    theirs = iter(data)
+    mine = iter(stored)
     refs: list[ray.ObjectRef[Any]] = []
-    checksums: list[Any] = []
+    known: list[str | None] = []  # None: to be taken of the stored chunk
     for plan in plans:
-        ref, checksum = next(mine) if here(plan) else next(theirs)
+        if here(plan):
+            ref, checksum = next(mine)
+        else:
+            ref, checksum = next(theirs), None
         refs.append(ref)
-        checksums.append(checksum)
+        known.append(checksum)
+    # In chunk order, so that a reader's first checksums come first.
+    unhashed = [ref for ref, checksum in zip(refs, known, strict=True) if checksum is None]
+    later = iter(_checksums_of_stored(unhashed, request.chunk_bytes))
+    checksums = [c if c is not None else next(later) for c in known]
     return Packed(refs, tuple(checksums), stored=tuple(statuses))
 
 
