@@ -123,6 +123,14 @@ class NodeAgent:
         return self._packing.checksum_chunks(source, plans)
 
     @ray.method(concurrency_group=PACK_GROUP)
+    def store_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+        return self._packing.store_chunks(source, plans)
+
+    @ray.method(concurrency_group=PACK_GROUP)
+    def checksum_stored(self, *chunks: Any) -> Any:
+        return self._packing.checksum_stored(*chunks)
+
+    @ray.method(concurrency_group=PACK_GROUP)
     def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
         return self._packing.pack_stream(source, plans)
 

@@ -89,7 +89,9 @@ class ChunkedCheckpoint(Checkpoint):
 
     def to_object_ref(self, config: TransferConfig | None = None) -> ray.ObjectRef[Any]:
         """Pack this checkpoint into chunks and return an ObjectRef to it, once every
-        chunk is packed (``to_object_ref_async(config).result()``).
+        chunk is stored (``to_object_ref_async(config).result()``). While it waits,
+        this process stores every other chunk itself beside the node's agent
+        (``chunked``); checksums the agent still takes then are waited for by readers.
 
         The chunks are owned by the calling process (keep it alive, and the ref
         referenced, until every reader is done) or, with ``owner="node"``, by the

@@ -79,6 +79,22 @@ class AgentClient:
         k = len(plans)
         return _refs(self.actor.checksum_chunks.options(num_returns=k).remote(source, plans), k)
 
+    def store_chunks(
+        self, source: Source, plans: Sequence[ChunkPlan]
+    ) -> tuple[list[Ref], list[Ref]]:
+        """One task storing ``plans``' chunks, mapped ones unhashed: the chunks' refs
+        and their statuses' refs (checksum, None, or the packing error)."""
+        k = len(plans)
+        task = self.actor.store_chunks.options(num_returns=2 * k)
+        refs = _refs(task.remote(source, plans), 2 * k)
+        return refs[:k], refs[k:]
+
+    def checksum_stored(self, chunks: Sequence[Ref]) -> list[Ref]:
+        """One task hashing chunks already in the object store (their refs): the
+        refs of their checksums, in order."""
+        k = len(chunks)
+        return _refs(self.actor.checksum_stored.options(num_returns=k).remote(*chunks), k)
+
     def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> tuple[Ref, list[Ref]]:
         """One task packing the whole (small) stream as one object, and the checksum
         of each of its chunks."""

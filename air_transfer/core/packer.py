@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -18,6 +19,8 @@ from air_transfer.core.mapped import Lease, lease
 from air_transfer.core.plan import ChunkPlan, Span
 from air_transfer.core.proven_read import FileCursor, SourceFile, fill_chunk
 from air_transfer.core.scan import Source, Stamp
+
+T = TypeVar("T")
 
 #: Test-only seam, None in production: called as ``hook(path, span)`` once a chunk is
 #: mapped under its lease and before it is hashed (``_after_span_read`` runs before
@@ -53,9 +56,24 @@ class ChunkPacker:
         """The chunks of ``plans`` of ``source`` and their checksums, each proven
         against its plan's stamps (SourceChangedError otherwise); they stay valid
         together until this thread packs again."""
-        chunks, checksums = [], []
+        chunks, checksums = self._pack(source, plans, hash_mapped=True)
+        return chunks, [c for c in checksums if c is not None]
+
+    def pack_unhashed(
+        self, source: Source, plans: Sequence[ChunkPlan]
+    ) -> tuple[list[np.ndarray], list[str | None]]:
+        """As ``pack``, but a chunk mapped under its lease is not hashed (its checksum
+        None: to be taken of the stored copy; the lease, held by the view until Ray
+        has copied it, keeps the file as checked before mapping)."""
+        return self._pack(source, plans, hash_mapped=False)
+
+    def _pack(
+        self, source: Source, plans: Sequence[ChunkPlan], hash_mapped: bool
+    ) -> tuple[list[np.ndarray], list[str | None]]:
+        chunks: list[np.ndarray] = []
+        checksums: list[str | None] = []
         with FileCursor(source) as cursor, _GroupLeases(source) as leases:
-            mapped = [leases.map(cursor, plan) for plan in plans]
+            mapped = [leases.map(cursor, plan, hash_mapped) for plan in plans]
             read = sum(plan.length for plan, m in zip(plans, mapped, strict=True) if m is None)
             buffer = self._buffer(read)
             offset = 0
@@ -70,6 +88,31 @@ class ChunkPacker:
                 chunks.append(chunk)
                 checksums.append(checksum)
         return chunks, checksums
+
+    def store_each(
+        self, source: Source, plans: Sequence[ChunkPlan], store: Callable[[np.ndarray], T]
+    ) -> list[tuple[T, str | None]]:
+        """Each chunk of ``plans`` handed to ``store`` (which copies it, e.g. into the
+        object store) and what it returned, in order, with the chunk's checksum, or
+        None for a chunk stored straight from its mapping unhashed: its lease held
+        while ``store`` copies it and its stamps checked after (SourceChangedError),
+        so the copy is of the scanned version and its hash is to be taken of the
+        copy. A chunk that cannot be mapped is read, hashed and proven as ``pack``
+        does it."""
+        stored: list[tuple[T, str | None]] = []
+        for plan in plans:
+            with FileCursor(source) as cursor, _GroupLeases(source) as leases:
+                found = leases.map_unhashed(cursor, plan)
+                if found is None:
+                    (chunk,), (checksum,) = self.pack(source, [plan])
+                    stored.append((store(chunk), checksum))
+                    continue
+                view, file = found
+                del found
+                stored.append((store(view), None))
+                del view  # the mapping's last view: the lease goes with the group
+                file.check()
+        return stored
 
     def pack_stream(
         self, source: Source, plans: Sequence[ChunkPlan]
@@ -113,14 +156,31 @@ class _GroupLeases:
         self.source = source
         self.leases: dict[str, Lease | None] = {}
 
-    def map(self, cursor: FileCursor, plan: ChunkPlan) -> tuple[np.ndarray, str] | None:
-        """Chunk ``plan`` as a mapped view and its checksum, proven against its stamp;
-        None where it is to be read instead."""
+    def map(
+        self, cursor: FileCursor, plan: ChunkPlan, hashed: bool = True
+    ) -> tuple[np.ndarray, str | None] | None:
+        """Chunk ``plan`` as a mapped view and its checksum, proven against its stamp
+        (without ``hashed``: checked before mapping, None for the checksum); None
+        where it is to be read instead."""
+        if not hashed:
+            found = self.map_unhashed(cursor, plan)
+            return None if found is None else (found[0], None)
         if len(plan.spans) != 1:
             return None
         (span,), ((path, stamp),) = plan.spans, plan.files
         mapped = self.map_range(cursor, path, stamp, span, [span.length])
         return None if mapped is None else (mapped[0], mapped[1][0])
+
+    def map_unhashed(
+        self, cursor: FileCursor, plan: ChunkPlan
+    ) -> tuple[np.ndarray, SourceFile] | None:
+        """Chunk ``plan`` as a mapped view under the lease and its open file, checked
+        against its stamp before mapping: the caller checks it again once it has
+        copied the view. None where it is to be read instead."""
+        if len(plan.spans) != 1:
+            return None
+        (span,), ((path, stamp),) = plan.spans, plan.files
+        return self._view(cursor, path, stamp, span)
 
     def map_range(
         self, cursor: FileCursor, path: str, stamp: Stamp, span: Span, pieces: list[int]
@@ -128,6 +188,21 @@ class _GroupLeases:
         """``span`` of file ``path`` as a mapped view and the checksums of its
         ``pieces`` (lengths, end to end): the lease is taken, then the file checked,
         mapped, hashed and checked again. None where it is to be read instead."""
+        found = self._view(cursor, path, stamp, span)
+        if found is None:
+            return None
+        view, file = found
+        checksums, offset = [], 0
+        for length in pieces:
+            checksums.append(chunk_checksum(view[offset : offset + length]))
+            offset += length
+        file.check()
+        return view, checksums
+
+    def _view(
+        self, cursor: FileCursor, path: str, stamp: Stamp, span: Span
+    ) -> tuple[np.ndarray, SourceFile] | None:
+        """``span`` of ``path`` mapped under the lease, the file checked first."""
         if not self.source.is_local or span.length < KNOBS.mapped_chunk_min_bytes:
             return None
         file = cursor.open(path, stamp)
@@ -145,12 +220,7 @@ class _GroupLeases:
         mapped = _while_mapped
         if mapped is not None:
             mapped(file.where, span)
-        checksums, offset = [], 0
-        for length in pieces:
-            checksums.append(chunk_checksum(view[offset : offset + length]))
-            offset += length
-        file.check()
-        return view, checksums
+        return view, file
 
     def _lease(self, path: str, file: SourceFile) -> Lease | None:
         if path not in self.leases:

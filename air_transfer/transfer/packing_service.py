@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from air_transfer.cluster.fetch import get
+from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.entry import Entry
 from air_transfer.core.packer import ChunkPacker
 from air_transfer.core.plan import ChunkPlan, iter_chunk_spans
@@ -101,6 +102,23 @@ class PackingService:
             return _failed(e, 0, len(plans))
         metrics.add_bytes("packed", sum(plan.length for plan in plans), "streamed")
         return _returns(checksums)
+
+    def store_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+        """The chunks of ``plans``, those mapped left unhashed, and a status per chunk
+        (its checksum, None where it is to be taken of the stored copy, or the
+        packing error): ``2 * len(plans)`` objects, as ``pack_chunks``."""
+        try:
+            chunks, checksums = self._packer.pack_unhashed(source, plans)
+        except Exception as e:
+            return _failed(e, len(plans), len(plans))
+        self._count(plans, "chunked")
+        return _returns([*chunks, *checksums])
+
+    def checksum_stored(self, *chunks: Any) -> Any:
+        """The checksums of chunks already in the object store (Ray hands each over
+        as a zero-copy view of the stored bytes), one object each: a blocking
+        caller stored them straight from their mapped files (``shared_pack``)."""
+        return _returns([chunk_checksum(chunk) for chunk in chunks])
 
     def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
         """The whole (small, ``inline``) stream as one array, then the checksum of each

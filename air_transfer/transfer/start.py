@@ -66,14 +66,16 @@ def prepare(
 
 
 def start(
-    prepared: Prepared, live: LiveChunks | None = None
+    prepared: Prepared, live: LiveChunks | None = None, blocking: bool = False
 ) -> tuple[TransferHandle, ray.ObjectRef[Any] | None]:
     """Pick a strategy (if ``prepared`` has none: by size against the free object
     store, among its registrations) and start packing in this node's agent, owned by
     this process: the handle, usable at once, and a ref that resolves when every
     chunk is packed (raising what packing raised), or None if packing is done. With
     ``live`` (an agent's, ``config.reuse_chunks``) a ``chunked`` transfer reuses the
-    live chunks of the same file versions and is recorded there."""
+    live chunks of the same file versions and is recorded there. ``blocking``: the
+    caller waits until every chunk is packed, so the strategy may pack in this
+    process too (``TransferStrategy.submit_blocking``)."""
     config, scanned = prepared.config, prepared.scanned
     manifest = prepared.manifest or _manifest(scanned, config)
     request = PackRequest(prepared.source, scanned.files, scanned.stamps, config)
@@ -90,6 +92,8 @@ def start(
     if reuse:
         assert live is not None
         packed = live.submit(request, transfer_id, submit_plans)
+    elif blocking:
+        packed = strategy.submit_blocking(request)
     else:
         packed = strategy.submit(request)
     pending = packed.pending
@@ -107,7 +111,8 @@ def start(
             transfer_id=transfer_id,
             pending=packed.checksums if pending else None,
         )
-        done = AgentClient(here).packed(packed.checksums) if pending else None
+        waits = packed.checksums if packed.stored is None else packed.stored
+        done = AgentClient(here).packed(waits) if pending and waits else None
     except BaseException:
         if live is not None:  # no transfer: nothing of it to offer again
             live.drop([transfer_id])
@@ -120,9 +125,10 @@ def submit(
     config: TransferConfig | None = None,
     registered: Registrations | None = None,
     live: LiveChunks | None = None,
+    blocking: bool = False,
 ) -> tuple[TransferHandle, ray.ObjectRef[Any] | None]:
     """``prepare`` then ``start``, on this thread."""
-    return start(prepare(source, config, registered), live)
+    return start(prepare(source, config, registered), live, blocking)
 
 
 def _manifest(scanned: Scan, config: TransferConfig) -> Manifest:

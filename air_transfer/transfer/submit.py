@@ -65,7 +65,7 @@ def start_transfer(
     started = time.monotonic()
     submitted: Submitted = concurrent.futures.Future()
     if not background or config.owner == "node" or running_in_agent():
-        ref, done, strategy = submit_transfer(source, config)
+        ref, done, strategy = submit_transfer(source, config, blocking=not background)
         packing(strategy, done, started)
         submitted.set_result(done)
         return ref, submitted
@@ -135,13 +135,14 @@ def _run_jobs() -> None:
 
 
 def submit_transfer(
-    source: Source, config: TransferConfig | None = None
+    source: Source, config: TransferConfig | None = None, blocking: bool = False
 ) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None, str]:
     """Start transferring ``source``: the ref of the transferred checkpoint (put by
     this process or, for ``owner="node"``, by this node's agent, which packs with
     this process's strategy registrations and holds the transfer until this process
     lets go of it: ``cluster.leases``), the ref of its completion (None if packing is
-    done) and the name of the strategy packing it."""
+    done) and the name of the strategy packing it. ``blocking``: the caller waits
+    for packing to finish, which may then use this process too (``start.start``)."""
     config = config or TransferConfig()
     if config.owner == "node" and not running_in_agent():
         agent = AgentClient()
@@ -152,7 +153,7 @@ def submit_transfer(
             raise_transfer_error(None, f"the packing of {source.root!r} by the node agent", e)
         leases.hold(agent, ref.hex(), ids)
         return ref, done, strategy
-    ref, done, handle = put_transfer(source, config)
+    ref, done, handle = put_transfer(source, config, blocking=blocking)
     return ref, done, handle.strategy.name
 
 
@@ -161,12 +162,13 @@ def put_transfer(
     config: TransferConfig,
     registered: Registrations | None = None,
     live: LiveChunks | None = None,
+    blocking: bool = False,
 ) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None, TransferHandle]:
     """Start packing ``source`` here (``start.submit``, selecting among
     ``registered`` if given, reusing and recording ``live`` chunks if given) and put
     the transferred checkpoint: its ref, owned by this process, the ref of the
-    completion (None if packed) and the handle."""
-    handle, done = submit(source, config, registered, live)
+    completion (None if packed) and the handle. ``blocking``: as for ``start.start``."""
+    handle, done = submit(source, config, registered, live, blocking)
     try:
         ref = ray.put(_checkpoint_class()._from_handle(handle))
     except BaseException:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from air_transfer import TransferConfig
+from benchmarks.bench import cpu
 from benchmarks.bench.contenders import (
     LOCAL_COPIES,
     RAW,
@@ -104,6 +105,8 @@ class Measurement:
     error: str | None
     peaks: dict[str, int]
     store_peak: int
+    #: CPU seconds per process role over the trip (``bench.cpu``).
+    cpu_s: dict[str, float] | None = None
 
 
 def measure_once(
@@ -125,11 +128,13 @@ def measure_once(
     producer = None if name in LOCAL_COPIES else ends.producer_pid
     agent = ends.agent_pid if packs_in_agent(name) else None
     pids = {"producer": producer, "consumer": ends.consumer_pid, "agent": agent}
-    trip, error = None, None
+    trip, error, cpu_s = None, None, None
     with Sampler(pids, floor, ends.kill) as sampler:
         ends.sampler = sampler
         try:
+            before = cpu.snapshot(pids)
             trip = contender_function(name)(ends, src, out, nbytes)
+            cpu_s = cpu.spent(before, cpu.snapshot(pids))
             if trip.hold is not None:
                 time.sleep(HOLD_S)
                 trip.hold = None
@@ -146,4 +151,4 @@ def measure_once(
         error = "the consumer's chunk hashes differ from the producer's"
     shutil.rmtree(out, ignore_errors=True)
     sampler.settle()
-    return Measurement(trip, error, dict(sampler.peaks), sampler.store_peak)
+    return Measurement(trip, error, dict(sampler.peaks), sampler.store_peak, cpu_s)

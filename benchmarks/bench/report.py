@@ -25,6 +25,9 @@ CONTENDER_METRICS = {
     "object_store": "cluster - available object_store_memory over all nodes, "
     "20 ms samples, minus the value at start (raylets report ~every 100 ms)",
     "size_gb": "decimal GB (10**9 bytes)",
+    "cpu_s": "median CPU seconds (user + system, /proc/<pid>/stat) per process over "
+    "the trip: producer, consumer, agent, raylet, gcs_server, driver (with its "
+    "samplers), other Ray processes, and their total; kernel threads not counted",
 }
 
 
@@ -53,6 +56,15 @@ def run_config(
         "object_store_bytes_per_node": int(store_per_node),
         "metrics": metrics,
     }
+
+
+def _cpu_medians(runs: list[Measurement]) -> dict[str, float] | None:
+    """The median CPU seconds of each process role over ``runs`` (``bench.cpu``)."""
+    spent = [m.cpu_s for m in runs if m.cpu_s]
+    if not spent:
+        return None
+    roles = dict.fromkeys(role for s in spent for role in s)
+    return {r: round(statistics.median(s.get(r, 0.0) for s in spent), 4) for r in roles}
 
 
 def _mib(value: int | None) -> float | None:
@@ -99,6 +111,7 @@ def summarize(
         "producer_peak_private_mib": peak("producer"),
         "consumer_peak_private_mib": peak("consumer"),
         "agent_peak_private_mib": peak("agent"),
+        "cpu_s": _cpu_medians(ok),
         "object_store_peak_mib": _mib(max((m.store_peak for m in runs), default=0)),
         "verified": bool(ok) and not failure,
     }

@@ -144,7 +144,9 @@ def run_layout(
                         pairs.pop(name).kill()
                     elif m.trip is not None:
                         s = m.trip.seconds
-                        progress(f"{step}: {s:.3f} s, {s / (nbytes / GB):.3f} s/GB, verified")
+                        cpu = " ".join(f"{k} {v:.2f}" for k, v in (m.cpu_s or {}).items())
+                        rate = f"{s:.3f} s, {s / (nbytes / GB):.3f} s/GB"
+                        progress(f"{step}: {rate}, verified; CPU s: {cpu}")
             rows += [summarize(n, layout, size_gb, nbytes, done) for n, done in runs.items()]
     finally:
         for ends in pairs.values():

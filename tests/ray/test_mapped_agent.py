@@ -85,7 +85,8 @@ def test_the_agent_maps_chunks_and_lets_go_of_the_lease_once_they_are_stored(
 ) -> None:
     src, data = make_source(tmp_path, 6 * MiB)
     install_while_mapped(agent, RecordLease("leases.log"))
-    ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config=CONFIG)
+    # Not blocking: the agent packs every chunk (a blocking call packs half itself).
+    ref = ChunkedCheckpoint.from_directory(src).to_object_ref_async(config=CONFIG).result()
     assert (tmp_path / "leases.log").read_text().split() == ["True"] * 3
     # Packed and still referenced: the store has its copy, the file is free.
     eventually(lambda: not leased(src / "w.bin"), "the agent to release its lease")
@@ -120,8 +121,8 @@ def test_a_truncate_while_the_agent_maps_a_chunk_never_crashes_it(
     install_while_mapped(agent, TruncateWhileMapped())
     out = tmp_path / "out"
     try:
-        ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config=CONFIG)
-        ChunkedCheckpoint.from_object_ref(ref).to_directory(str(out))
+        future = ChunkedCheckpoint.from_directory(src).to_object_ref_async(config=CONFIG)
+        ChunkedCheckpoint.from_object_ref(future.result()).to_directory(str(out))
     except SourceChangedError as e:
         assert size > CONFIG.chunk_bytes and e.filename == str(src / "w.bin")
         assert not out.exists()

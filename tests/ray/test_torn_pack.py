@@ -129,11 +129,12 @@ def test_streamed_file_rewritten_after_packing_is_caught_even_unverified(
 
 # -- what the checks see -----------------------------------------------------------------
 def test_torn_pack_mtime_put_back_after_a_rewrite_is_caught_by_ctime(
-    tmp_path: Path, in_agent: Callable[[Any], None]
+    tmp_path: Path, in_driver: Callable[[Any], None], in_agent: Callable[[Any], None]
 ) -> None:
     src = make_source(tmp_path)
     # One chunk holds all of w.bin: no other packing thread reads it between the
-    # rewrite and its utime.
+    # rewrite and its utime. The blocking call packs every other chunk itself.
+    in_driver(RewriteOnce("w.bin", how="utime-reset"))
     in_agent(RewriteOnce("w.bin", how="utime-reset"))
     with pytest.raises(SourceChangedError, match=CHANGED) as e:
         ChunkedCheckpoint.from_directory(src).to_object_ref(
@@ -143,13 +144,14 @@ def test_torn_pack_mtime_put_back_after_a_rewrite_is_caught_by_ctime(
 
 
 def test_torn_pack_file_renamed_over_while_packed_is_caught(
-    tmp_path: Path, in_agent: Callable[[Any], None]
+    tmp_path: Path, in_driver: Callable[[Any], None], in_agent: Callable[[Any], None]
 ) -> None:
     """The open fd keeps the old inode (its bytes are intact), but the source now has
     another file under that name: the old inode's link count dropped to 0."""
     src = make_source(tmp_path)
     # One chunk holds all of w.bin, so one read of it is followed by the rename (with
     # several, a concurrent packing thread may open the new file: "a new inode").
+    in_driver(RewriteOnce("w.bin", how="rename"))
     in_agent(RewriteOnce("w.bin", how="rename"))
     with pytest.raises(SourceChangedError, match=CHANGED) as e:
         ChunkedCheckpoint.from_directory(src).to_object_ref(

@@ -57,6 +57,9 @@ class Packed:
 
     payload: Any
     checksums: tuple[Any, ...]
+    #: Refs that resolve once every chunk is stored (the source no longer needed),
+    #: where that is before every checksum is known; None: the checksums.
+    stored: tuple[Any, ...] | None = None
 
     @property
     def pending(self) -> bool:
@@ -93,6 +96,12 @@ class TransferStrategy(ABC):
         ObjectRefs resolving as chunks are packed. ``to_object_ref_async`` uses this;
         the default packs here, blocking, with ``pack``."""
         return self.pack(request)
+
+    def submit_blocking(self, request: PackRequest) -> Packed:
+        """Like ``submit``, for a caller that waits until every chunk is packed
+        (``to_object_ref``): packing may use the caller's process too. The default
+        is ``submit``."""
+        return self.submit(request)
 
     @abstractmethod
     def iter_chunks(

@@ -18,6 +18,7 @@ from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.transfer.strategies.agent_tasks import agent_can_read, submit_pack_chunks
 from air_transfer.transfer.strategies.base import Packed, PackRequest, TransferStrategy
+from air_transfer.transfer.strategies.shared_pack import pack_shared
 
 
 class ChunkedStrategy(TransferStrategy):
@@ -42,6 +43,14 @@ class ChunkedStrategy(TransferStrategy):
             return self.pack(request)
         data, checksums = submit_pack_chunks(request)
         return Packed(data, tuple(checksums))
+
+    def submit_blocking(self, request: PackRequest) -> Packed:
+        """Two chunks in three stored here while the agent packs the rest
+        (``shared_pack``): the caller waits anyway; a source the agent cannot
+        receive is packed here alone."""
+        if not agent_can_read(request.source):
+            return self.pack(request)
+        return pack_shared(request)
 
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig

@@ -1,0 +1,89 @@
+"""Packing shared by the caller and its node's agent, for a caller that blocks until
+every chunk is stored (``to_object_ref``): the caller's process is otherwise idle for
+that long, and on a node with two cores or more so is a second core.
+
+The agent stores every other chunk (``store_chunks``) and the caller the rest
+meanwhile (``ChunkPacker.store_each``): a chunk of one local file goes into the store
+straight from its mapping under a read lease, unhashed (the lease keeps the file as
+checked before the mapping until the copy is made; the caller checks it again
+after), so the call waits for one copy per byte, spread over two processes. The
+checksums are then taken of the stored bytes by the agent (``checksum_stored``),
+after the call returned, while a reader is already writing (a reader waits for a
+checksum still to come): a checksum still proves what was stored. Two processes,
+not two threads: the hash holds the GIL. A chunk that cannot be mapped is read and
+hashed as before. Every chunk is owned by the caller, as before; a change of the
+source in the caller's part raises SourceChangedError before the call returns
+anything, one in the agent's fails the completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from air_transfer.cluster.agent_client import AgentClient
+from air_transfer.core.knobs import KNOBS
+from air_transfer.core.packer import ChunkPacker
+from air_transfer.core.plan import ChunkPlan
+from air_transfer.observe import metrics
+from air_transfer.transfer.strategies.agent_tasks import task_groups
+from air_transfer.transfer.strategies.base import Packed, PackRequest
+
+#: Which chunks the caller stores itself (the agent stores the rest): every other
+#: one, interleaved so that both parts advance through the checkpoint together.
+Split = Callable[[ChunkPlan], bool]
+
+
+def every_other(plan: ChunkPlan) -> bool:
+    """The caller's part: the even chunks."""
+    return plan.index % 2 == 0
+
+
+def pack_shared(request: PackRequest, here: Split = every_other) -> Packed:
+    """The chunks of ``request``: the agent's part submitted first (``store_chunks``),
+    then those ``here`` selects stored by this process, and then the checksums of
+    every chunk stored unhashed, taken by the agent of the stored bytes. Returns
+    once this process's part is stored; ``Packed.stored`` resolves once the
+    agent's is (or raises what its packing raised)."""
+    plans = list(request.plans())
+    agent = AgentClient()
+    data: list[ray.ObjectRef[Any]] = []
+    statuses: list[ray.ObjectRef[Any]] = []
+    for group in task_groups(plan for plan in plans if not here(plan)):
+        chunks, done = agent.store_chunks(request.source, group)
+        data += chunks
+        statuses += done
+    ours = [plan for plan in plans if here(plan)]
+    stored = ChunkPacker().store_each(request.source, ours, ray.put)
+    metrics.add_bytes("packed", sum(plan.length for plan in ours), "chunked")
+    theirs = iter(data)
+    mine = iter(stored)
+    refs: list[ray.ObjectRef[Any]] = []
+    known: list[str | None] = []  # None: to be taken of the stored chunk
+    for plan in plans:
+        if here(plan):
+            ref, checksum = next(mine)
+        else:
+            ref, checksum = next(theirs), None
+        refs.append(ref)
+        known.append(checksum)
+    # In chunk order, so that a reader's first checksums come first.
+    unhashed = [ref for ref, checksum in zip(refs, known, strict=True) if checksum is None]
+    later = iter(_checksums_of_stored(unhashed, request.chunk_bytes))
+    checksums = [c if c is not None else next(later) for c in known]
+    return Packed(refs, tuple(checksums), stored=tuple(statuses))
+
+
+def _checksums_of_stored(
+    refs: list[ray.ObjectRef[Any]], chunk_bytes: int
+) -> list[ray.ObjectRef[Any]]:
+    """The refs of the checksums of stored chunks ``refs``, in order: hashed by this
+    node's agent, as many per task as a packing task takes."""
+    agent = AgentClient()
+    per_task = max(1, KNOBS.pack_task_bytes // chunk_bytes)
+    sums: list[ray.ObjectRef[Any]] = []
+    for start in range(0, len(refs), per_task):
+        sums += agent.checksum_stored(refs[start : start + per_task])
+    return sums
