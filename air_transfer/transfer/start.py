@@ -111,7 +111,9 @@ def start(
             transfer_id=transfer_id,
             pending=packed.checksums if pending else None,
         )
-        waits = packed.checksums if packed.stored is None else packed.stored
+        # A blocking call's copies and checksums alike (``Packed.stored``): once it
+        # returns, nothing of the checkpoint depends on this node's agent.
+        waits = (*(packed.stored or ()), *packed.checksums)
         done = AgentClient(here).packed(waits) if pending and waits else None
     except BaseException:
         if live is not None:  # no transfer: nothing of it to offer again

@@ -121,3 +121,14 @@ def test_a_truncate_while_the_caller_maps_a_chunk_waits_for_its_lease(
     out = tmp_path / "out"
     ChunkedCheckpoint.from_object_ref(ref).to_directory(str(out))
     assert fired and (out / "w.bin").read_bytes() == data
+
+
+def test_once_the_call_returns_the_checkpoint_no_longer_needs_the_agent(tmp_path: Path) -> None:
+    """The call returns once every chunk is stored and every checksum taken, so an
+    agent killed right after it leaves a checkpoint that restores whole (checksums
+    still to come would be lost with it: every reader's CheckpointLostError)."""
+    src, data = make_source(tmp_path, 32 * CHUNK)
+    ref = ChunkedCheckpoint.from_directory(str(src)).to_object_ref(config=CONFIG)
+    ray.kill(node_agent(this_node_id()))
+    out = ChunkedCheckpoint.from_object_ref(ref).to_directory(str(tmp_path / "out"))
+    assert (Path(out) / "w.bin").read_bytes() == data

@@ -8,8 +8,8 @@ straight from its mapping under a read lease, unhashed (the lease keeps the file
 checked before the mapping until the copy is made; the caller checks it again
 after), so the call waits for one copy per byte, spread over two processes. The
 checksums are then taken of the stored bytes by the agent (``checksum_stored``),
-after the call returned, while a reader is already writing (a reader waits for a
-checksum still to come): a checksum still proves what was stored. Two processes,
+and the call returns once they are (so that nothing of the checkpoint depends on
+the agent afterwards): a checksum proves what was stored. Two processes,
 not two threads: the hash holds the GIL. A chunk that cannot be mapped is read and
 hashed as before. Every chunk is owned by the caller, as before; a change of the
 source in the caller's part raises SourceChangedError before the call returns
@@ -46,7 +46,7 @@ def pack_shared(request: PackRequest, here: Split = every_other) -> Packed:
     then those ``here`` selects stored by this process, and then the checksums of
     every chunk stored unhashed, taken by the agent of the stored bytes. Returns
     once this process's part is stored; ``Packed.stored`` resolves once the
-    agent's is (or raises what its packing raised)."""
+    agent's is (or raises what its packing raised), the checksums once taken."""
     plans = list(request.plans())
     agent = AgentClient()
     data: list[ray.ObjectRef[Any]] = []
