@@ -65,7 +65,7 @@ def test_readers_mode_reads_the_storage_disk_once(tmp_path: Path) -> None:
 
 def test_dcp_mode_restores_each_rank_its_share_verified(tmp_path: Path) -> None:
     """``--dcp``: Ray's recipe and ours each save and restore a hand-sharded model
-    from 2 ranks, every restore verified; ours moves each rank less than Ray's
+    from 2 ranks (ours also a second, incremental save), every restore verified; ours moves each rank less than Ray's
     recipe (the whole checkpoint per rank) and keeps no local temp copy. 1 MiB
     chunks: the replicated ``step`` in the other rank's file costs one chunk of it."""
     report = tmp_path / "dcp.json"
@@ -82,10 +82,14 @@ def test_dcp_mode_restores_each_rank_its_share_verified(tmp_path: Path) -> None:
     result = json.loads(report.read_text())
     assert result["mode"] == "dcp" and "sharded" in result["config"]["state"]
     rows = {r["contender"]: r for r in result["results"]}
-    assert set(rows) == {"ray-recipe", "air-transfer"}
+    assert set(rows) == {"ray-recipe", "air-transfer", "air-incremental"}
     for r in rows.values():
         assert r["status"] == "ok" and r["verified"] is True, r
         assert len(r["save_s"]) == 2 and r["save_wall_s"] > 0 and r["restore_wall_s"] > 0
+    # The second, incremental save sent part of the state and reused the rest.
+    incremental = rows["air-incremental"]
+    assert incremental["second_bytes_sent"] > 0 and incremental["second_bytes_reused"] > 0
+    assert 0 < incremental["second_sent_fraction"] < 1, incremental
     ours, ray_recipe = rows["air-transfer"], rows["ray-recipe"]
     for mine, theirs in zip(ours["restore_bytes"], ray_recipe["restore_bytes"], strict=True):
         assert 0 < mine < theirs, (ours, ray_recipe)
