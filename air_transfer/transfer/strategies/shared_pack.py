@@ -6,12 +6,12 @@ The agent stores every other chunk (``store_chunks``) and the caller the rest
 meanwhile (``ChunkPacker.store_each``): a chunk of one local file goes into the store
 straight from its mapping under a read lease, unhashed (the lease keeps the file as
 checked before the mapping until the copy is made; the caller checks it again
-after), so the call waits for one copy per byte, spread over two processes. The
-checksums are then taken of the stored bytes by the agent (``checksum_stored``),
-and the call returns once they are (so that nothing of the checkpoint depends on
-the agent afterwards): a checksum proves what was stored. Two processes,
-not two threads: the hash holds the GIL. A chunk that cannot be mapped is read and
-hashed as before. Every chunk is owned by the caller, as before; a change of the
+after). Each process then hashes the stored bytes of its part (the agent:
+``checksum_stored``), and the call returns once every checksum is taken, so that
+nothing of the checkpoint depends on the agent afterwards: the call waits for one
+copy and one hash per byte, spread over two processes, and a checksum proves what
+was stored. Two processes, not two threads: the hash holds the GIL. A chunk that
+cannot be mapped is read and hashed as before. Every chunk is owned by the caller, as before; a change of the
 source in the caller's part raises SourceChangedError before the call returns
 anything, one in the agent's fails the completion.
 """
@@ -24,6 +24,7 @@ from typing import Any
 import ray
 
 from air_transfer.cluster.agent_client import AgentClient
+from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.packer import ChunkPacker
 from air_transfer.core.plan import ChunkPlan
@@ -42,11 +43,12 @@ def every_other(plan: ChunkPlan) -> bool:
 
 
 def pack_shared(request: PackRequest, here: Split = every_other) -> Packed:
-    """The chunks of ``request``: the agent's part submitted first (``store_chunks``),
-    then those ``here`` selects stored by this process, and then the checksums of
-    every chunk stored unhashed, taken by the agent of the stored bytes. Returns
-    once this process's part is stored; ``Packed.stored`` resolves once the
-    agent's is (or raises what its packing raised), the checksums once taken."""
+    """The chunks of ``request``: the agent's part submitted first (``store_chunks``,
+    then ``checksum_stored`` of what it stored), then those ``here`` selects stored
+    by this process and hashed here, of the stored bytes, while the agent works on
+    its part. Returns once this process's part is stored and hashed;
+    ``Packed.stored`` resolves once the agent's is stored (or raises what its
+    packing raised), its checksums once taken."""
     plans = list(request.plans())
     agent = AgentClient()
     data: list[ray.ObjectRef[Any]] = []
@@ -55,25 +57,25 @@ def pack_shared(request: PackRequest, here: Split = every_other) -> Packed:
         chunks, done = agent.store_chunks(request.source, group)
         data += chunks
         statuses += done
+    their_sums = iter(_checksums_of_stored(data, request.chunk_bytes))
     ours = [plan for plan in plans if here(plan)]
     stored = ChunkPacker().store_each(request.source, ours, ray.put)
     metrics.add_bytes("packed", sum(plan.length for plan in ours), "chunked")
     theirs = iter(data)
-    mine = iter(stored)
+    mine = iter([(ref, checksum or _stored_checksum(ref)) for ref, checksum in stored])
     refs: list[ray.ObjectRef[Any]] = []
-    known: list[str | None] = []  # None: to be taken of the stored chunk
+    checksums: list[Any] = []
     for plan in plans:
-        if here(plan):
-            ref, checksum = next(mine)
-        else:
-            ref, checksum = next(theirs), None
+        ref, checksum = next(mine) if here(plan) else (next(theirs), next(their_sums))
         refs.append(ref)
-        known.append(checksum)
-    # In chunk order, so that a reader's first checksums come first.
-    unhashed = [ref for ref, checksum in zip(refs, known, strict=True) if checksum is None]
-    later = iter(_checksums_of_stored(unhashed, request.chunk_bytes))
-    checksums = [c if c is not None else next(later) for c in known]
+        checksums.append(checksum)
     return Packed(refs, tuple(checksums), stored=tuple(statuses))
+
+
+def _stored_checksum(ref: ray.ObjectRef[Any]) -> str:
+    """The checksum of a chunk this process stored, taken of the store's bytes (a
+    zero-copy view of them)."""
+    return chunk_checksum(ray.get(ref))
 
 
 def _checksums_of_stored(
