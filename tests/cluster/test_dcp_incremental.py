@@ -3,8 +3,9 @@
 save sends only the chunks of its shard that no earlier save under the root holds
 (the storage agent's ``incremental_counters``, against what the stored files say
 changed); 0%, ~90% and 100% unchanged; a corrupted stored chunk sent again; deleting
-the older save; two saves sharing a base at once; a failed save, and a writer dying
-with chunks in flight, leaving nothing. Every save restores bit-identical."""
+the older save; two saves sharing a base at once; a failed save, a writer dying
+with chunks in flight, and the storage agent dying mid-stream, leaving nothing.
+Every save restores bit-identical."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from air_transfer import TransferConfig
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.dcp import NodeStorageWriter
+from tests.support.checkpoints import kill_and_wait
 from tests.support.cluster import node_ids
 from tests.support.dcp_fns import Rank, tensor
 from tests.support.waiting import eventually
@@ -225,3 +227,45 @@ def test_a_writer_dying_mid_stream_publishes_nothing(
     assert fs.get_file_info(pafs.FileSelector(str(tmp_path / "d"))) == []
     saved(rank, tmp_path / "c", fs, 1, 1)
     assert restored(tmp_path / "c", fs, 1, 1)
+
+
+@ray.remote(num_cpus=0)
+class OpenStream:
+    """An incremental stream held open on node a between calls."""
+
+    def write(self, fs: pafs.FileSystem, path: str, body: bytes) -> None:
+        self.f = fs.open_output_stream(path)
+        self.f.write(body)
+        self.f.flush()
+
+    def close(self) -> str:
+        try:
+            self.f.close()
+        except Exception as e:  # what the writer sees
+            return type(e).__name__
+        return "closed"
+
+
+def test_the_storage_agent_dying_mid_stream_publishes_nothing(
+    rank: Any, fs: pafs.FileSystem, tmp_path: Path
+) -> None:
+    """The storage node's agent killed while a stream is open (its chunks reused or
+    sent, nothing committed): closing it is an error, the file never appears, no
+    staging file stays once the agent is replaced, and the next save and every
+    stored one restore whole."""
+    base = tmp_path / "base"
+    saved(rank, base, fs, 1, 1)
+    (tmp_path / "d").mkdir()
+    body = (base / "__0_0.distcp").read_bytes()[: 6 * CHUNK] + os.urandom(2 * CHUNK)
+    stream = OpenStream.options(resources={"node_a": 0.01}).remote()
+    ray.get(stream.write.remote(fs, str(tmp_path / "d/f"), body))
+    kill_and_wait(node_agent(node_ids()["head"]))
+    assert ray.get(stream.close.remote()) in {"ConnectionError", "CheckpointLostError"}
+    ray.kill(stream)
+    eventually(
+        lambda: fs.get_file_info(pafs.FileSelector(str(tmp_path / "d"))) == []
+        and os.listdir(tmp_path / "d") == [],
+        lambda: f"left: {os.listdir(tmp_path / 'd')}",
+    )
+    saved(rank, tmp_path / "next", fs, 1, 2)
+    assert restored(tmp_path / "next", fs, 1, 2) and restored(base, fs, 1, 1)

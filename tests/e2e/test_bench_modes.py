@@ -65,8 +65,9 @@ def test_readers_mode_reads_the_storage_disk_once(tmp_path: Path) -> None:
 
 def test_dcp_mode_restores_each_rank_its_share_verified(tmp_path: Path) -> None:
     """``--dcp``: Ray's recipe and ours each save and restore a hand-sharded model
-    from 2 ranks (ours also a second, incremental save), every restore verified; ours moves each rank less than Ray's
-    recipe (the whole checkpoint per rank) and keeps no local temp copy. 1 MiB
+    from 2 ranks (ours also a second, incremental save), every restore verified;
+    ours moves each rank less than Ray's recipe (the whole checkpoint per rank) and
+    keeps no local temp copy. 1 MiB
     chunks: the replicated ``step`` in the other rank's file costs one chunk of it."""
     report = tmp_path / "dcp.json"
     cmd = [

@@ -11,9 +11,9 @@ after). Each process then hashes the stored bytes of its part (the agent:
 nothing of the checkpoint depends on the agent afterwards: the call waits for one
 copy and one hash per byte, spread over two processes, and a checksum proves what
 was stored. Two processes, not two threads: the hash holds the GIL. A chunk that
-cannot be mapped is read and hashed as before. Every chunk is owned by the caller, as before; a change of the
-source in the caller's part raises SourceChangedError before the call returns
-anything, one in the agent's fails the completion.
+cannot be mapped is read and hashed as before. Every chunk is owned by the caller,
+as before; a change of the source in the caller's part raises SourceChangedError
+before the call returns anything, one in the agent's fails the completion.
 """
 
 from __future__ import annotations
