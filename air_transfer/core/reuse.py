@@ -23,7 +23,9 @@ _CLONE_REFUSED = frozenset(
 )
 #: ``link`` errors meaning "not here": no hard links on this filesystem, a file at
 #: its link limit, ``protected_hardlinks``.
-_LINK_REFUSED = frozenset({errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV})
+_LINK_REFUSED = frozenset(
+    {errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOENT}
+)
 
 
 def clone_into(src_fd: int, dst_fd: int) -> bool:
@@ -39,27 +41,30 @@ def clone_into(src_fd: int, dst_fd: int) -> bool:
 
 
 def link_into(src_fd: int, dst: str) -> bool:
-    """Hard-link the open file ``src_fd`` as ``dst`` (by its descriptor, never by a
-    path that could be swapped meanwhile); False where the filesystem refuses.
+    """Hard-link the open file ``src_fd`` as ``dst`` (``link_at`` in its directory);
+    False where the filesystem refuses."""
+    parent = os.open(os.path.dirname(dst) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return link_at(src_fd, parent, os.path.basename(dst))
+    finally:
+        os.close(parent)
+
+
+def link_at(src_fd: int, dir_fd: int, name: str) -> bool:
+    """Hard-link the open file ``src_fd`` as ``name`` in the directory ``dir_fd`` (by
+    its descriptor, never by a path that could be swapped meanwhile); False where
+    the filesystem refuses, or the file was deleted since it was opened (ENOENT: a
+    file with no name left cannot be given one).
 
     ``linkat`` with ``AT_SYMLINK_FOLLOW`` on the fd's ``/proc`` link: plain ``link``
     (what ``os.link`` calls without a ``dir_fd``) would link the magic link itself
     and fail with EXDEV."""
-    parent = os.open(os.path.dirname(dst) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.link(
-            f"/proc/self/fd/{src_fd}",
-            os.path.basename(dst),
-            src_dir_fd=parent,
-            dst_dir_fd=parent,
-            follow_symlinks=True,
-        )
+        os.link(f"/proc/self/fd/{src_fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
     except OSError as e:
         if e.errno in _LINK_REFUSED:
             return False
         raise
-    finally:
-        os.close(parent)
     return True
 
 

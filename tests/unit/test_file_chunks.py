@@ -68,7 +68,11 @@ def test_a_whole_file_is_cloned_or_linked_by_its_descriptor(tmp_path: Path) -> N
         os.rename(tmp_path / "base", tmp_path / "moved")  # the path changes, the fd holds
         assert link_into(src, str(tmp_path / "linked"))
         assert (tmp_path / "linked").stat().st_ino == os.fstat(src).st_ino
+        assert (tmp_path / "linked").read_bytes() == body
+        os.unlink(tmp_path / "moved")
+        os.unlink(tmp_path / "linked")  # deleted meanwhile: no name to link, refused
+        assert not link_into(src, str(tmp_path / "again"))
+        assert not (tmp_path / "again").exists()
     finally:
         os.close(src)
         os.close(out)
-    assert (tmp_path / "linked").read_bytes() == body

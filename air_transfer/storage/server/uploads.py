@@ -41,6 +41,7 @@ from air_transfer.core.confine import (
     oserror,
 )
 from air_transfer.core.direct_io import pwrite_direct, should_write_direct
+from air_transfer.core.reuse import link_at
 from air_transfer.errors import ChecksumError
 from air_transfer.storage.server.tree import STAGING_MARK, hidden_name
 
@@ -167,9 +168,7 @@ class DiskUploads:
             if stat.S_IMODE(os.fstat(source).st_mode) != stat.S_IMODE(mode):
                 return False
             link = hidden_name(w.name, STAGING_MARK)
-            try:  # by its descriptor, never by a path that could be swapped meanwhile
-                os.link(f"/proc/self/fd/{source}", link, dst_dir_fd=w.fd, follow_symlinks=True)
-            except OSError:
+            if not link_at(source, w.fd, link):
                 return False
             try:
                 os.rename(link, w.name, src_dir_fd=w.fd, dst_dir_fd=w.fd)
