@@ -2,8 +2,8 @@
 (``no_dist``, one process) into incremental node storage on the driver's node, and a
 save sends only the chunks of its shard that no earlier save under the root holds
 (the storage agent's ``incremental_counters``, against what the stored files say
-changed); 0%, ~90% and 100% unchanged; a corrupted stored chunk sent again; deleting
-the older save; two saves sharing a base at once; a failed save, a writer dying
+changed); 0%, ~90% and 100% unchanged; a save from the storage node itself storing
+an unchanged shard once; a corrupted stored chunk sent again; deleting the older save; two saves sharing a base at once; a failed save, a writer dying
 with chunks in flight, and the storage agent dying mid-stream, leaving nothing.
 Every save restores bit-identical."""
 
@@ -139,6 +139,38 @@ def test_a_save_sends_only_the_chunks_no_earlier_save_holds(
     assert cost["bytes_sent"] == sent and cost["bytes_reused"] == size(c[3]) - sent
     assert sent <= sum(f.stat().st_size % CHUNK for f in files(c[3]))
     for path, (frozen, head) in zip(c, [(1, 1), (1, 2), (3, 3), (3, 3)], strict=True):
+        assert restored(path, fs, frozen, head), path
+
+
+def shard(checkpoint: Path) -> Path:
+    [one] = [f for f in files(checkpoint) if f.suffix == ".distcp"]
+    return one
+
+
+def test_a_save_on_the_storage_node_stores_an_unchanged_shard_once(
+    rank: Any, fs: pafs.FileSystem, tmp_path: Path
+) -> None:
+    """This process runs on the storage node, so its bytes never travel: a shard
+    unchanged since an earlier save becomes a hard link of the stored one (one copy on
+    disk) and a changed one does not; the saved shards serve a save from node a; the
+    older save deleted, the newer restore whole."""
+    c = [tmp_path / f"c{i}" for i in range(4)]
+    before = counters()
+    save(str(c[0]), fs, 1, 1)
+    save(str(c[1]), fs, 1, 1)  # all unchanged
+    cost = counters() - before
+    assert shard(c[1]).stat().st_ino == shard(c[0]).stat().st_ino
+    assert cost["files_linked"] == 1 and cost["bytes_linked"] == shard(c[1]).stat().st_size
+    assert cost["bytes_sent"] == 0
+
+    save(str(c[2]), fs, 1, 2)  # the head changed
+    assert shard(c[2]).stat().st_ino != shard(c[0]).stat().st_ino
+    assert (counters() - before)["files_linked"] == 1
+    cost = saved(rank, c[3], fs, 1, 2)  # from node a, after c[2] was written here
+    assert cost["bytes_sent"] == must_send(c[3], c[2:3]) < CHUNK
+
+    fs.delete_dir(str(c[0]))
+    for path, (frozen, head) in zip(c[1:], [(1, 1), (1, 2), (1, 2)], strict=True):
         assert restored(path, fs, frozen, head), path
 
 

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from air_transfer.cluster.agent_client import Expect
 from air_transfer.config import TransferConfig
-from air_transfer.core.checksum import chunk_checksum
+from air_transfer.core.checksum import chunk_checksum, chunk_hasher
 from air_transfer.core.confine import Where, at, open_file, open_regular, oserror
 from air_transfer.core.direct_io import DirectFileWriter
 from air_transfer.observe import deferred
@@ -72,7 +72,13 @@ def open_staging(root: str, staging: str) -> int:
 class SameNodeWriter(UploadStream):
     """Writes an upload's bytes straight into its staging file (around the page
     cache with ``config.direct_io``) and commits it on ``close``; a failed write or
-    a writer dropped unclosed removes the staging file instead."""
+    a writer dropped unclosed removes the staging file instead.
+
+    With ``config.incremental`` (a write from offset 0) it also hashes the bytes per
+    file chunk as they pass, and commits with those checksums (``fs_commit_indexed``):
+    a file whose every byte a stored one holds (a DCP shard unchanged since an earlier
+    save) becomes a hard link of it, one copy on disk, and the file serves later
+    saves, as an upload from another node does. Nothing travels either way."""
 
     def __init__(
         self,
@@ -93,6 +99,11 @@ class SameNodeWriter(UploadStream):
         self.written = 0
         self._unreported = 0
         self.failed = False
+        #: Each full per-file chunk's checksum so far (incremental only, else None),
+        #: and the hash of the chunk being written (``_hashed`` bytes of it).
+        self.sums: list[str] | None = [] if config.incremental and start == 0 else None
+        self._hasher = chunk_hasher()
+        self._hashed = 0
         self._file: DirectFileWriter | BinaryIO
         # The staging file again, as created: through the confined walk, never by its
         # path (a directory on the way swapped for a symlink would lead out of root).
@@ -129,12 +140,29 @@ class SameNodeWriter(UploadStream):
             if self.transfer is not None:
                 self.transfer.finish(e)
             raise
+        if self.sums is not None:
+            self._hash(view)
         self.written += len(view)
         self._unreported += len(view)
         if self.transfer is not None and self._unreported >= REPORT_BYTES:
             self.transfer.advance(self._unreported)
             self._unreported = 0
         return len(view)
+
+    def _hash(self, view: memoryview) -> None:
+        """Feed ``view`` (just written) to the per-chunk hashes, cut every
+        ``chunk_bytes`` from the file's offset 0 (``core.file_chunks``)."""
+        chunk_bytes = self.config.chunk_bytes
+        while view:
+            take = min(chunk_bytes - self._hashed, len(view))
+            self._hasher.update(view[:take])
+            self._hashed += take
+            view = view[take:]
+            if self._hashed == chunk_bytes:
+                assert self.sums is not None
+                self.sums.append(self._hasher.hexdigest())
+                self._hasher.reset()
+                self._hashed = 0
 
     def close(self) -> None:
         """Commit the file: it appears whole, or (after a failed write) not at all."""
@@ -144,22 +172,7 @@ class SameNodeWriter(UploadStream):
             if self.failed:
                 return
             self._file.close()
-            size, empty = self.start + self.written, chunk_checksum(b"")
-            # The agent renames it over the target: commits of one storage are
-            # serialized there, whichever node wrote the bytes.
-            self.link.call(
-                lambda agent: agent.fs_commit(
-                    self.root,
-                    self.local,
-                    self.staging,
-                    size,
-                    b"",
-                    empty,
-                    size,
-                    self.config.direct_io,
-                    self.expect,
-                )
-            )
+            self._commit(self.start + self.written)
             self._discard.detach()
         except BaseException as e:
             self._discard()
@@ -171,6 +184,26 @@ class SameNodeWriter(UploadStream):
         if self.transfer is not None:
             self.transfer.advance(self._unreported)
             self.transfer.finish()
+
+    def _commit(self, size: int) -> None:
+        """Have the agent rename the staging file over the target (commits of one
+        storage are serialized there, whichever node wrote the bytes)."""
+        root, local, staging, empty = self.root, self.local, self.staging, chunk_checksum(b"")
+        direct_io, expect = self.config.direct_io, self.expect
+        if self.sums is None:
+            self.link.call(
+                lambda agent: agent.fs_commit(
+                    root, local, staging, size, b"", empty, size, direct_io, expect
+                )
+            )
+            return
+        sums = (*self.sums, self._hasher.hexdigest()) if self._hashed else tuple(self.sums)
+        chunk_bytes = self.config.chunk_bytes
+        self.link.call(
+            lambda agent: agent.fs_commit_indexed(
+                root, local, staging, size, b"", empty, size, sums, chunk_bytes, direct_io, expect
+            )
+        )
 
     def __del__(self) -> None:
         if not self.closed:  # dropped unclosed: not self.close(), that would commit
