@@ -260,6 +260,14 @@ def lost_error(
     """The CheckpointLostError for ``what`` (a chunk, the handle) being unfetchable."""
     owner = handle.owner if handle is not None else "the process that called to_object_ref()"
     metrics.lost(handle.strategy.name if handle is not None else "unknown")
+    if isinstance(cause, RayActorError):  # the actor computing it died, not its owner
+        return CheckpointLostError(
+            f"{what} of a transferred checkpoint can no longer be fetched: the "
+            f"air-transfer agent that was packing it died before it was stored "
+            f"({type(cause).__name__}); its owner, {owner}, is not the one that exited. "
+            "The checkpoint is incomplete: transfer it again (a new agent starts on "
+            "that node at the next transfer)."
+        )
     return CheckpointLostError(
         f"{what} of a transferred checkpoint can no longer be fetched: its owner, "
         f"{owner}, exited or the object was freed ({type(cause).__name__}). A Ray "

@@ -3,9 +3,10 @@
 save sends only the chunks of its shard that no earlier save under the root holds
 (the storage agent's ``incremental_counters``, against what the stored files say
 changed); 0%, ~90% and 100% unchanged; a save from the storage node itself storing
-an unchanged shard once; a corrupted stored chunk sent again; deleting the older save; two saves sharing a base at once; a failed save, a writer dying
-with chunks in flight, and the storage agent dying mid-stream, leaving nothing.
-Every save restores bit-identical."""
+an unchanged shard once; a corrupted stored chunk sent again; deleting the older
+save; two saves sharing a base at once; a failed save, a writer dying with chunks in
+flight, and the storage agent dying mid-stream, leaving nothing. Every save
+restores bit-identical."""
 
 from __future__ import annotations
 

@@ -131,9 +131,10 @@ def test_the_worker_nodes_agent_killed_mid_report_is_a_checkpoint_lost_error(
     tmp_path: Path,
 ) -> None:
     """The worker node's agent killed while it packs a report: the report raises
-    CheckpointLostError itself, not Ray's RayTaskError(CheckpointLostError) wrapper
-    of the storage agent's call (defect: node storage's agent link unwrapped only
-    OSError and ValueError); nothing is stored, no staging is left."""
+    CheckpointLostError itself, naming the agent's death (not its caller's), not
+    Ray's RayTaskError(CheckpointLostError) wrapper of the storage agent's call
+    (defect: node storage's agent link unwrapped only OSError and ValueError);
+    nothing is stored, no staging is left."""
     from air_transfer.cluster.nodes import node_agent
     from tests.support.gates import HoldPackingAt, hold_packing
 
@@ -155,6 +156,8 @@ def test_the_worker_nodes_agent_killed_mid_report_is_a_checkpoint_lost_error(
         ray.get(gate.open.remote())
         ray.kill(gate)
     assert (name, module) == ("CheckpointLostError", "air_transfer.errors"), message
+    # It names what died: the agent, not the caller (alive, and told so).
+    assert "agent that was packing it died" in message and "not the one that exited" in message
     assert not dest.exists() and staging_dirs(dest.parent) == []
 
 
