@@ -148,3 +148,19 @@ def test_demo_flags() -> None:
     assert (opts.size_mb, opts.reports, opts.workers, opts.storage) == (256, 3, 1, None)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["demo", "--size-mb", "0"])
+
+
+def test_the_object_store_holds_the_largest_checkpoint_without_spilling() -> None:
+    """Ray spills once a store is 80% full, and a chunked trip holds every chunk until
+    it is dropped: the store the bench starts holds the largest checkpoint with room
+    (8 GB on a 24 GiB machine spilled with 30% of memory), within half of memory
+    (30% per node across two nodes), and never under the floor."""
+    from benchmarks.bench.session import MIN_STORE_BYTES, auto_store_bytes
+
+    total = 24 * GiB
+    for gb, cross_node in ((8, False), (4, True), (1, False)):
+        store = auto_store_bytes(gb * 10**9, cross_node, 2, total)
+        assert 0.8 * store >= 1.1 * gb * 10**9, (gb, cross_node, store)  # 10% to spare
+    assert auto_store_bytes(40 * 10**9, False, 2, total) == total // 2
+    assert auto_store_bytes(40 * 10**9, True, 2, total) == int(total * 0.3)
+    assert auto_store_bytes(1, False, 2, total) >= MIN_STORE_BYTES
