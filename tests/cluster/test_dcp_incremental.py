@@ -3,14 +3,15 @@
 save sends only the chunks of its shard that no earlier save under the root holds
 (the storage agent's ``incremental_counters``, against what the stored files say
 changed); 0%, ~90% and 100% unchanged; a save from the storage node itself storing
-an unchanged shard once; a corrupted stored chunk sent again; deleting the older
-save; two saves sharing a base at once; a failed save, a writer dying with chunks in
-flight, and the storage agent dying mid-stream, leaving nothing. Every save
-restores bit-identical."""
+an unchanged shard once (and two such writers at once); a corrupted stored chunk
+sent again; deleting the older save; two saves sharing a base at once; a failed
+save, a writer dying with chunks in flight, and the storage agent dying mid-stream,
+leaving nothing. Every save restores bit-identical."""
 
 from __future__ import annotations
 
 import os
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -173,6 +174,40 @@ def test_a_save_on_the_storage_node_stores_an_unchanged_shard_once(
     fs.delete_dir(str(c[0]))
     for path, (frozen, head) in zip(c[1:], [(1, 1), (1, 2), (1, 2)], strict=True):
         assert restored(path, fs, frozen, head), path
+
+
+def test_two_writers_on_the_storage_node_link_one_stored_shard_at_once(
+    fs: pafs.FileSystem, tmp_path: Path
+) -> None:
+    """Two writers on the storage node store a stored shard's bytes at once, in writes
+    that do not line up with chunks: each file becomes a hard link of it, whole,
+    whichever commits first."""
+    base = tmp_path / "base"
+    save(str(base), fs, 1, 1)
+    body, names = shard(base).read_bytes(), ("one", "two")
+    (tmp_path / "d").mkdir()
+    errors: list[BaseException] = []
+
+    def write(name: str) -> None:
+        try:
+            with fs.open_output_stream(str(tmp_path / "d" / name)) as f:
+                for offset in range(0, len(body), 100_000):
+                    f.write(body[offset : offset + 100_000])
+        except BaseException as e:
+            errors.append(e)
+
+    before = counters()
+    writers = [threading.Thread(target=write, args=(name,)) for name in names]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join(timeout=120)
+    assert errors == [] and not any(t.is_alive() for t in writers)
+    assert (counters() - before)["files_linked"] == 2
+    for name in names:
+        written = tmp_path / "d" / name
+        assert written.stat().st_ino == shard(base).stat().st_ino
+        assert written.read_bytes() == body
 
 
 def test_a_corrupted_stored_chunk_is_sent_and_deleting_the_older_save_keeps_the_newer(
