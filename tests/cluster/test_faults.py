@@ -156,8 +156,11 @@ def test_the_worker_nodes_agent_killed_mid_report_is_a_checkpoint_lost_error(
         ray.get(gate.open.remote())
         ray.kill(gate)
     assert (name, module) == ("CheckpointLostError", "air_transfer.errors"), message
-    # It names what died: the agent, not the caller (alive, and told so).
-    assert "agent that was packing it died" in message and "not the one that exited" in message
+    # It names what died, an agent, and never blames the caller, which is alive
+    # (depending on when the kill lands, the packing agent's death reaches the storage
+    # agent's read or the reporting worker's: tests/unit/test_lost_error.py).
+    assert "agent" in message and "died" in message, message
+    assert "exited or the object was freed" not in message, message
     assert not dest.exists() and staging_dirs(dest.parent) == []
 
 
