@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -41,24 +42,36 @@ def endpoints() -> dict[str, str]:
 
 
 def _scrape(urls: dict[str, str]) -> Bytes:
+    """The counters of every node that answered (a node whose metrics agent is not up
+    yet is left out, not read as zero)."""
     out: Bytes = {}
     for node, url in urls.items():
         try:
             out[node] = parse(urllib.request.urlopen(url, timeout=10).read().decode())
-        except OSError:  # the node's agent is not up yet: nothing counted there
-            out[node] = {}
+        except OSError:
+            continue
     return out
 
 
-def snapshot(urls: dict[str, str], settle_s: float = 30.0) -> Bytes:
-    """Every node's counters once they have settled (two scrapes a report interval
-    and a half apart agree; ``settle_s`` at most)."""
+def snapshot(
+    urls: dict[str, str],
+    settle_s: float = 30.0,
+    changed_from: Bytes | None = None,
+    scrape: Callable[[dict[str, str]], Bytes] = _scrape,
+    interval_s: float = 1.5 * REPORT_MS / 1000,
+) -> Bytes:
+    """Every node's counters once they have settled: every node answered, two scrapes
+    ``interval_s`` apart agree and, after a phase that moved bytes, differ from
+    ``changed_from`` (the reading before it): two scrapes taken before any raylet
+    reported the phase agree too, as do two of a cluster whose metrics agents are not
+    up yet (a readers run once read 0 bytes moved). ``settle_s`` at most."""
     deadline = time.monotonic() + settle_s
-    last = _scrape(urls)
+    last = scrape(urls)
     while True:
-        time.sleep(1.5 * REPORT_MS / 1000)
-        now = _scrape(urls)
-        if now == last or time.monotonic() > deadline:
+        time.sleep(interval_s)
+        now = scrape(urls)
+        settled = now == last and len(now) == len(urls) and now != changed_from
+        if settled or time.monotonic() > deadline:
             return now
         last = now
 

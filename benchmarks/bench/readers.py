@@ -104,7 +104,7 @@ def _phase(
     seconds = time.perf_counter() - start
     after = _counters(agents)
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    moved = pushed.delta(moved_before, pushed.snapshot(urls))
+    moved = pushed.delta(moved_before, pushed.snapshot(urls, changed_from=moved_before))
     differences = [first_difference(source, digest) for _, digest in done]
     wrong = next((d for d in differences if d), None)
     trip = Trip(seconds, verified=wrong is None)

@@ -5,7 +5,7 @@ objects, and received)."""
 
 from __future__ import annotations
 
-from benchmarks.bench.pushed import delta, parse, pushed_ratios
+from benchmarks.bench.pushed import Bytes, delta, parse, pushed_ratios, snapshot
 from benchmarks.bench.report import pushed_text
 
 PAGE = """# HELP ray_object_manager_bytes Number of bytes pushed or received by type.
@@ -32,3 +32,33 @@ def test_bytes_pushed_per_node_as_multiples_of_the_checkpoint() -> None:
         "reader_1": {"pushed": 0.0, "received": 4.0},
     }
     assert pushed_text(ratios) == "node_a:2.50"
+
+
+def test_a_reading_after_a_phase_waits_for_the_raylets_to_report_it() -> None:
+    """Two scrapes taken before any raylet reported the phase agree: the reading after
+    it waits until it differs from the one before, then until it is stable; a phase
+    that moved nothing returns once ``settle_s`` is spent."""
+    before = {"n1": {"Received": 0.0}}
+    pages = iter([before, before, before, {"n1": {"Received": 5.0}}, {"n1": {"Received": 9.0}}])
+    last = {"n1": {"Received": 9.0}}
+
+    def scrape(urls: dict[str, str]) -> Bytes:
+        return next(pages, last)
+
+    one = {"n1": "u1"}
+    assert snapshot(one, 30, before, scrape, interval_s=0) == last
+    assert snapshot(one, 0, before, lambda urls: before, interval_s=0) == before
+    assert snapshot(one, 30, None, lambda urls: before, interval_s=0) == before
+
+
+def test_a_reading_waits_for_every_nodes_metrics_agent() -> None:
+    """A node whose metrics agent does not answer yet is missing from a scrape, not
+    read as zero: the reading waits until every node answers."""
+    urls = {"n1": "u1", "n2": "u2"}
+    whole = {"n1": {"Received": 1.0}, "n2": {}}
+    pages = iter([{"n1": {"Received": 1.0}}] * 3)
+
+    def scrape(urls: dict[str, str]) -> Bytes:
+        return next(pages, whole)
+
+    assert snapshot(urls, 30, None, scrape, interval_s=0) == whole
