@@ -112,8 +112,10 @@ class DirectFileWriter:
         self._free: queue.Queue[np.ndarray] = queue.Queue()
         for _ in range(depth):
             self._free.put(aligned_buffer(buffer_bytes))
-        #: (buffer, bytes, offset): a bounce buffer, or a view written from in place.
-        self._full: queue.Queue[tuple[Any, int, int] | None] = queue.Queue()
+        #: (buffer, bytes, offset, set once written): a bounce buffer, or a view
+        #: written from in place (with an event where its caller waits for it).
+        self._full: queue.Queue[tuple[Any, int, int, threading.Event | None] | None]
+        self._full = queue.Queue()
         self._views = threading.Semaphore(depth)
         self._mem_align = MEM_ALIGN
         self._error: BaseException | None = None
@@ -130,9 +132,16 @@ class DirectFileWriter:
         )
         self._thread.start()
 
-    def write(self, data: memoryview, hasher: Hasher | None = None) -> None:
+    def write(self, data: memoryview, hasher: Hasher | None = None, *, kept: bool = False) -> None:
         """Append ``data`` (a byte view) to the file; ``hasher``, if given, is updated
-        with every byte, from the bounce buffer right after it is filled (in cache)."""
+        with every byte, from the bounce buffer right after it is filled (in cache).
+
+        ``kept``: the caller leaves ``data`` unchanged until ``close()`` (an
+        object-store chunk, which the queued view pins), so its aligned middle may be
+        written from in place after ``write`` returns. Otherwise (a reused read-ahead
+        buffer, a caller's ``bytearray``) ``write`` returns only once nothing refers
+        to ``data`` any more: a buffer refilled while a queued write still pointed at
+        it would put later bytes into this file, unseen by any check."""
         view = memoryview(data).cast("B")
         head = self._direct_head(view)
         if head is not None:  # straight from ``view`` after ``head`` bytes
@@ -141,12 +150,15 @@ class DirectFileWriter:
             if self._fill:
                 self._submit(self._fill)  # a multiple of ALIGN: the offset is aligned
             n = len(view) - len(view) % ALIGN
-            if hasher is not None:
-                hasher.update(view[:n])
+            done = None if kept else threading.Event()
             self._views.acquire()  # at most ``depth`` views queued (they pin chunks)
-            self._full.put((view[:n], n, self._offset))
+            self._full.put((view[:n], n, self._offset, done))
+            if hasher is not None:  # while the thread writes the same bytes
+                hasher.update(view[:n])
             self._offset += n
             view = view[n:]
+            if done is not None:
+                done.wait()
         self._bounce(view, hasher)
 
     def _direct_head(self, view: memoryview) -> int | None:
@@ -221,13 +233,14 @@ class DirectFileWriter:
 
     def _submit(self, nbytes: int) -> None:
         assert self._buffer is not None
-        self._full.put((self._buffer, nbytes, self._offset))
+        self._full.put((self._buffer, nbytes, self._offset, None))
         self._offset += self._fill
         self._buffer, self._fill = None, 0
 
     def _drain(self) -> None:
         while (item := self._full.get()) is not None:
-            buffer, nbytes, offset = item
+            buffer, nbytes, offset, done = item
+            del item  # a view is referenced by ``buffer`` alone, dropped before ``done``
             try:
                 if self._error is None:
                     if isinstance(buffer, memoryview):
@@ -239,9 +252,13 @@ class DirectFileWriter:
                 self._error = e
             finally:
                 if isinstance(buffer, memoryview):
+                    del buffer  # the last reference: the caller may reuse its memory
                     self._views.release()
+                    if done is not None:
+                        done.set()
                 else:
                     self._free.put(buffer)
+                    del buffer
 
     def _pwrite_view(self, view: memoryview, offset: int) -> None:
         """Write ``view`` from where it is; where the kernel refuses its address

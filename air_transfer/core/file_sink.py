@@ -14,10 +14,14 @@ from air_transfer.errors import error_at
 
 class FileSink:
     """Writes the stream's bytes into files in order; one file open at a time, large
-    ones around the page cache if ``direct_io``."""
+    ones around the page cache if ``direct_io``. ``views_kept``: the views handed to
+    ``write`` stay unchanged until the sink is closed (``DirectFileWriter.write``)."""
 
-    def __init__(self, root: str, files: Sequence[Entry], direct_io: bool) -> None:
+    def __init__(
+        self, root: str, files: Sequence[Entry], direct_io: bool, views_kept: bool = False
+    ) -> None:
         self.root, self.files, self.direct_io = root, files, direct_io
+        self.views_kept = views_kept
         self.index = -1
         self.path = ""
         self.written = 0
@@ -51,7 +55,7 @@ class FileSink:
         ones made), updating ``hasher`` with its bytes."""
         self._advance_to(file_index)
         if isinstance(self.handle, DirectFileWriter):
-            self.handle.write(view, hasher)
+            self.handle.write(view, hasher, kept=self.views_kept)
             return
         assert self.handle is not None
         if hasher is not None:

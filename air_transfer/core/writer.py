@@ -39,6 +39,7 @@ def write_tree(
     expected: Iterable[str] | None = None,
     *,
     follow_target: bool = True,
+    chunks_kept: bool = False,
 ) -> str:
     """Rebuild the checkpoint described by ``manifest`` at ``target`` from its chunks
     (buffers, in order) and return the target path. With ``direct_io``, large files
@@ -47,7 +48,10 @@ def write_tree(
     transfer still being packed); each is asked for only when its chunk arrives.
     A symlink at ``target`` itself is written through to its directory, unless
     ``follow_target`` is False (a caller that resolved the target itself, confined:
-    node storage): such a link is then NotADirectoryError.
+    node storage): such a link is then NotADirectoryError. ``chunks_kept``: each
+    chunk stays unchanged while referenced (an object-store chunk), so a large file's
+    bytes may still be written from it while the next one is checked; a source that
+    refills its buffers (a read-ahead ring) leaves it False.
 
     Raises ChecksumError (target untouched) if a chunk does not match its checksum or
     the chunks do not add up to the manifest; NotADirectoryError if ``target`` is a
@@ -66,7 +70,9 @@ def write_tree(
     site.clean_up()
     check_before_writing(manifest, site, real)
     with site.staging() as staging:
-        _write_entries(manifest, chunks, staging.path, verify, direct_io, real, expected)
+        _write_entries(
+            manifest, chunks, staging.path, verify, direct_io, real, expected, chunks_kept
+        )
         with site.publish_lock():
             site.recover_locked()  # a writer may have died mid-swap meanwhile
             publish(manifest, staging, real)
@@ -94,13 +100,14 @@ def _write_entries(
     direct_io: bool,
     target: str,
     expected: Iterable[str] | None = None,
+    chunks_kept: bool = False,
 ) -> None:
     checksums = iter(expected) if expected is not None else None
     for e in manifest.entries:
         if e.kind == "dir":
             os.mkdir(_join(root, e.path), 0o700)
     files = list(manifest.files())
-    with FileSink(root, files, direct_io) as sink:
+    with FileSink(root, files, direct_io, chunks_kept) as sink:
         spans = iter_chunk_spans([f.size for f in files], manifest.chunk_bytes)
         count = 0
         for index, chunk in enumerate(chunks):

@@ -146,6 +146,7 @@ class TransferHandle:
                     self.config.direct_io,
                     expected=expected,
                     follow_target=follow_target,
+                    chunks_kept=self.strategy.chunks_kept,
                 )
             finally:
                 # At once, not when garbage collected: fetches in flight hold chunks.

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from air_transfer import ChecksumError, TransferConfig
@@ -255,3 +256,45 @@ def test_a_file_size_limit_raises_efbig_naming_the_file(tmp_path: Path, direct: 
     assert raised.value.errno == errno.EFBIG
     assert raised.value.filename.endswith("/big.bin")
     assert leftovers(tmp_path) == []
+
+
+def _page_aligned_view(backing: bytearray, length: int) -> memoryview:
+    """``length`` bytes of ``backing`` from a page-aligned address: written from in place."""
+    address = np.frombuffer(backing, np.uint8).ctypes.data
+    start = -address % ALIGN
+    return memoryview(backing)[start : start + length]
+
+
+@linux_only
+def test_a_borrowed_buffer_is_free_again_when_write_returns(tmp_path: Path) -> None:
+    """A buffer the caller refills after ``write`` (a read-ahead ring) must not be
+    written from later: a write still queued from it put the next chunk's bytes into
+    the file, unchecked. The bytearray refuses to resize while any view of it lives,
+    so this fails whenever the writer still refers to it, however the threads ran."""
+    length = 2 * 1024 * 1024
+    backing = bytearray(random.Random(1).randbytes(length + ALIGN))
+    view = _page_aligned_view(backing, length)
+    expected = bytes(view)
+    writer = DirectFileWriter(str(tmp_path / "f"))
+    assert writer._direct_head(view) == 0  # the in-place path, which queues the view
+    writer.write(view)
+    view.release()
+    backing[:] = bytes(len(backing))  # refilled at once, as the ring does
+    backing.extend(b"x")  # BufferError if a queued write still holds a view of it
+    writer.close()
+    assert writer.direct
+    assert (tmp_path / "f").read_bytes() == expected
+
+
+@linux_only
+def test_a_kept_buffer_is_written_from_in_place_after_write_returns(tmp_path: Path) -> None:
+    """``kept=True`` (object-store chunks): the view may stay queued; the bytes are
+    those of the buffer, which the caller leaves unchanged until ``close``."""
+    length = 2 * 1024 * 1024
+    backing = bytearray(random.Random(2).randbytes(length + ALIGN))
+    view = _page_aligned_view(backing, length)
+    writer = DirectFileWriter(str(tmp_path / "f"))
+    writer.write(view, kept=True)
+    writer.write(view[: ALIGN + 5], kept=True)
+    writer.close()
+    assert (tmp_path / "f").read_bytes() == bytes(view) + bytes(view[: ALIGN + 5])

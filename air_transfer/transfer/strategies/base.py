@@ -76,6 +76,12 @@ class TransferStrategy(ABC):
     """
 
     name: ClassVar[str]
+    #: Whether the buffers ``iter_chunks`` yields stay unchanged while referenced
+    #: (object-store chunks, fresh ``bytes``): the reader then writes a large file's
+    #: bytes from them in place while it moves on to the next chunk. Leave it False
+    #: for a strategy that refills one buffer: each write then ends before the next
+    #: chunk is asked for.
+    chunks_kept: ClassVar[bool] = False
 
     @abstractmethod
     def pack(self, request: PackRequest) -> Packed:

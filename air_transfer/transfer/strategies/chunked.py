@@ -25,6 +25,7 @@ class ChunkedStrategy(TransferStrategy):
     """One ``ray.put`` per chunk; the payload is the list of chunk ObjectRefs."""
 
     name = "chunked"
+    chunks_kept = True  # object-store chunks, pinned by the views written from them
 
     def pack(self, request: PackRequest) -> Packed:
         refs: list[ray.ObjectRef[Any]] = []

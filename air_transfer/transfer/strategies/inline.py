@@ -27,6 +27,7 @@ class InlineStrategy(TransferStrategy):
     """The file stream in one numpy array; the payload is its ObjectRef."""
 
     name = "inline"
+    chunks_kept = True  # object-store chunks, pinned by the views written from them
 
     def pack(self, request: PackRequest) -> Packed:
         self.check(request.source, request.total_bytes, request.config)

@@ -48,6 +48,7 @@ class StreamedStrategy(TransferStrategy):
     """Chunks are produced on demand by the source node's agent."""
 
     name = "streamed"
+    chunks_kept = True  # object-store chunks, pinned by the views written from them
 
     def pack(self, request: PackRequest) -> Packed:
         source = request.source
