@@ -44,13 +44,24 @@ def start_cluster(
     }
     if system_config:
         head["_system_config"] = system_config
-    cluster = Cluster(initialize_head=True, head_node_args=head)
-    for name in node_names:
-        resources = {name: 1.0, **(node_resources or {})}
-        cluster.add_node(num_cpus=1, resources=resources, object_store_memory=STORE_BYTES)
-    cluster.wait_for_nodes()
-    connect(cluster.address)
-    return cluster
+    tried: list[Cluster] = []
+
+    def start() -> Cluster:
+        cluster = Cluster()
+        tried.append(cluster)
+        cluster.add_node(**head)
+        for name in node_names:
+            resources = {name: 1.0, **(node_resources or {})}
+            cluster.add_node(num_cpus=1, resources=resources, object_store_memory=STORE_BYTES)
+        cluster.wait_for_nodes()
+        connect(cluster.address)
+        return cluster
+
+    def stop() -> None:  # what the failed start left, so that the next starts afresh
+        ray.shutdown()
+        tried[-1].shutdown()
+
+    return shared_ray.start_with_retries(start, stop)
 
 
 def connect(address: str) -> None:

@@ -31,18 +31,22 @@ def start_ray() -> str:
     """(Re)start the local Ray with a Prometheus endpoint its metrics agent exports
     to every 100 ms; the endpoint's URL."""
     shared_ray.release()
-    port = _free_port()
-    ray.init(
-        address="local",
-        num_cpus=2,
-        object_store_memory=512 * 1024 * 1024,
-        include_dashboard=False,
-        logging_level="ERROR",
-        _metrics_export_port=port,
-        _system_config={"metrics_report_interval_ms": 100},
-        runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT}},
-    )
-    return f"http://127.0.0.1:{port}/metrics"
+
+    def start() -> str:
+        port = _free_port()
+        ray.init(
+            address="local",
+            num_cpus=2,
+            object_store_memory=512 * 1024 * 1024,
+            include_dashboard=False,
+            logging_level="ERROR",
+            _metrics_export_port=port,
+            _system_config={"metrics_report_interval_ms": 100},
+            runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT}},
+        )
+        return f"http://127.0.0.1:{port}/metrics"
+
+    return shared_ray.start_with_retries(start, ray.shutdown)
 
 
 def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
