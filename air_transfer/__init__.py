@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from air_transfer.cluster.nodes import node_agent, shutdown_agents
-from air_transfer.config import TransferConfig
+from air_transfer.config import StorageConfig, TransferConfig
 from air_transfer.core.entry import Entry
 from air_transfer.core.manifest import Manifest
 from air_transfer.errors import (
@@ -37,13 +37,20 @@ from air_transfer.transfer.strategies import (
 
 if TYPE_CHECKING:
     from air_transfer.checkpoint import ChunkedCheckpoint
-    from air_transfer.train import checkpoint_upload_fn, storage_filesystem
+    from air_transfer.train import (
+        checkpoint_upload_fn,
+        storage_filesystem,
+        storage_state,
+        wait_durable,
+    )
 
 #: The public names that need Ray Train, and the module each comes from.
 _ON_FIRST_USE = {
     "ChunkedCheckpoint": "air_transfer.checkpoint",
     "checkpoint_upload_fn": "air_transfer.train",
     "storage_filesystem": "air_transfer.train",
+    "storage_state": "air_transfer.train",
+    "wait_durable": "air_transfer.train",
 }
 
 
@@ -75,6 +82,7 @@ __all__ = [
     "PackRequest",
     "Packed",
     "SourceChangedError",
+    "StorageConfig",
     "TransferConfig",
     "TransferFuture",
     "TransferStrategy",
@@ -85,5 +93,7 @@ __all__ = [
     "select_strategy",
     "shutdown_agents",
     "storage_filesystem",
+    "storage_state",
     "strategies",
+    "wait_durable",
 ]

@@ -33,7 +33,10 @@ from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.scan import Source, Stamp
+from air_transfer.storage.durable.settings import DrainSettings
+from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.server.chunk_cache import DirectoryTransfers, FileChunks
+from air_transfer.storage.server.drain import DrainStatus
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.metadata import DiskStorage, storage_path
 from air_transfer.storage.server.reads import read_chunks
@@ -41,6 +44,7 @@ from air_transfer.storage.server.report_ledger import ReportLedger
 from air_transfer.storage.server.senders import sender
 from air_transfer.storage.server.sink import store_checkpoint, store_report
 from air_transfer.storage.server.stream_uploads import StreamUploads
+from air_transfer.storage.server.tiered_disk import TieredDisk
 from air_transfer.storage.server.uploads import DiskUploads
 from air_transfer.transfer.handle import TransferHandle
 from air_transfer.transfer.live_chunks import LiveChunks
@@ -66,7 +70,9 @@ class NodeAgent:
         self._relays = Relays()
         self._files = FileChunks(submit_plans)
         self._directories = DirectoryTransfers(_owned_transfer)
-        self._disk = DiskStorage()
+        #: Metadata, with the durable tier of each root that has one (its drain).
+        self._disk = TieredDisk(DiskStorage(), str(ray.get_runtime_context().get_node_id()))
+        self._disk.resume()
         self._uploads = DiskUploads()
         self._stored = 0  # checkpoints written by store_checkpoint and store_report
         self._reports = ReportLedger()
@@ -212,6 +218,7 @@ class NodeAgent:
             worker, local, lambda check: store_report(src, root, local, config, check)
         )
         self._stored += 1
+        self._disk.touch(root)
         return stored
 
     def store_incremental(
@@ -228,11 +235,14 @@ class NodeAgent:
         this node holds, fetching the rest from ``source`` on ``sender_node``; what
         it cost. A Ray Train report (``worker`` given) is noted as ``store_report``'s."""
         local, send = storage_path(root, path), sender(source, sender_node, config.window)
-        if worker is None:
-            return self._incremental.store(root, local, files, send)
-        return self._reports.store(
-            worker, local, lambda check: self._incremental.store(root, local, files, send, check)
-        )
+        try:
+            if worker is None:
+                return self._incremental.store(root, local, files, send)
+            return self._reports.store(
+                worker, local, lambda c: self._incremental.store(root, local, files, send, c)
+            )
+        finally:
+            self._disk.touch(root)
 
     def reclaim_reports(self, root: str, workers: list[str], tracked: list[str]) -> list[str]:
         """Ray Train is stopping the group of ``workers``: end their reports still
@@ -283,6 +293,7 @@ class NodeAgent:
     # -- node storage: uploads ---------------------------------------------------------
     def fs_copy_file(self, root: str, src: str, dest: str) -> None:
         self._uploads.fs_copy_file(root, src, dest)
+        self._disk.touch(root)
 
     def fs_open_write(self, root: str, path: str, append: bool) -> tuple[str, int, Expect]:
         return self._uploads.fs_open_write(root, path, append)
@@ -313,6 +324,7 @@ class NodeAgent:
         self._uploads.fs_commit(
             root, path, staging, offset, tail, checksum, size, direct_io, expect
         )
+        self._disk.touch(root)
 
     def fs_abort(self, root: str, staging: str) -> None:
         self._uploads.fs_abort(root, staging)
@@ -348,3 +360,17 @@ class NodeAgent:
         self._streams.fs_commit_indexed(
             root, path, staging, offset, tail, checksum, size, sums, chunk_bytes, direct_io, expect
         )
+        self._disk.touch(root)
+
+    # -- node storage: the durable tier (``storage.server.tiered_disk``) ----------------
+    def durable_attach(self, root: str, target: DurableTarget, settings: DrainSettings) -> str:
+        return self._disk.attach(root, target, settings)
+
+    def durable_request(self, root: str) -> tuple[str, int]:
+        return self._disk.request(root)
+
+    def durable_status(self, root: str, path: str | None = None) -> DrainStatus:
+        return self._disk.status(root, path)
+
+    def durable_locate(self, root: str, path: str) -> tuple[Info, bool]:
+        return self._disk.locate(root, path)

@@ -144,12 +144,99 @@ class TransferConfig:
 
 
 def _require_int(
-    name: str, value: object, low: int, high: int, limit_name: str | None = None
+    name: str,
+    value: object,
+    low: int,
+    high: int,
+    limit_name: str | None = None,
+    owner: str = "TransferConfig",
 ) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"TransferConfig.{name} must be an int, got {value!r}")
+        raise TypeError(f"{owner}.{name} must be an int, got {value!r}")
     if not low <= value <= high:
         upper = f"{limit_name} = {high}" if limit_name else str(high)
-        raise ValueError(
-            f"TransferConfig.{name} = {value} is outside the allowed range [{low}, {upper}]"
-        )
+        raise ValueError(f"{owner}.{name} = {value} is outside the allowed range [{low}, {upper}]")
+
+
+#: Files the durable tier receives after the rest of a drain pass: the ones that make
+#: a checkpoint whole (torch DCP writes ``.metadata`` last) or that name checkpoints
+#: (Ray Train's run state, Ray Tune's experiment state).
+DURABLE_LAST = (
+    ".metadata",
+    "checkpoint_manager_snapshot.json",
+    "experiment_state-*.json",
+    "tuner.pkl",
+    "trainer.pkl",
+)
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """How node storage (``storage_filesystem``) keeps its files: on how many nodes,
+    whether incrementally, how much it caches for readers, and the durable tier it
+    feeds in the background. Frozen and validated like ``TransferConfig``.
+
+    Attributes:
+        replicas: every file on this many distinct nodes (1: the storage node only).
+        replica_nodes: nodes to hold the copies first (Ray node ids).
+        replica_root: each copy's root, ``{node_id}`` formatted in (nodes sharing one
+            disk); default: ``root`` on every node.
+        incremental: a checkpoint stored there sends and stores only the chunks that
+            earlier checkpoints under the root lack.
+        cache_bytes: chunks of files read from node storage kept for N readers.
+        durable: the durable tier: a URI ``pyarrow.fs.FileSystem.from_uri`` accepts
+            (``s3://bucket/prefix?endpoint_override=...``, ``gs://...``,
+            ``file:///mnt/nfs/...``) or a ``(pyarrow.fs.FileSystem, path)`` pair; a
+            path ``root/p`` of node storage is ``path/p`` there. None: no durable tier.
+        durable_concurrency: files uploaded at once.
+        durable_bytes_per_s: cap on the upload rate (None: none).
+        max_lag_bytes: a report waits while more than this many bytes of node storage
+            are not yet in the durable tier (None: never waits).
+        durable_last: name patterns of the files uploaded after the rest of a pass.
+    """
+
+    replicas: int = 1
+    replica_nodes: tuple[str, ...] = ()
+    replica_root: str | None = None
+    incremental: bool = False
+    cache_bytes: int = 1 * GiB
+    durable: Any = None
+    durable_concurrency: int = 4
+    durable_bytes_per_s: int | None = None
+    max_lag_bytes: int | None = None
+    durable_last: tuple[str, ...] = DURABLE_LAST
+
+    def __post_init__(self) -> None:
+        _require_int("replicas", self.replicas, 1, 64, owner="StorageConfig")
+        _require_int("cache_bytes", self.cache_bytes, 0, 1 << 62, owner="StorageConfig")
+        _require_int("durable_concurrency", self.durable_concurrency, 1, 256, owner="StorageConfig")
+        for name in ("durable_bytes_per_s", "max_lag_bytes"):
+            if getattr(self, name) is not None:
+                _require_int(name, getattr(self, name), 1, 1 << 62, owner="StorageConfig")
+        if not isinstance(self.incremental, bool):
+            raise TypeError(f"StorageConfig.incremental must be a bool, got {self.incremental!r}")
+        if not isinstance(self.replica_nodes, tuple) or not all(
+            isinstance(n, str) for n in self.replica_nodes
+        ):
+            raise TypeError(
+                "StorageConfig.replica_nodes must be a tuple of node ids, "
+                f"got {self.replica_nodes!r}"
+            )
+        if self.replica_root is not None and not isinstance(self.replica_root, str):
+            raise TypeError(f"StorageConfig.replica_root must be a str, got {self.replica_root!r}")
+        if self.durable is not None and not isinstance(self.durable, (str, tuple)):
+            raise TypeError(
+                "StorageConfig.durable must be a URI or a (pyarrow.fs.FileSystem, path) "
+                f"pair, got {type(self.durable).__name__}"
+            )
+        if not isinstance(self.durable_last, tuple) or not all(
+            isinstance(p, str) and p for p in self.durable_last
+        ):
+            raise TypeError(
+                "StorageConfig.durable_last must be a tuple of name patterns, "
+                f"got {self.durable_last!r}"
+            )
+
+    def replace(self, **changes: Any) -> StorageConfig:
+        """A copy with ``changes`` applied and validated again."""
+        return dataclasses.replace(self, **changes)

@@ -13,6 +13,7 @@ its own storage: ``ray.train.report(..., checkpoint_upload_fn=checkpoint_upload_
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 from typing import Any
@@ -24,14 +25,17 @@ from ray.train import Checkpoint
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.cluster import _ray
 from air_transfer.cluster.nodes import head_node_id, live_node_ids, this_node_id
-from air_transfer.config import TransferConfig
+from air_transfer.config import StorageConfig, TransferConfig
 from air_transfer.core.confine import checked_path, storage_path
 from air_transfer.storage.client import replica_train
+from air_transfer.storage.client.durable_wait import StorageState, wait_until_durable
 from air_transfer.storage.client.handler import NodeStorageHandler, node_storage_handler
 from air_transfer.storage.client.incremental import store_incremental
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.copy import copy_tree
+from air_transfer.storage.durable.settings import DrainSettings
+from air_transfer.storage.durable.target import DurableTarget
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +48,8 @@ def storage_filesystem(
     replicas: int = 1,
     replica_nodes: tuple[str, ...] = (),
     replica_root: str | None = None,
+    durable: Any = None,
+    storage: StorageConfig | None = None,
 ) -> pafs.PyFileSystem:
     """A ``pyarrow`` filesystem whose files live on the disk of ``node`` (a Ray node
     id; default: the driver's node) and that every node of the cluster can use.
@@ -56,7 +62,16 @@ def storage_filesystem(
     ``replica_nodes`` named, then others picked), under the same root on each or
     ``replica_root.format(node_id=...)``; reads and writes fail over to a live
     copy (``storage.client.replicas``, README "Replicas").
+
+    ``durable``: a durable tier beyond the cluster (a URI ``pyarrow.fs.FileSystem
+    .from_uri`` accepts, or a ``(filesystem, path)`` pair) that the storage node's
+    agent feeds in the background, and that reads fall through to where node storage
+    does not hold a path (a new cluster resuming a run). ``storage``: all of these
+    settings in one ``StorageConfig`` (with its durable tier's limits), instead of
+    the keywords.
     """
+    settings = _storage_settings(storage, replicas, replica_nodes, replica_root, durable)
+    config = _with_storage(config, storage)
     if config is not None and not isinstance(config, TransferConfig):
         raise TypeError(f"config must be a TransferConfig, got {type(config).__name__}")
     if node is None and ray.is_initialized():
@@ -66,14 +81,126 @@ def storage_filesystem(
             f"node {node!r} is not a live node of this Ray cluster; pass a node id "
             "from ray.nodes() (or None for the driver's node)"
         )
-    if replicas != 1 or replica_nodes:
+    target = None
+    if settings.durable is not None:
+        target = DurableTarget.parse(settings.durable)
+        if root.rstrip("/") == "":
+            raise ValueError(
+                "storage_filesystem(durable=...) needs a root of its own (root='/abs/dir'): "
+                "the durable tier receives everything under the root"
+            )
+        target.check()
+    if settings.replicas != 1 or settings.replica_nodes:
+        if target is not None:
+            raise ValueError(
+                "storage_filesystem(durable=...) with replicas > 1 is not supported yet; "
+                "use replicas=1 with a durable tier"
+            )
         handler = ReplicatedTrainHandler(
-            node, root, config, replicas, tuple(replica_nodes), replica_root
+            node, root, config, settings.replicas, settings.replica_nodes, settings.replica_root
         )
         if ray.is_initialized():
             handler.ensure()  # the copies are placed now, by the maker
         return pafs.PyFileSystem(handler)
-    return pafs.PyFileSystem(TrainStorageHandler(node, root, config))
+    drain = _drain_settings(settings, config) if target is not None else None
+    return pafs.PyFileSystem(TrainStorageHandler(node, root, config, target, drain))
+
+
+def _storage_settings(
+    storage: StorageConfig | None,
+    replicas: int,
+    replica_nodes: tuple[str, ...],
+    replica_root: str | None,
+    durable: Any,
+) -> StorageConfig:
+    """``storage``, or the keywords as a ``StorageConfig``; not both."""
+    if storage is None:
+        return StorageConfig(
+            replicas=replicas,
+            replica_nodes=tuple(replica_nodes),
+            replica_root=replica_root,
+            durable=durable,
+        )
+    if not isinstance(storage, StorageConfig):
+        raise TypeError(f"storage must be a StorageConfig, got {type(storage).__name__}")
+    if (replicas, tuple(replica_nodes), replica_root, durable) != (1, (), None, None):
+        raise ValueError(
+            "pass replicas, replica_nodes, replica_root and durable either as keywords "
+            "or in storage=StorageConfig(...), not both"
+        )
+    return storage
+
+
+def _with_storage(config: object, storage: StorageConfig | None) -> Any:
+    """The transfers' config with ``storage``'s ``incremental`` and ``cache_bytes``."""
+    if storage is None:
+        return config
+    if not isinstance(config, (TransferConfig, type(None))):
+        return config  # refused by the caller, naming it
+    base = config or TransferConfig()
+    default = TransferConfig()
+    if (base.incremental, base.cache_bytes) != (default.incremental, default.cache_bytes):
+        raise ValueError(
+            "set incremental and cache_bytes in storage=StorageConfig(...), not in the "
+            "TransferConfig as well"
+        )
+    return base.replace(incremental=storage.incremental, cache_bytes=storage.cache_bytes)
+
+
+def _drain_settings(storage: StorageConfig, config: TransferConfig | None) -> DrainSettings:
+    return DrainSettings(
+        concurrency=storage.durable_concurrency,
+        bytes_per_s=storage.durable_bytes_per_s,
+        chunk_bytes=(config or TransferConfig()).chunk_bytes,
+        last=storage.durable_last,
+        max_lag_bytes=storage.max_lag_bytes,
+    )
+
+
+def wait_durable(
+    filesystem: pafs.FileSystem, path: str | None = None, timeout: float | None = None
+) -> None:
+    """Return once everything node storage ``filesystem`` acknowledged before this
+    call (or at and under ``path``) is in its durable tier; TimeoutError after
+    ``timeout`` seconds, naming what is still missing. Call it after
+    ``Trainer.fit()`` and before the cluster goes: the run's last checkpoint then
+    outlives it."""
+    handler = _durable_handler(filesystem)
+    local = None if path is None else storage_path(handler.root, path)
+    assert handler.durable is not None
+    wait_until_durable(handler.link, handler.root, local, handler.durable.uri, timeout)
+
+
+def storage_state(filesystem: pafs.FileSystem, path: str) -> StorageState:
+    """Where ``path`` of node storage ``filesystem`` stands: on how many nodes, and
+    whether it is in the durable tier (``StorageState.tier``: local, replicated or
+    durable). FileNotFoundError if no tier holds it."""
+    handler = node_storage_handler(filesystem)
+    if handler is None:
+        raise TypeError("storage_state takes a storage_filesystem()")
+    local = storage_path(handler.root, path)
+    if handler.durable is None:
+        [info] = handler.get_file_info([path])
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        # The fresh copies of a replicated storage, as the registry names them.
+        copies = len(handler.ensure()[1]) if isinstance(handler, ReplicatedHandler) else 1
+        return StorageState(path, copies, None)
+    (ftype, _, _), here = handler.link.call(lambda a: a.durable_locate(handler.root, local))
+    if ftype == pafs.FileType.NotFound:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+    status = handler.link.call(lambda a: a.durable_status(handler.root, local))
+    return StorageState(path, 1 if here else 0, bool(status.durable))
+
+
+def _durable_handler(filesystem: pafs.FileSystem) -> NodeStorageHandler:
+    handler = node_storage_handler(filesystem)
+    if handler is None or handler.durable is None:
+        raise ValueError(
+            "wait_durable takes a storage_filesystem(durable=...): this filesystem has "
+            "no durable tier"
+        )
+    return handler
 
 
 def checkpoint_upload_fn(
@@ -148,9 +275,14 @@ class TrainStorageHandler(NodeStorageHandler):
     published whole; and ``reclaim_reports`` deletes what a stopped round stored."""
 
     def __init__(
-        self, node_id: str | None, root: str = "/", config: TransferConfig | None = None
+        self,
+        node_id: str | None,
+        root: str = "/",
+        config: TransferConfig | None = None,
+        durable: DurableTarget | None = None,
+        drain: DrainSettings | None = None,
     ) -> None:
-        super().__init__(node_id, root, config)
+        super().__init__(node_id, root, config, durable, drain)
         _ray.install_train_hooks(upload_directory, download_directory, reclaim_reports)
 
 
@@ -183,6 +315,7 @@ def upload_directory(
     if not os.path.isdir(source) or holds_symlink(source):
         return None
     config = handler.config
+    handler.wait_for_room()  # a durable tier's max_lag_bytes
     if isinstance(handler, ReplicatedHandler):  # every copy, whole (not incremental)
         replica_train.upload_report(handler, path, source, worker)
     elif config.incremental:  # checksums first, only what storage lacks travels
@@ -259,6 +392,10 @@ def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) 
     if isinstance(handler, ReplicatedHandler):
         return replica_train.download(handler, path, local_path)
     local = storage_path(handler.root, path)
+    if handler.durable is not None:
+        (_, _, _), here = handler.link.call(lambda a: a.durable_locate(handler.root, local))
+        if not here:
+            return False  # only in the durable tier: Ray copies, file by file, verified
     try:
         if ray.is_initialized() and handler.node_id == this_node_id():
             if not os.path.isdir(checked_path(handler.root, local)):

@@ -43,6 +43,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("ray.experimental.internal_kv", "_internal_kv_put"),
     ("ray.experimental.internal_kv", "_internal_kv_get"),
     ("ray.experimental.internal_kv", "_internal_kv_list"),
+    ("ray.experimental.internal_kv", "_internal_kv_del"),
 )
 #: Keyword of ``.options()`` that bounds how far a streaming generator runs ahead of
 #: its consumer (Ray's own streaming ``DataIterator`` uses it); not in the public docs.
@@ -112,6 +113,21 @@ def kv_items(namespace: str, prefix: str) -> dict[str, bytes]:
         if value is not None:
             out[key] = value
     return out
+
+
+def kv_keys(namespace: str, prefix: str) -> list[str]:
+    """The keys saved by ``kv_put`` in ``namespace`` that start with ``prefix``."""
+    from ray.experimental import internal_kv
+
+    raw = internal_kv._internal_kv_list(prefix, namespace=namespace)
+    return [key.decode() if isinstance(key, bytes) else str(key) for key in raw]
+
+
+def kv_delete(namespace: str, key: str) -> None:
+    """Remove ``key`` saved by ``kv_put`` (nothing if it is not there)."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_del(key, namespace=namespace)
 
 
 def streaming(method: Any, window: int) -> Any:

@@ -261,6 +261,28 @@ class AgentClient:
         ref: ray.ObjectRef[None] = self.actor.fs_copy_file.remote(root, src, dest)
         return ref
 
+    # -- node storage: the durable tier -------------------------------------------------
+    def durable_attach(self, root: str, target: Any, settings: Any) -> ray.ObjectRef[str]:
+        """Drain ``root`` into the durable tier ``target`` (a ``DurableTarget``) from
+        this agent with ``settings`` (``DrainSettings``); the drain's epoch."""
+        ref: ray.ObjectRef[str] = self.actor.durable_attach.remote(root, target, settings)
+        return ref
+
+    def durable_request(self, root: str) -> ray.ObjectRef[tuple[str, int]]:
+        """``(epoch, ticket)``: the ticket is completed by the next pass to end well."""
+        ref: ray.ObjectRef[tuple[str, int]] = self.actor.durable_request.remote(root)
+        return ref
+
+    def durable_status(self, root: str, path: str | None = None) -> ray.ObjectRef[Any]:
+        """The drain's ``DrainStatus`` (of ``path`` too, if given)."""
+        ref: ray.ObjectRef[Any] = self.actor.durable_status.remote(root, path)
+        return ref
+
+    def durable_locate(self, root: str, path: str) -> ray.ObjectRef[tuple[Info, bool]]:
+        """What ``path`` is, and whether node storage (not the durable tier) holds it."""
+        ref: ray.ObjectRef[tuple[Info, bool]] = self.actor.durable_locate.remote(root, path)
+        return ref
+
     # -- node storage: uploads ---------------------------------------------------------
     def fs_open_write(
         self, root: str, path: str, append: bool

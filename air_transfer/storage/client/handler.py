@@ -21,11 +21,16 @@ import ray
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import storage_path
+from air_transfer.core.reader import buffered
 from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
+from air_transfer.storage.client.durable_wait import wait_for_lag
 from air_transfer.storage.client.incremental_uploads import IncrementalChunkWriter
 from air_transfer.storage.client.same_node import SameNodeWriter, open_native
 from air_transfer.storage.client.streams import AgentLink, open_reader
 from air_transfer.storage.client.uploads import ChunkWriter
+from air_transfer.storage.durable.reads import open_verified
+from air_transfer.storage.durable.settings import DrainSettings
+from air_transfer.storage.durable.target import DurableTarget, relative
 from air_transfer.storage.location import NodeStorageLocation
 
 
@@ -39,15 +44,24 @@ class NodeStorageHandler(pafs.FileSystemHandler):
     """
 
     def __init__(
-        self, node_id: str | None, root: str = "/", config: TransferConfig | None = None
+        self,
+        node_id: str | None,
+        root: str = "/",
+        config: TransferConfig | None = None,
+        durable: DurableTarget | None = None,
+        drain: DrainSettings | None = None,
     ) -> None:
         if not isinstance(root, str) or not root.startswith("/"):
             raise ValueError(f"the storage root must be an absolute path, got {root!r}")
         self.root = posixpath.normpath(root).replace("//", "/")
         self.config = config or TransferConfig()
+        #: The durable tier the storage node's agent drains this storage into.
+        self.durable = durable
+        self.drain = drain if drain is not None or durable is None else DrainSettings()
         self._node_id = node_id
         self._link: AgentLink | None = None
         self._local: bool | None = None
+        self._attached = False
 
     @property
     def node_id(self) -> str:
@@ -62,16 +76,21 @@ class NodeStorageHandler(pafs.FileSystemHandler):
 
     @property
     def link(self) -> AgentLink:
-        """The connection to the storage node's agent."""
+        """The connection to the storage node's agent (which, with a durable tier,
+        drains this storage: attached at the first use in each process)."""
         if self._link is None:
             self._link = AgentLink(self.node_id, self.root, self.config)
+        if self.durable is not None and not self._attached:
+            link, durable, drain = self._link, self.durable, self.drain
+            link.call(lambda agent: agent.durable_attach(self.root, durable, drain))
+            self._attached = True
         return self._link
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Shipped by Ray, it names its node (the sender's if not yet known): a copy
         # unpickled elsewhere must not take its own node for the storage's.
         node = self.node_id if ray.is_initialized() else self._node_id
-        return (type(self), (node, self.root, self.config))
+        return (type(self), (node, self.root, self.config, self.durable, self.drain))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, NodeStorageHandler):
@@ -166,13 +185,50 @@ class NodeStorageHandler(pafs.FileSystemHandler):
     def _open_input(self, path: str) -> Any:
         local = self._path(path)
         if self._on_storage_node():
-            return open_native(self.root, local)
-        [(ftype, size, _)] = self.link.call(lambda agent: agent.fs_info(self.root, [local]))
+            try:
+                return open_native(self.root, local)
+            except FileNotFoundError:
+                if self.durable is None:
+                    raise
+            return self._open_durable(path, local)
+        if self.durable is not None:
+            (ftype, size, _), here = self.link.call(
+                lambda agent: agent.durable_locate(self.root, local)
+            )
+            if not here:
+                return self._open_durable(path, local)
+        else:
+            [(ftype, size, _)] = self.link.call(lambda agent: agent.fs_info(self.root, [local]))
         if ftype == pafs.FileType.NotFound:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
         if ftype != pafs.FileType.File or size is None:
             raise IsADirectoryError(errno.EISDIR, "Cannot open for reading", path)
         return pa.PythonFile(open_reader(self.link, path, local, size), mode="r")
+
+    def _open_durable(self, path: str, local: str) -> Any:
+        """``path``, held only in the durable tier: read from there, each chunk checked
+        against its record (``storage.durable.reads``), straight from this process."""
+        assert self.durable is not None
+        (ftype, size, _), here = self.link.call(
+            lambda agent: agent.durable_locate(self.root, local)
+        )
+        if here:  # stored again meanwhile
+            return self._open_input(path)
+        if ftype == pafs.FileType.NotFound:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        if ftype != pafs.FileType.File or size is None:
+            raise IsADirectoryError(errno.EISDIR, "Cannot open for reading", path)
+        reader = open_verified(self.durable, relative(self.root, local), size)
+        return pa.PythonFile(buffered(reader, self.config.chunk_bytes), mode="r")
+
+    def wait_for_room(self) -> None:
+        """With a durable tier and ``max_lag_bytes``: wait while more than that many
+        bytes of this storage are not in the durable tier yet (a report's
+        backpressure; logged once per wait)."""
+        limit = self.drain.max_lag_bytes if self.drain is not None else None
+        if self.durable is None or limit is None:
+            return
+        wait_for_lag(self.link, self.root, limit, self.durable.uri)
 
     def _open_output(self, path: str, append: bool) -> Any:
         local = self._path(path)

@@ -199,5 +199,3 @@ def _abort_upload(
         link.call(lambda agent: agent.fs_abort(link.root, staging))
     except Exception as e:  # the agent is gone: the file stays hidden, goes with its dir
         logger.warning("air-transfer: could not remove the staging file %s: %s", staging, e)
-
-

@@ -1,0 +1,344 @@
+"""The drain: node storage's changes applied to the durable tier in the background, by
+the storage node's agent, pass after pass.
+
+A pass reads the files uploaded last (``DrainSettings.last``: DCP's ``.metadata``,
+Ray Train's run state) first, then scans the rest, uploads every file whose version
+the tier lacks, then those last files as they were read, then applies the pending
+deletes. So the tier never holds a file that names a checkpoint before the
+checkpoint (anything it names was stored before it was written, so before it was
+read), and never loses the newest complete checkpoint first: a delete is applied
+only after the pass's uploads, and not while a last file uploaded still names it
+(Ray Train saves its run state before it deletes, so the next pass applies it).
+
+``wait``-ers get a ticket (``request``); a pass that started after the ticket and
+ended without error completes it. A pass that fails (the endpoint down, refusing)
+is tried again with backoff; its error is logged once per kind. Every upload is
+counted in metrics (``observe.durable_metrics``). Plain Python: unit-tested
+without Ray (the tombstones are handed in).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from air_transfer.core.confine import open_regular, storage_path
+from air_transfer.observe import durable_metrics
+from air_transfer.storage.durable.records import FileRecord, read_index, write_index
+from air_transfer.storage.durable.settings import LAST_FILE_MAX_BYTES, DrainSettings
+from air_transfer.storage.durable.target import DurableTarget
+from air_transfer.storage.durable.tombstones import Tombstones
+from air_transfer.storage.server.drain_deletes import apply_delete
+from air_transfer.storage.server.drain_scan import Seen, exists, scan
+from air_transfer.storage.server.drain_upload import RateLimit, upload, upload_bytes
+
+logger = logging.getLogger(__name__)
+#: Paths named in a timeout or a status (the first ones).
+SHOWN = 20
+
+
+@dataclass(frozen=True)
+class DrainStatus:
+    """Where one storage's drain is. ``epoch`` changes when the drain starts again
+    (its agent restarted): a ticket of another epoch is void."""
+
+    epoch: str
+    requested: int
+    completed: int
+    lag_bytes: int
+    pending: tuple[str, ...]
+    uploaded_bytes: int
+    copied_bytes: int
+    errors: int
+    last_error: str | None
+    passes: int
+    deletes_pending: int
+    #: For a status of one path: whether every file at or under it is in the tier.
+    durable: bool | None = None
+
+
+@dataclass
+class _State:
+    records: dict[str, FileRecord] = field(default_factory=dict)
+    #: The node-storage version of each file the tier holds (this drain's uploads).
+    versions: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+    #: The bytes of the last files uploaded: a delete they still name waits.
+    last_files: dict[str, bytes] = field(default_factory=dict)
+    dirs_made: set[str] = field(default_factory=set)
+
+
+class Drainer:
+    """Feeds the durable tier ``target`` from node storage ``root`` of this node."""
+
+    def __init__(
+        self,
+        root: str,
+        target: DurableTarget,
+        settings: DrainSettings,
+        tombstones: Tombstones,
+        deletes: threading.Lock,
+    ) -> None:
+        self.root, self.target, self.settings = root, target, settings
+        self.tombstones = tombstones
+        #: Held by a delete while it notes its tombstone and deletes (``tiered_disk``),
+        #: and here while the pending deletes are read: every one read is done.
+        self.deletes = deletes
+        self.epoch = uuid.uuid4().hex
+        self._cond = threading.Condition()
+        self._requested = 0
+        self._completed = 0
+        self._wake = True
+        self._stop = False
+        self._state = _State()
+        self._loaded = False
+        self._limit = RateLimit(settings.bytes_per_s)
+        self._lag = 0
+        self._pending: tuple[str, ...] = ()
+        self._uploaded = 0
+        self._copied = 0
+        self._errors = 0
+        self._last_error: str | None = None
+        self._passes = 0
+        self._logged: set[str] = set()
+        self._thread = threading.Thread(
+            target=self._run, name=f"air-transfer-drain {root}", daemon=True
+        )
+
+    # -- control ------------------------------------------------------------------------
+    def start(self) -> Drainer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def touch(self) -> None:
+        """Node storage changed: a pass soon."""
+        with self._cond:
+            self._wake = True
+            self._cond.notify_all()
+
+    def request(self) -> int:
+        """A ticket that the next pass to start, once it ends without error, completes."""
+        with self._cond:
+            self._requested += 1
+            self._wake = True
+            self._cond.notify_all()
+            return self._requested
+
+    def status(self, rel: str | None = None) -> DrainStatus:
+        files = None
+        if rel is not None:
+            files = [s for r, s in scan(self.root).files.items() if _under(r, rel)]
+        deletes = len(self.tombstones.pending())
+        with self._cond:
+            durable = (
+                None
+                if files is None
+                else all(self._state.versions.get(s.rel) == s.version for s in files)
+            )
+            return DrainStatus(
+                self.epoch, self._requested, self._completed, self._lag, self._pending,
+                self._uploaded, self._copied, self._errors, self._last_error, self._passes,
+                deletes, durable,
+            )  # fmt: skip
+
+    # -- passes -------------------------------------------------------------------------
+    def _run(self) -> None:
+        failures = 0
+        while True:
+            with self._cond:
+                delay = (
+                    self.settings.rescan_s
+                    if not failures
+                    else min(
+                        self.settings.backoff_s[0] * 2 ** (failures - 1), self.settings.backoff_s[1]
+                    )
+                )
+                if failures:  # backoff: a change or a request does not cut it short
+                    self._cond.wait_for(lambda: self._stop, timeout=delay)
+                elif not self._wake:
+                    self._cond.wait_for(lambda: self._stop or self._wake, timeout=delay)
+                if self._stop:
+                    return
+                ticket, self._wake = self._requested, False
+            try:
+                self._pass()
+            except Exception as e:
+                failures += 1
+                self._failed(e)
+                continue
+            failures = 0
+            with self._cond:
+                self._completed = max(self._completed, ticket)
+                self._passes += 1
+                self._cond.notify_all()
+
+    def _pass(self) -> None:
+        if not self._loaded:
+            self._load()
+        last = self._read_last()
+        scanned = scan(self.root)
+        data = [s for rel, s in scanned.files.items() if not self.settings.is_last(rel)]
+        todo = [s for s in data if self._state.versions.get(s.rel) != s.version]
+        later = [(s, b) for s, b in last if self._state.versions.get(s.rel) != s.version]
+        with self._cond:
+            self._lag = sum(s.size for s in todo) + sum(len(b) for _, b in later)
+            self._pending = tuple(sorted(s.rel for s in todo))[:SHOWN]
+        durable_metrics.lag(self._lag)
+        self._upload_all(todo)
+        for d in sorted(scanned.empty_dirs - self._state.dirs_made):
+            self.target.filesystem.create_dir(self.target.path(d), recursive=True)
+            self._state.dirs_made.add(d)
+        for seen, content in later:
+            record = upload_bytes(self.target, seen, content, self.settings.chunk_bytes)
+            self._done(seen, record, len(content), 0)
+            self._state.last_files[seen.rel] = content
+        changed = bool(todo or later)
+        changed |= self._apply_deletes()
+        if changed:
+            write_index(self.target, self._state.records)
+        with self._cond:
+            self._lag, self._pending = 0, ()
+        durable_metrics.lag(0)
+
+    def _upload_all(self, todo: list[Seen]) -> None:
+        if not todo:
+            return
+        with ThreadPoolExecutor(self.settings.concurrency, "air-transfer-upload") as pool:
+            results = list(pool.map(self._upload_one, todo))
+        failed = [e for e in results if e is not None]
+        if failed:
+            raise failed[0]
+
+    def _upload_one(self, seen: Seen) -> Exception | None:
+        try:
+            done = upload(
+                self.root, self.target, seen, self.settings.chunk_bytes, self._limit,
+                self._holding,
+            )  # fmt: skip
+        except FileNotFoundError:
+            return None  # deleted since the scan: its tombstone tells the tier
+        except Exception as e:
+            return e
+        if done is not None:
+            copied = 0 if done.sent else done.record.size
+            self._done(seen, done.record, done.sent, copied)
+        return None
+
+    def _holding(self, record: FileRecord) -> str | None:
+        """A path of the tier holding ``record``'s bytes (the same path first)."""
+        digest = record.digest
+        with self._cond:
+            candidates = [
+                rel
+                for rel, r in self._state.records.items()
+                if r.size == record.size and r.chunk_bytes == record.chunk_bytes
+            ]
+        matching = [rel for rel in candidates if self._state.records[rel].digest == digest]
+        return matching[0] if matching else None
+
+    def _done(self, seen: Seen, record: FileRecord, sent: int, copied: int) -> None:
+        with self._cond:
+            self._state.records[seen.rel] = record
+            self._state.versions[seen.rel] = seen.version
+            self._uploaded += sent
+            self._copied += copied
+            self._lag = max(0, self._lag - record.size)
+        durable_metrics.uploaded(sent)
+
+    def _read_last(self) -> list[tuple[Seen, bytes]]:
+        """The files uploaded last, read now, before the rest is scanned."""
+        out = []
+        for rel, seen in scan(self.root).files.items():
+            if not self.settings.is_last(rel) or seen.size > LAST_FILE_MAX_BYTES:
+                continue
+            try:
+                fd, st = open_regular(self.root, storage_path(self.root, rel))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            try:
+                content = os.pread(fd, st.st_size, 0)
+                now = Seen.of(rel, os.fstat(fd))
+            finally:
+                os.close(fd)
+            if len(content) == now.size:
+                out.append((now, content))
+        return out
+
+    def _apply_deletes(self) -> bool:
+        with self.deletes:  # every delete noted so far is done in node storage
+            pending = self.tombstones.pending()
+            present = {key: exists(self.root, rel) for key, rel in pending.items()}
+        applied = False
+        for key, rel in pending.items():
+            if self._named(rel):
+                continue  # a last file still names it: after that file changes
+            removed = apply_delete(
+                self.root, self.target, rel, present[key], list(self._state.records)
+            )
+            with self._cond:
+                for gone in removed:
+                    self._state.records.pop(gone, None)
+                    self._state.versions.pop(gone, None)
+                    self._state.last_files.pop(gone, None)
+                self._state.dirs_made = {
+                    d for d in self._state.dirs_made if not _under(d, rel) or present[key]
+                }
+            self.tombstones.remove(key)
+            applied = True
+        return applied
+
+    def _named(self, rel: str) -> bool:
+        name = posixpath.basename(rel).encode()
+        return bool(name) and any(
+            name in content
+            for path, content in self._state.last_files.items()
+            if not _under(path, rel)
+        )
+
+    def _load(self) -> None:
+        """What the tier holds, from its index (a drain that starts again or takes
+        over), and the last files' contents, which deletes are checked against."""
+        records = read_index(self.target)
+        last = {}
+        for rel in records:
+            if self.settings.is_last(rel):
+                try:
+                    with self.target.filesystem.open_input_stream(self.target.path(rel)) as f:
+                        last[rel] = f.read()
+                except FileNotFoundError:
+                    continue
+        with self._cond:
+            self._state.records.update(records)
+            self._state.last_files.update(last)
+        self._loaded = True
+
+    def _failed(self, e: Exception) -> None:
+        kind = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        with self._cond:
+            self._errors += 1
+            self._last_error = kind
+        durable_metrics.upload_error(type(e).__name__)
+        if kind not in self._logged:
+            self._logged.add(kind)
+            logger.warning(
+                "air-transfer: the durable tier %s did not take node storage %s's changes "
+                "(%s). Reports keep landing in node storage and the drain retries with "
+                "backoff; check that the endpoint is up and that the Ray cluster's "
+                "processes have its credentials (e.g. AWS_ACCESS_KEY_ID in their "
+                "environment). Logged once per kind of error.",
+                self.target.uri, self.root, kind,
+            )  # fmt: skip
+
+
+def _under(path: str, top: str) -> bool:
+    return not top or path == top or path.startswith(top + "/")

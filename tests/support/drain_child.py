@@ -1,0 +1,29 @@
+"""A drain in a process of its own, for a test to kill mid-upload: drains node storage
+``root`` into ``uri`` at ``bytes_per_s`` and waits to be killed.
+
+    python -m tests.support.drain_child ROOT URI BYTES_PER_S
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from air_transfer.storage.durable.settings import DrainSettings
+from air_transfer.storage.durable.target import DurableTarget
+from air_transfer.storage.durable.tombstones import MemoryTombstones
+from air_transfer.storage.server.drain import Drainer
+
+
+def main() -> None:
+    root, uri, rate = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    settings = DrainSettings(chunk_bytes=1024 * 1024, bytes_per_s=rate, concurrency=1)
+    target = DurableTarget.parse(uri)
+    drainer = Drainer(root, target, settings, MemoryTombstones(), threading.Lock())
+    drainer.start().request()
+    print("draining", flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

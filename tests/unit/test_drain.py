@@ -1,0 +1,163 @@
+"""The durable tier's drain, in this process against a local directory and a recording
+filesystem (no Ray): every file there bit-identical with its record, the files that
+name checkpoints after what they name, deletes applied after the uploads and never
+while a last file names them, identical files copied inside the tier, files changed
+between the two reads uploaded again, reads from the tier verified."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+
+from air_transfer.errors import ChecksumError
+from air_transfer.storage.durable.reads import open_verified
+from air_transfer.storage.durable.records import read_index
+from air_transfer.storage.durable.target import DurableTarget, is_staged
+from tests.support.drains import SMALL, assert_same, drained, draining, local_target
+from tests.support.recording_fs import RecordingHandler
+from tests.support.trees import write_file
+
+
+def _checkpoint(root: Path, name: str, seed: int, sizes: tuple[int, ...] = (5000, 200_000)) -> None:
+    rng = random.Random(seed)
+    for i, size in enumerate(sizes):
+        write_file(root / name / f"part-{i}.bin", rng.randbytes(size))
+
+
+def test_every_file_is_drained_bit_identical_with_its_record(tmp_path: Path) -> None:
+    root, target = tmp_path / "root", local_target(tmp_path / "durable")
+    _checkpoint(root, "run/checkpoint_0", 1, (0, 1, 65536, 65537, 300_000))
+    (root / "run" / "empty_dir").mkdir()
+    write_file(root / "run" / "ünïcode 模型.json", b"{}")
+    with draining(root, target) as drainer:
+        status = drained(drainer)
+    assert_same(root, target)
+    assert (tmp_path / "durable" / "run" / "empty_dir").is_dir()
+    assert status.uploaded_bytes == sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    assert set(read_index(target)) == {
+        str(f.relative_to(root)) for f in root.rglob("*") if f.is_file()
+    }
+
+
+def test_files_that_name_checkpoints_are_published_after_the_rest_of_their_pass(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "root"
+    handler = RecordingHandler()
+    (tmp_path / "durable").mkdir()
+    target = DurableTarget.parse((pafs.PyFileSystem(handler), str(tmp_path / "durable")))
+    _checkpoint(root, "run/checkpoint_1", 2)
+    write_file(root / "run" / "checkpoint_1" / ".metadata", b"dcp metadata")
+    write_file(root / "run" / "checkpoint_manager_snapshot.json", b'{"checkpoint_1": 1}')
+    with draining(root, target) as drainer:
+        drained(drainer)
+    published = [
+        target.rel(p)
+        for p in handler.published
+        if not is_staged(os.path.basename(p)) and "/.air-transfer/" not in p
+    ]
+    last = {"run/checkpoint_1/.metadata", "run/checkpoint_manager_snapshot.json"}
+    assert set(published[-2:]) == last, published
+    assert set(published[:-2]) == {"run/checkpoint_1/part-0.bin", "run/checkpoint_1/part-1.bin"}
+
+
+def test_a_delete_is_applied_after_the_uploads_and_waits_while_a_last_file_names_it(
+    tmp_path: Path,
+) -> None:
+    root, target = tmp_path / "root", local_target(tmp_path / "durable")
+    _checkpoint(root, "run/checkpoint_1", 3)
+    snapshot = root / "run" / "checkpoint_manager_snapshot.json"
+    write_file(snapshot, b'{"latest": "checkpoint_1"}')
+    with draining(root, target) as drainer:
+        drained(drainer)
+        _checkpoint(root, "run/checkpoint_2", 4)
+        # Ray Train deletes the old checkpoint before the snapshot naming it is
+        # replaced here: the delete must wait while the tier's snapshot names it.
+        drainer.tombstones.add("run/checkpoint_1")
+        for f in (root / "run" / "checkpoint_1").iterdir():
+            f.unlink()
+        (root / "run" / "checkpoint_1").rmdir()
+        status = drained(drainer)
+        assert status.deletes_pending == 1
+        assert (tmp_path / "durable" / "run" / "checkpoint_1" / "part-1.bin").is_file()
+        write_file(snapshot, b'{"latest": "checkpoint_2"}')
+        status = drained(drainer)
+    assert status.deletes_pending == 0
+    assert not (tmp_path / "durable" / "run" / "checkpoint_1").exists()
+    assert_same(root, target)
+
+
+def test_a_path_made_again_after_its_delete_keeps_its_new_files(tmp_path: Path) -> None:
+    root, target = tmp_path / "root", local_target(tmp_path / "durable")
+    _checkpoint(root, "ckpt", 5, (1000, 2000))
+    with draining(root, target) as drainer:
+        drained(drainer)
+        drainer.tombstones.add("ckpt")
+        (root / "ckpt" / "part-0.bin").unlink()  # the directory is made again: one file
+        write_file(root / "ckpt" / "part-1.bin", b"new")
+        status = drained(drainer)
+    assert status.deletes_pending == 0
+    assert_same(root, target)
+
+
+def test_a_file_the_tier_holds_under_another_name_is_copied_there(tmp_path: Path) -> None:
+    root, target = tmp_path / "root", local_target(tmp_path / "durable")
+    frozen = random.Random(6).randbytes(300_000)
+    write_file(root / "ckpt_1" / "frozen.bin", frozen)
+    with draining(root, target) as drainer:
+        first = drained(drainer)
+        write_file(root / "ckpt_2" / "frozen.bin", frozen)
+        write_file(root / "ckpt_2" / "new.bin", b"x" * 1000)
+        second = drained(drainer)
+    assert second.uploaded_bytes - first.uploaded_bytes == 1000  # the new file alone
+    assert second.copied_bytes - first.copied_bytes == len(frozen)
+    assert_same(root, target)
+
+
+def test_a_file_replaced_after_the_scan_is_uploaded_as_it_is_now(tmp_path: Path) -> None:
+    root, target = tmp_path / "root", local_target(tmp_path / "durable")
+    write_file(root / "a.bin", b"1" * 100_000)
+    with draining(root, target) as drainer:
+        drained(drainer)
+        for version in range(2, 6):  # each write replaces the file, as node storage's do
+            write_file(root / "a.tmp", str(version).encode() * 100_000)
+            os.replace(root / "a.tmp", root / "a.bin")
+            drained(drainer)
+    assert_same(root, target)
+
+
+def test_reads_from_the_tier_are_verified_chunk_by_chunk(tmp_path: Path) -> None:
+    root, target = tmp_path / "root", local_target(tmp_path / "durable")
+    data = random.Random(7).randbytes(3 * SMALL.chunk_bytes + 17)
+    write_file(root / "shard.bin", data)
+    with draining(root, target) as drainer:
+        drained(drainer)
+    reader = open_verified(target, "shard.bin", len(data))
+    reader.seek(SMALL.chunk_bytes + 5)
+    assert reader.read(100) == data[SMALL.chunk_bytes + 5 : SMALL.chunk_bytes + 105]
+    stored = tmp_path / "durable" / "shard.bin"
+    with open(stored, "r+b") as f:  # one bit of the third chunk flipped in the tier
+        f.seek(2 * SMALL.chunk_bytes + 3)
+        byte = f.read(1)
+        f.seek(2 * SMALL.chunk_bytes + 3)
+        f.write(bytes([byte[0] ^ 1]))
+    reader = open_verified(target, "shard.bin", len(data))
+    assert reader.read(SMALL.chunk_bytes) == data[: SMALL.chunk_bytes]
+    reader.seek(2 * SMALL.chunk_bytes)
+    with pytest.raises(ChecksumError, match="chunk 2"):
+        reader.read(10)
+
+
+def test_a_bad_durable_tier_is_refused_at_construction(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a URI"):
+        DurableTarget.parse("nosuchscheme://bucket/x")
+    with pytest.raises(ValueError, match="not the root"):
+        DurableTarget.parse("file:///")
+    with pytest.raises(ValueError, match="does not exist"):
+        DurableTarget.parse(f"file://{tmp_path}/missing/parent/base").check()
+    with pytest.raises(TypeError, match="URI"):
+        DurableTarget.parse(42)

@@ -1,0 +1,148 @@
+"""The durable tier's drain against a real S3 API over HTTP (moto's server in a process
+of its own, through pyarrow's ``S3FileSystem``; no Ray): drained bit-identical, a
+drain killed mid-upload leaves nothing a reader takes for a file (there and on a
+local directory), an endpoint down for a while or refusing credentials is retried
+and caught up with, its error logged once per kind."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+
+from air_transfer.storage.durable import reads
+from air_transfer.storage.durable.target import DurableTarget, is_staged
+from tests.support.drains import assert_same, drained, draining, local_target
+from tests.support.procs import REPO_ROOT, child_env
+from tests.support.s3 import S3Server, s3_server
+from tests.support.trees import write_file
+from tests.support.waiting import eventually
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    with s3_server(tmp_path_factory.mktemp("moto")) as server:
+        server.create_bucket("ckpts")
+        yield server
+
+
+def test_drained_into_s3_bit_identical(s3: S3Server, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    rng = random.Random(1)
+    for i, size in enumerate((0, 100, 3 * MiB + 5)):
+        write_file(root / "run" / "ckpt" / f"{i}.bin", rng.randbytes(size))
+    target = DurableTarget.parse(s3.uri("ckpts", "bit-identical"))
+    with draining(root, target) as drainer:
+        drained(drainer)
+    assert_same(root, target)
+
+
+def _kill_mid_upload(tmp_path: Path, uri: str, started: object) -> Path:
+    root = tmp_path / "root"
+    write_file(root / "big.bin", random.Random(2).randbytes(8 * MiB))
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.drain_child", str(root), uri, str(MiB)],
+        cwd=REPO_ROOT, env=child_env(), stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"draining\n"
+        eventually(started, "the upload of big.bin to start", 60)  # type: ignore[arg-type]
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    return root
+
+
+def test_a_drain_killed_mid_upload_leaves_no_object(s3: S3Server, tmp_path: Path) -> None:
+    client = s3.client()
+    target = DurableTarget.parse(s3.uri("ckpts", "killed"))
+
+    def uploading() -> bool:
+        found = client.list_multipart_uploads(Bucket="ckpts")  # type: ignore[attr-defined]
+        return any(u["Key"] == "killed/big.bin" for u in found.get("Uploads", []))
+
+    _kill_mid_upload(tmp_path, s3.uri("ckpts", "killed"), uploading)
+    [info] = target.filesystem.get_file_info([target.path("big.bin")])
+    assert info.type == pafs.FileType.NotFound
+    assert reads.listing(target, "", True, set()) == []
+
+
+def test_a_drain_killed_mid_upload_leaves_no_file_in_a_directory(tmp_path: Path) -> None:
+    durable = tmp_path / "durable"
+    target = local_target(durable)
+
+    def staged() -> bool:
+        return any(is_staged(p.name) for p in durable.iterdir())
+
+    _kill_mid_upload(tmp_path, f"file://{durable}", staged)
+    assert not (durable / "big.bin").exists()
+    assert reads.listing(target, "", True, set()) == []  # the staged file is not shown
+    assert reads.infos(target, [p.name for p in durable.iterdir()], set())[0][0] == (
+        pafs.FileType.NotFound
+    )
+
+
+def test_an_endpoint_down_for_a_while_is_caught_up_with(
+    s3: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "root"
+    write_file(root / "a.bin", b"a" * 1000)
+    target = DurableTarget.parse((s3.filesystem(attempts=1), "ckpts/down"))
+    with draining(root, target) as drainer:
+        drained(drainer)
+        s3.proxy.down()
+        try:
+            write_file(root / "b.bin", b"b" * 2000)
+            ticket = drainer.request()
+            eventually(lambda: drainer.status().errors >= 2, "two failed passes", 60)
+            assert drainer.status().completed < ticket
+        finally:
+            s3.proxy.up()
+        drained(drainer, 90)
+    assert_same(root, target)
+    warned = [r for r in caplog.records if "did not take node storage" in r.getMessage()]
+    assert len(warned) == 1  # once per kind of error, however many passes failed
+
+
+def test_refused_credentials_are_retried_and_never_lose_a_file(
+    s3: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    root = tmp_path / "root"
+    write_file(root / "a.bin", b"a" * 1000)
+    refused = DurableTarget.parse(s3.uri("ckpts", "creds", secret="wrong"))
+    refused.check()  # logged, not raised: the agents may hold other credentials
+    with draining(root, refused) as drainer:
+        eventually(lambda: drainer.status().errors >= 1, "a refused pass", 60)
+        assert "ACCESS_DENIED" in (drainer.status().last_error or "") or "SIGNATURE" in (
+            drainer.status().last_error or ""
+        )
+    target = DurableTarget.parse(s3.uri("ckpts", "creds"))
+    with draining(root, target) as drainer:
+        drained(drainer)
+    assert_same(root, target)
+
+
+def test_a_missing_bucket_is_refused_at_construction(s3: S3Server) -> None:
+    with pytest.raises(ValueError, match="bucket 'nobucket' does not exist"):
+        DurableTarget.parse(s3.uri("nobucket", "x")).check()
+
+
+def test_the_tier_never_shows_a_staged_name(tmp_path: Path) -> None:
+    durable = tmp_path / "durable"
+    target = local_target(durable)
+    write_file(durable / "d" / ".f.air-durable-123", b"half")
+    write_file(durable / "d" / "f", b"whole")
+    assert [e[0] for e in reads.listing(target, "", True, set())] == ["d", "d/f"]
+    os.remove(durable / "d" / "f")
+    assert reads.listing(target, "d", False, set()) == []
