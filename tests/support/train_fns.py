@@ -18,7 +18,7 @@ import ray.tune
 from tests.support.checkpoints import digest_tree, make_checkpoint
 
 
-def _step_checkpoint(step: int, size: int) -> tuple[str, dict[str, str]]:
+def step_checkpoint(step: int, size: int) -> tuple[str, dict[str, str]]:
     d = tempfile.mkdtemp(prefix=f"step{step}-")
     make_checkpoint(Path(d), size, seed=step)
     (Path(d) / "state.json").write_text(json.dumps({"step": step}))
@@ -54,7 +54,7 @@ def train_loop(config: dict[str, Any]) -> None:
     node = ray.get_runtime_context().get_node_id()
     mode = ray.train.CheckpointUploadMode[config.get("mode", "SYNC")]
     for step in range(start, config["steps"]):
-        d, digests = _step_checkpoint(step, config["size"])
+        d, digests = step_checkpoint(step, config["size"])
         metrics = {"step": step, "node": node, "digests": digests, **restored}
         ray.train.report(
             metrics,
@@ -86,7 +86,7 @@ def tune_trainable(config: dict[str, Any]) -> None:
     start, restored = _restored(ray.tune.get_checkpoint())
     node = ray.get_runtime_context().get_node_id()
     for step in range(start, config["steps"]):
-        d, digests = _step_checkpoint(step, config["size"])
+        d, digests = step_checkpoint(step, config["size"])
         metrics = {"step": step, "node": node, "digests": digests, **restored}
         ray.tune.report(metrics, checkpoint=ray.tune.Checkpoint.from_directory(d))
         shutil.rmtree(d)
@@ -111,7 +111,7 @@ def ranked_loop(config: dict[str, Any]) -> None:
             "restored_digests": restored.get("restored_digests"),
         }
         if rank == 0:
-            d, digests = _step_checkpoint(step, config["size"])
+            d, digests = step_checkpoint(step, config["size"])
             ray.train.report(
                 {**metrics, "digests": digests},
                 checkpoint=ray.train.Checkpoint.from_directory(d),

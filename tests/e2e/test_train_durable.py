@@ -1,0 +1,130 @@
+"""Ray Train with node storage and a durable tier on a real S3 API (moto's server over
+HTTP): the run's checkpoints and run state are drained into the bucket bit-identical,
+``num_to_keep``'s deletes reach it, and a cluster started anew with empty disks
+(a new GCS, new agents, the same ``root`` and ``durable``) resumes the run from the
+bucket alone: Train finds its run state, ``get_checkpoint()`` restores the latest
+checkpoint byte for byte, and the run goes on where it stopped, its new checkpoints
+drained too. A worker fails right after a report in the first run: the restart
+restores that report, as without a durable tier."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+import pytest
+import ray
+import ray.train
+from ray.cluster_utils import Cluster
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+import air_transfer
+from air_transfer.core.staging import is_internal
+from tests.support import shared_ray
+from tests.support.checkpoints import MiB
+from tests.support.cluster import shared_cluster
+from tests.support.s3 import S3Server, s3_server
+from tests.support.train_fns import train_loop
+
+SIZE = 2 * MiB + 7
+ON_NODE_A = {"CPU": 1, "node_a": 0.01}
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    with s3_server(tmp_path_factory.mktemp("moto")) as server:
+        server.create_bucket("runs")
+        yield server
+
+
+def _fit(root: Path, fs: pafs.FileSystem, steps: int, **loop: Any) -> ray.train.Result:
+    trainer = DataParallelTrainer(
+        train_loop,
+        train_loop_config={"size": SIZE, "steps": steps, **loop},
+        scaling_config=ray.train.ScalingConfig(num_workers=1, resources_per_worker=ON_NODE_A),
+        run_config=ray.train.RunConfig(
+            name="durable-run",
+            storage_path=str(root / "experiments"),
+            storage_filesystem=fs,
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=3),
+            failure_config=ray.train.FailureConfig(max_failures=1),
+        ),
+    )
+    return trainer.fit()
+
+
+def _bucket_files(s3: S3Server, prefix: str) -> dict[str, bytes]:
+    fs: Any = s3.filesystem()
+    found = fs.get_file_info(pafs.FileSelector(f"runs/{prefix}", recursive=True))
+    out = {}
+    for info in found:
+        rel = info.path[len(f"runs/{prefix}/") :]
+        if info.type == pafs.FileType.File and not rel.startswith(".air-transfer/"):
+            with fs.open_input_stream(info.path) as f:
+                out[rel] = f.read()
+    return out
+
+
+def _checkpoint_dirs(files: dict[str, bytes]) -> list[str]:
+    parts = (rel.split("/") for rel in files)
+    return sorted({p[2] for p in parts if len(p) > 3 and p[2].startswith("checkpoint_")})
+
+
+def _disk_files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and not is_internal(p.name)
+    }
+
+
+def test_a_new_cluster_resumes_the_run_from_the_durable_tier_alone(
+    cluster: Cluster, s3: S3Server, tmp_path: Path
+) -> None:
+    root = tmp_path / "node-storage"
+    root.mkdir()
+    uri = s3.uri("runs", "resume")
+    fs = air_transfer.storage_filesystem(root=str(root), durable=uri)
+    marker = tmp_path / "failed-once"
+    first = _fit(root, fs, steps=4, fail_after=1, fail_marker=str(marker))
+    assert marker.exists()  # the worker failed right after its report of step 1
+    assert first.metrics["step"] == 3
+    rows = first.metrics_dataframe.to_dict("records")  # the kept reports: steps 1 to 3
+    reported = {m["step"]: m["digests"] for m in rows}
+    restarted = [m for m in rows if m["step"] == 2]
+    assert restarted[0]["restored_step"] == 1  # the restart restored the last report
+    assert restarted[0]["restored_digests"] == reported[1]
+
+    air_transfer.wait_durable(fs, timeout=120)
+    kept = _disk_files(root)
+    assert _bucket_files(s3, "resume") == kept  # bit-identical, deletes applied
+    checkpoints = _checkpoint_dirs(kept)
+    assert len(checkpoints) == 3  # num_to_keep=3: step 0's left the bucket too
+    latest = first.checkpoint
+    assert latest is not None
+    assert air_transfer.storage_state(fs, latest.path).tier == "durable"
+
+    # The cluster goes, and its disks with it; a new one starts with the same settings.
+    shared_ray.release()  # the whole cluster: its GCS, its agents, its drains
+    shutil.rmtree(root)
+    root.mkdir()
+    shared_cluster()
+    fs = air_transfer.storage_filesystem(root=str(root), durable=uri)
+    second = _fit(root, fs, steps=6)
+    rows = second.metrics_dataframe.to_dict("records")
+    [resumed] = [m for m in rows if m["step"] == 4]  # the new cluster's first report
+    assert resumed["restored_step"] == 3
+    assert resumed["restored_digests"] == reported[3]  # byte for byte, from the bucket
+    assert second.metrics["step"] == 5
+
+    air_transfer.wait_durable(fs, timeout=120)
+    bucket = _bucket_files(s3, "resume")
+    steps = _checkpoint_dirs(bucket)
+    # Steps 3 to 5 kept: 1 and 2, held only in the bucket, were deleted there.
+    assert len(steps) == 3 and set(steps) & set(checkpoints) == {checkpoints[-1]}
+    assert {rel: data for rel, data in bucket.items() if rel in _disk_files(root)} == (
+        _disk_files(root)
+    )
