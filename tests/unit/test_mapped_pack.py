@@ -2,8 +2,8 @@
 is a view of the file mapped under a read lease, with the checksum of exactly the
 bytes handed out; the lease lasts as long as the views; a lease the kernel refuses
 (a writer has the file open) falls back to reading, still proven; a truncate by
-another process while a chunk is mapped waits for the lease instead of crashing the
-packer (SIGBUS)."""
+another process while a chunk is mapped, however long the packer stalls, goes
+through once the views are private copies, never crashing the packer (SIGBUS)."""
 
 from __future__ import annotations
 
@@ -26,12 +26,11 @@ from air_transfer.core.packer import ChunkPacker
 from air_transfer.core.plan import ChunkPlan, Span, plan_chunks
 from tests.support.leases import (
     hold_open_for_write,
-    lease_breaking,
     leased,
-    truncate_elsewhere,
+    mapped_here,
+    truncated_while_stalled,
 )
 from tests.support.rewriters import CHANGED, HOW, local_scan, rewrite
-from tests.support.waiting import eventually
 
 CHUNK = 1 * MiB
 
@@ -107,31 +106,73 @@ def test_a_rewrite_of_a_file_being_mapped_is_caught_by_the_stamps(
         pack(src)
 
 
-def test_a_truncate_while_a_chunk_is_mapped_waits_for_the_lease(
+def test_a_packer_stalled_with_a_chunk_mapped_lets_a_truncate_through_unharmed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The truncate is started once the chunk is mapped and waits (the kernel lists
-    the lease as breaking) while the chunk is hashed: no SIGBUS, the chunk and its
-    checksum are of the version scanned, and the truncate goes through once the
-    views are gone."""
+    """The packer stalls once a chunk is mapped, before hashing it, until another
+    process's truncate has gone through (longer than the kernel's lease-break-time
+    would revoke the lease, in effect): the lease is handed back on the break, its
+    mapping replaced by a private copy first, so the hash that follows reads the
+    version scanned, not a truncated file (SIGBUS), and the stamps taken with the
+    copy prove it. The code before kept the lease: the truncate waited for it."""
     src = make_source(tmp_path)
     path = str(src / "w.bin")
-    truncaters: list[Any] = []
+    expected = (src / "w.bin").read_bytes()[:CHUNK]
+    source, scanned = local_scan(src)
+    plans = list(plan_chunks(scanned.files, scanned.stamps, CHUNK))
+    fired: list[str] = []
 
-    def truncate_now(where: str, span: Span) -> None:
-        if not truncaters:
-            truncaters.append(truncate_elsewhere(where))
-            eventually(lambda: lease_breaking(where), "the truncate to wait for the lease")
+    def stall(where: str, span: Span) -> None:
+        if not fired:
+            fired.append(where)
+            truncated_while_stalled(where)
 
-    monkeypatch.setattr(packer, "_while_mapped", truncate_now)
+    monkeypatch.setattr(packer, "_while_mapped", stall)
+    (chunk,), (checksum,) = ChunkPacker().pack(source, plans[:1])
+    assert fired == [path] and os.path.getsize(path) == 0
+    assert is_mapped(chunk) and not mapped_here(path)  # a private copy at its address
+    assert bytes(chunk) == expected and checksum == chunk_checksum(expected)
+    # The next chunk of the file is read, and sees the truncate.
+    with pytest.raises(SourceChangedError, match="shrank"):
+        ChunkPacker().pack(source, plans[1:2])
+
+
+def test_views_handed_out_keep_the_scanned_bytes_when_the_file_is_truncated(
+    tmp_path: Path,
+) -> None:
+    """The views outlive the packing call (Ray's copy into a full store may wait):
+    a truncate by another process goes through at once, and the views still hold
+    the bytes packed, from private copies, the file no longer mapped."""
+    src = make_source(tmp_path)
+    path = str(src / "w.bin")
     chunks, checksums, expected = pack(src)
-    assert is_mapped(chunks[0]) and truncaters
+    assert [is_mapped(c) for c in chunks] == [True, True, False] and mapped_here(path)
+    truncated_while_stalled(path)
+    assert not mapped_here(path) and not leased(src / "w.bin")
     assert_packed(chunks, checksums, expected)
-    assert truncaters[0].poll() is None  # still waiting: the views hold the lease
+    assert not chunks[0].flags.writeable
     del chunks
     gc.collect()
-    assert truncaters[0].wait(timeout=30) == 0
-    assert os.path.getsize(path) == 0
+    (tmp_path / "again").mkdir()
+    assert_packed(*pack(make_source(tmp_path / "again")))  # the process packs on
+
+
+def test_a_chunk_stored_by_a_stalled_store_is_the_version_scanned(tmp_path: Path) -> None:
+    """``store_each`` hands the mapped view to a store that stalls until another
+    process's truncate went through, then copies it: the scanned bytes."""
+    src = make_source(tmp_path)
+    path = str(src / "w.bin")
+    expected = (src / "w.bin").read_bytes()[:CHUNK]
+    source, scanned = local_scan(src)
+    plans = list(plan_chunks(scanned.files, scanned.stamps, CHUNK))
+
+    def stalled_store(view: np.ndarray) -> bytes:
+        assert is_mapped(view)
+        truncated_while_stalled(path)
+        return bytes(view)
+
+    [(stored, checksum)] = ChunkPacker().store_each(source, plans[:1], stalled_store)
+    assert stored == expected and checksum is None
 
 
 def test_a_chunk_of_a_file_that_shrank_before_it_was_mapped_is_refused(tmp_path: Path) -> None:
