@@ -51,6 +51,8 @@ class _Watcher:
         self.lock = threading.Lock()
         self.leases: set[Breakable] = set()
         self.tid: int | None = None
+        #: Break signals taken (the rest of the breaks were found by the poll).
+        self.signals = 0
 
     def start(self) -> int | None:
         """The watcher's thread id, started on first use; None if it cannot run."""
@@ -78,7 +80,8 @@ class _Watcher:
         finally:
             ready.set()
         while True:
-            signal.sigtimedwait({BREAK_SIGNAL}, KNOBS.lease_break_poll_s)
+            if signal.sigtimedwait({BREAK_SIGNAL}, KNOBS.lease_break_poll_s) is not None:
+                self.signals += 1
             with self.lock:
                 leases = list(self.leases)
             for held in leases:
@@ -119,6 +122,12 @@ def watch(held: Breakable, fd: int) -> None:
             pass
     # No signal at all then (no owner): the watcher's poll finds the break.
     fcntl.fcntl(fd, fcntl.F_SETOWN, 0)
+
+
+def signals_taken() -> int:
+    """How many break signals this process's watcher has taken (a break found only
+    by its poll made a writer wait up to ``KNOBS.lease_break_poll_s``)."""
+    return _watcher.signals
 
 
 def forget(held: Breakable) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import errno
 import gc
+import hashlib
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,18 +21,21 @@ import pytest
 
 from air_transfer import SourceChangedError
 from air_transfer.config import MiB
-from air_transfer.core import mapped, packer
+from air_transfer.core import lease_breaks, mapped, packer
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.mapped import is_mapped
 from air_transfer.core.packer import ChunkPacker
 from air_transfer.core.plan import ChunkPlan, Span, plan_chunks
 from tests.support.leases import (
+    STALL_S,
     hold_open_for_write,
     leased,
     mapped_here,
+    truncate_now,
     truncated_while_stalled,
 )
 from tests.support.rewriters import CHANGED, HOW, local_scan, rewrite
+from tests.support.waiting import eventually
 
 CHUNK = 1 * MiB
 
@@ -147,7 +152,9 @@ def test_views_handed_out_keep_the_scanned_bytes_when_the_file_is_truncated(
     path = str(src / "w.bin")
     chunks, checksums, expected = pack(src)
     assert [is_mapped(c) for c in chunks] == [True, True, False] and mapped_here(path)
+    signals = lease_breaks.signals_taken()
     truncated_while_stalled(path)
+    assert lease_breaks.signals_taken() > signals  # answered on its signal, not polled
     assert not mapped_here(path) and not leased(src / "w.bin")
     assert_packed(chunks, checksums, expected)
     assert not chunks[0].flags.writeable
@@ -155,6 +162,60 @@ def test_views_handed_out_keep_the_scanned_bytes_when_the_file_is_truncated(
     gc.collect()
     (tmp_path / "again").mkdir()
     assert_packed(*pack(make_source(tmp_path / "again")))  # the process packs on
+
+
+def test_a_view_read_by_another_thread_during_the_hand_back_reads_the_scanned_bytes(
+    tmp_path: Path,
+) -> None:
+    """Another thread hashes a 64 MiB view over and over (releasing the GIL, as
+    Ray's copy threads do) while this one truncates the file: the private copy takes
+    the mapping's place under the address-space lock, so every pass reads the
+    scanned bytes, passes that spanned the whole hand-back included (counted: they
+    must have happened, in at most a few tries)."""
+    spanning, passes = 0, 0
+    for attempt in range(5):
+        (tmp_path / str(attempt)).mkdir()
+        reads = read_while_truncated(tmp_path / str(attempt))
+        assert all(same for *_, same in reads)
+        passes += len(reads)
+        spanning += sum(1 for started, ended, _ in reads if started < 2 and ended == 2)
+        if spanning:
+            break
+    assert spanning > 0, f"no pass of {passes} spanned a hand-back"
+
+
+def read_while_truncated(root: Path) -> list[tuple[int, int, bool]]:
+    """Each pass of a thread hashing a mapped 64 MiB view while this one truncates
+    its file: (phase at its start, at its end, whether it read the scanned bytes);
+    phase 0: leased; 1: breaking; 2: truncated."""
+    src = make_source(root)
+    data = os.urandom(64 * MiB)
+    (src / "w.bin").write_bytes(data)
+    (src / "z.txt").unlink()
+    source, scanned = local_scan(src)
+    plans = list(plan_chunks(scanned.files, scanned.stamps, 64 * MiB))
+    (chunk,), _ = ChunkPacker().pack(source, plans)
+    want = hashlib.sha256(data).digest()
+    phase, stop, reads = [0], threading.Event(), []
+
+    def reader() -> None:
+        while not stop.is_set():
+            started = phase[0]
+            same = hashlib.sha256(chunk).digest() == want
+            reads.append((started, phase[0], same))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        eventually(lambda: reads, "a first pass", interval_s=0)
+        phase[0] = 1  # the first try starts the break; one goes through once answered
+        eventually(lambda: truncate_now(src / "w.bin"), "the truncate", STALL_S, 0)
+        phase[0] = 2
+        eventually(lambda: reads[-1][1] == 2, "a pass after the truncate", interval_s=0)
+    finally:
+        stop.set()
+        thread.join()
+    return reads
 
 
 def test_a_chunk_stored_by_a_stalled_store_is_the_version_scanned(tmp_path: Path) -> None:
