@@ -52,6 +52,11 @@ class Knobs:
     #: the file mapped under a read lease (``core.mapped``), without a copy; smaller
     #: ones, and chunks of several files, are read into the packing buffer.
     mapped_chunk_min_bytes: int = 1 * MiB
+    #: How often the lease watcher (``core.lease_breaks``) also looks for a break of
+    #: a read lease whose signal it missed (one started while the lease was being
+    #: taken): a writer then waits this long at most, far inside the kernel's
+    #: ``lease-break-time`` (45 s), after which a stalled packer would crash.
+    lease_break_poll_s: float = 0.5
     #: Chunk size of node-storage reads (kept within ``chunk_bytes`` and twice that):
     #: Ray Train copies checkpoints with pyarrow in 64 MiB reads
     #: (``_pyarrow_fs_copy_files``), and a read that one chunk holds is served as a
@@ -108,6 +113,10 @@ class Knobs:
             raise ValueError(f"knob lease_poll_s must be in (0, 60], got {self.lease_poll_s!r}")
         if not 0 < self.relay_poll_s <= 60:
             raise ValueError(f"knob relay_poll_s must be in (0, 60], got {self.relay_poll_s!r}")
+        if not 0 < self.lease_break_poll_s <= 5:
+            raise ValueError(
+                f"knob lease_break_poll_s must be in (0, 5], got {self.lease_break_poll_s!r}"
+            )
         if not 0 < self.session_poll_s <= 10:
             raise ValueError(f"knob session_poll_s must be in (0, 10], got {self.session_poll_s!r}")
         for name in ("read_cache_idle_s", "read_lease_s"):

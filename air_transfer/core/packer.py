@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
@@ -17,10 +18,14 @@ from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.mapped import Lease, lease
 from air_transfer.core.plan import ChunkPlan, Span
-from air_transfer.core.proven_read import FileCursor, SourceFile, fill_chunk
+from air_transfer.core.proven_read import FileCursor, SourceFile, check_stat, fill_chunk
 from air_transfer.core.scan import Source, Stamp
 
 T = TypeVar("T")
+
+#: Called once a mapped view's bytes were used (hashed, stored): raises
+#: SourceChangedError unless they were the version scanned (``Lease.prove``).
+Proof = Callable[[], None]
 
 #: Test-only seam, None in production: called as ``hook(path, span)`` once a chunk is
 #: mapped under its lease and before it is hashed (``_after_span_read`` runs before
@@ -107,11 +112,11 @@ class ChunkPacker:
                     (chunk,), (checksum,) = self.pack(source, [plan])
                     stored.append((store(chunk), checksum))
                     continue
-                view, file = found
+                view, prove = found
                 del found
                 stored.append((store(view), None))
                 del view  # the mapping's last view: the lease goes with the group
-                file.check()
+                prove()
         return stored
 
     def pack_stream(
@@ -150,7 +155,8 @@ class ChunkPacker:
 class _GroupLeases:
     """The read leases of one packing call, one per file (None: refused). Each is held
     by the call until it ends and by every view mapped under it until Ray has copied
-    it: a truncate by another process waits, rather than making an access SIGBUS."""
+    it, or until another process wants the file: its views are then made private
+    copies (``core.mapped``). A truncate never makes an access SIGBUS."""
 
     def __init__(self, source: Source) -> None:
         self.source = source
@@ -171,12 +177,10 @@ class _GroupLeases:
         mapped = self.map_range(cursor, path, stamp, span, [span.length])
         return None if mapped is None else (mapped[0], mapped[1][0])
 
-    def map_unhashed(
-        self, cursor: FileCursor, plan: ChunkPlan
-    ) -> tuple[np.ndarray, SourceFile] | None:
-        """Chunk ``plan`` as a mapped view under the lease and its open file, checked
-        against its stamp before mapping: the caller checks it again once it has
-        copied the view. None where it is to be read instead."""
+    def map_unhashed(self, cursor: FileCursor, plan: ChunkPlan) -> tuple[np.ndarray, Proof] | None:
+        """Chunk ``plan`` as a mapped view under the lease, its file checked against
+        its stamp before mapping, and the proof the caller runs once it has copied
+        the view. None where it is to be read instead."""
         if len(plan.spans) != 1:
             return None
         (span,), ((path, stamp),) = plan.spans, plan.files
@@ -191,18 +195,19 @@ class _GroupLeases:
         found = self._view(cursor, path, stamp, span)
         if found is None:
             return None
-        view, file = found
+        view, prove = found
         checksums, offset = [], 0
         for length in pieces:
             checksums.append(chunk_checksum(view[offset : offset + length]))
             offset += length
-        file.check()
+        prove()
         return view, checksums
 
     def _view(
         self, cursor: FileCursor, path: str, stamp: Stamp, span: Span
-    ) -> tuple[np.ndarray, SourceFile] | None:
-        """``span`` of ``path`` mapped under the lease, the file checked first."""
+    ) -> tuple[np.ndarray, Proof] | None:
+        """``span`` of ``path`` mapped under the lease, the file checked first, and
+        the proof to run once its bytes were used."""
         if not self.source.is_local or span.length < KNOBS.mapped_chunk_min_bytes:
             return None
         file = cursor.open(path, stamp)
@@ -217,14 +222,16 @@ class _GroupLeases:
             view = held.view(span.file_offset, span.length)
         except OSError:  # a filesystem that cannot map files (ENODEV): read it
             return None
+        if view is None:  # handed back on a break already: read it
+            return None
         mapped = _while_mapped
         if mapped is not None:
             mapped(file.where, span)
-        return view, file
+        return view, partial(held.prove, file.check)
 
     def _lease(self, path: str, file: SourceFile) -> Lease | None:
         if path not in self.leases:
-            self.leases[path] = lease(file.fd)
+            self.leases[path] = lease(file.fd, partial(check_stat, file.where, file.stamp))
         return self.leases[path]
 
     def __enter__(self) -> _GroupLeases:

@@ -129,18 +129,7 @@ class SourceFile:
     def check(self) -> None:
         """Raise SourceChangedError unless the file still looks as scanned."""
         if self.local:
-            st = os.fstat(self.fd)
-            # A plain tuple compares equal to the Stamp (a NamedTuple) field by
-            # field, without building one: this runs twice per span.
-            if (
-                st.st_size,
-                st.st_mtime_ns,
-                st.st_ctime_ns,
-                st.st_ino,
-                st.st_dev,
-                st.st_nlink,
-            ) != self.stamp:
-                raise _changed(self.where, self.stamp, Stamp.of_stat(st))
+            check_stat(self.where, self.stamp, os.fstat(self.fd))
             return
         info = self.source.filesystem.get_file_info(self._remote_path())
         now = None if info.type == pafs.FileType.NotFound else Stamp.of_info(info)
@@ -193,6 +182,22 @@ def current_stamps(source: Source, files: Sequence[Entry]) -> list[Stamp]:
             raise _changed(where, now._replace(size=f.size), now)
         stamps.append(now)
     return stamps
+
+
+def check_stat(where: str, stamp: Stamp, st: os.stat_result) -> None:
+    """Raise SourceChangedError unless ``st`` (of local file ``where``) is the file as
+    scanned (``stamp``)."""
+    # A plain tuple compares equal to the Stamp (a NamedTuple) field by field,
+    # without building one: this runs twice per span.
+    if (
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ctime_ns,
+        st.st_ino,
+        st.st_dev,
+        st.st_nlink,
+    ) != stamp:
+        raise _changed(where, stamp, Stamp.of_stat(st))
 
 
 def _error(where: str, what: str, code: int = errno.EAGAIN) -> SourceChangedError:

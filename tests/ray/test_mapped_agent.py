@@ -1,6 +1,7 @@
 """Packing in the node agent. Mapped: chunks of a large file go into the store as
 views of the file under a read lease, which the agent lets go of once Ray has
-stored them; a truncate while a chunk is mapped never crashes the agent; and a
+stored them; a truncate while a chunk is mapped never crashes the agent, however
+long it stalls; and a
 transfer's chunks leave the store once it is done and dropped. Live chunks
 (``reuse_chunks``): a transfer takes the chunk objects the agent still holds for an
 earlier one wherever they were packed from files unchanged since, packs only the
@@ -25,12 +26,7 @@ from air_transfer.cluster.nodes import node_agent, this_node_id
 from air_transfer.config import MiB
 from air_transfer.core.plan import Span
 from tests.support import leases
-from tests.support.leases import (
-    install_while_mapped,
-    lease_breaking,
-    leased,
-    truncate_elsewhere,
-)
+from tests.support.leases import install_while_mapped, leased
 from tests.support.live_chunks import (
     ALL,
     CHUNK,
@@ -95,30 +91,34 @@ def test_the_agent_maps_chunks_and_lets_go_of_the_lease_once_they_are_stored(
     assert (out / "w.bin").read_bytes() == data
 
 
-class TruncateWhileMapped:
-    """Agent hook: the first time, have another process truncate the file and wait
-    until it is blocked on the agent's lease."""
+class StallWhileMapped:
+    """Agent hook: the first time, stall with the chunk mapped until another
+    process's truncate of the file went through (the kernel would have revoked a
+    lease kept that long, and the agent would die of SIGBUS on resuming)."""
 
     fired = False
 
     def __call__(self, where: str, span: Span) -> None:
         if not self.fired:
             self.fired = True
-            truncate_elsewhere(where)
-            eventually(lambda: lease_breaking(where), "the truncate to wait for the lease")
+            leases.truncated_while_stalled(where)
 
 
 @pytest.mark.parametrize("size", [2 * MiB, 6 * MiB])
-def test_a_truncate_while_the_agent_maps_a_chunk_never_crashes_it(
+def test_an_agent_stalled_with_a_chunk_mapped_survives_a_truncate(
     tmp_path: Path, agent: Any, size: int
 ) -> None:
-    """One chunk: packed whole from the version scanned, the truncate waiting for it.
-    Several: later chunks see either version (the truncate may run between two
-    packing tasks), so the transfer either completes with the scanned bytes or
-    raises SourceChangedError; the agent lives on either way."""
+    """One chunk: packed whole from the version scanned (a private copy replaced
+    the mapping before the lease was handed back). Several: a chunk packed after
+    the truncate sees it, so the transfer raises SourceChangedError (or completes
+    with the scanned bytes, if the stalled chunk was the last one packed). Either
+    way the agent lives on, and a checkpoint it packed before still restores."""
     src, data = make_source(tmp_path, size)
+    (tmp_path / "other").mkdir()
+    other, other_data = make_source(tmp_path / "other", 4 * MiB)
+    held = ChunkedCheckpoint.from_directory(other).to_object_ref_async(config=CONFIG).result()
     pid = ray.get(agent.pid.remote())
-    install_while_mapped(agent, TruncateWhileMapped())
+    install_while_mapped(agent, StallWhileMapped())
     out = tmp_path / "out"
     try:
         future = ChunkedCheckpoint.from_directory(src).to_object_ref_async(config=CONFIG)
@@ -128,8 +128,10 @@ def test_a_truncate_while_the_agent_maps_a_chunk_never_crashes_it(
         assert not out.exists()
     else:
         assert (out / "w.bin").read_bytes() == data
-    eventually(lambda: os.path.getsize(src / "w.bin") == 0, "the truncate to go through")
+    assert os.path.getsize(src / "w.bin") == 0
     assert ray.get(agent.pid.remote()) == pid
+    ChunkedCheckpoint.from_object_ref(held).to_directory(str(tmp_path / "out-other"))
+    assert (tmp_path / "out-other" / "w.bin").read_bytes() == other_data
 
 
 def store_free() -> int:
