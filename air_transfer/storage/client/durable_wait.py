@@ -72,7 +72,8 @@ def wait_until_durable(
                 bar.update(shown - status.lag_bytes)
                 shown = status.lag_bytes
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(_missing(uri, root, timeout, status))
+                now: Any = link.call(lambda agent: agent.durable_status(root, local or root))
+                raise TimeoutError(_missing(uri, root, timeout, now))
             time.sleep(delay if deadline is None else min(delay, deadline - time.monotonic()))
             delay = min(delay * 2, POLL_S[1])
     finally:

@@ -12,6 +12,7 @@ chunk; nothing of it is returned.
 from __future__ import annotations
 
 import errno
+import threading
 from collections.abc import Iterator
 
 import pyarrow.fs as pafs
@@ -25,6 +26,14 @@ from air_transfer.storage.durable.target import META_DIR, DurableTarget, is_stag
 from air_transfer.storage.durable.tombstones import covered
 
 NOT_FOUND: Info = (pafs.FileType.NotFound, None, None)
+_counted = threading.Lock()
+_bytes_read = 0
+
+
+def bytes_read() -> int:
+    """Bytes this process has read from durable tiers' files so far (each chunk
+    read counted once): what a restore that reads through cost."""
+    return _bytes_read
 #: Chunk size of a file read without a record (written there by someone else).
 UNRECORDED_CHUNK_BYTES = 32 * 1024 * 1024
 
@@ -106,6 +115,9 @@ def _chunk(
     offset = index * chunk_bytes
     length = min(chunk_bytes, size - offset)
     data = memoryview(source.read_at(length, offset)).cast("B")
+    global _bytes_read
+    with _counted:
+        _bytes_read += len(data)
     if len(data) != length or (record is not None and chunk_checksum(data) != record.sums[index]):
         raise ChecksumError(
             errno.EBADMSG,

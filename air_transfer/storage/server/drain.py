@@ -135,18 +135,23 @@ class Drainer:
             return self._requested
 
     def status(self, rel: str | None = None) -> DrainStatus:
+        """Where the drain is. For ``rel`` (a path; "" for the root) it also looks
+        at node storage now: ``durable`` says whether every file at or under it is in
+        the tier as it is now, and ``pending`` and ``lag_bytes`` count the ones that
+        are not (a pass may not have seen them yet)."""
         files = None
         if rel is not None:
             files = [s for r, s in scan(self.root).files.items() if _under(r, rel)]
         deletes = len(self.tombstones.pending())
         with self._cond:
-            durable = (
-                None
-                if files is None
-                else all(self._state.versions.get(s.rel) == s.version for s in files)
-            )
+            lag, pending, durable = self._lag, self._pending, None
+            if files is not None:
+                missing = [s for s in files if self._state.versions.get(s.rel) != s.version]
+                durable = not missing
+                lag = sum(s.size for s in missing)
+                pending = tuple(sorted(s.rel for s in missing))[:SHOWN]
             return DrainStatus(
-                self.epoch, self._requested, self._completed, self._lag, self._pending,
+                self.epoch, self._requested, self._completed, lag, pending,
                 self._uploaded, self._copied, self._errors, self._last_error, self._passes,
                 deletes, durable,
             )  # fmt: skip
@@ -183,8 +188,6 @@ class Drainer:
                 self._cond.notify_all()
 
     def _pass(self) -> None:
-        if not self._loaded:
-            self._load()
         last = self._read_last()
         scanned = scan(self.root)
         data = [s for rel, s in scanned.files.items() if not self.settings.is_last(rel)]
@@ -194,6 +197,9 @@ class Drainer:
             self._lag = sum(s.size for s in todo) + sum(len(b) for _, b in later)
             self._pending = tuple(sorted(s.rel for s in todo))[:SHOWN]
         durable_metrics.lag(self._lag)
+        if not self._loaded:  # after the lag is known: an endpoint down still counts it
+            self._load()
+            todo = [s for s in todo if self._state.versions.get(s.rel) != s.version]
         self._upload_all(todo)
         for d in sorted(scanned.empty_dirs - self._state.dirs_made):
             self.target.filesystem.create_dir(self.target.path(d), recursive=True)
