@@ -104,6 +104,7 @@ from benchmarks.bench.report import (
 )
 from benchmarks.bench.runner import prepare, progress, run_layout
 from benchmarks.bench.session import drop_caches, machine_info, ray_session
+from benchmarks.bench.tiered_path import format_tiered_table, run_tiered
 from benchmarks.bench.train_path import run_train
 
 __all__ = [
@@ -124,6 +125,7 @@ __all__ = [
     "run_dcp",
     "run_incremental",
     "run_readers",
+    "run_tiered",
     "run_train",
     "skip_reason",
     "skipped",
@@ -180,19 +182,22 @@ def main(opts: argparse.Namespace) -> int:
         except ImportError as e:
             progress(str(e))
             return 2
-    separate = (opts.train, opts.readers, opts.dcp, opts.incremental, opts.call)
+    separate = (opts.train, opts.readers, opts.dcp, opts.incremental, opts.call, opts.tiered)
     if sum(map(bool, separate)) > 1:
-        progress("--train, --readers, --dcp, --incremental and --call are separate runs: "
-                 "give one")  # fmt: skip
+        progress("--train, --readers, --dcp, --incremental, --call and --tiered are separate "
+                 "runs: give one")  # fmt: skip
         return 2
     if any(separate) and (opts.contenders or opts.cross_node):
         progress("--contenders and --cross-node do not apply to --train, --readers, --dcp, "
-                 "--incremental or --call")  # fmt: skip
+                 "--incremental, --call or --tiered")  # fmt: skip
         return 2
-    if (opts.dcp or opts.incremental or opts.call) and opts.plot:
-        progress("--plot does not apply to --dcp, --incremental or --call")
+    if (opts.dcp or opts.incremental or opts.call or opts.tiered) and opts.plot:
+        progress("--plot does not apply to --dcp, --incremental, --call or --tiered")
         return 2
-    if opts.call:
+    if opts.tiered:
+        report = run_tiered(opts)
+        print(format_tiered_table(report["results"]))
+    elif opts.call:
         report = run_call(opts)
         print(format_call_table(report["results"]))
     elif opts.incremental:

@@ -119,6 +119,17 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         help="--incremental: the checkpoint's size in MiB (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
+        "--tiered", action="store_true",
+        help="instead of the contenders, 5 Ray Train reports (90%% of the bytes unchanged) "
+        "into S3 (moto's server on this machine) the way Ray does it, SYNC and ASYNC, "
+        "beside node storage with a durable tier on the same endpoint: report blocking "
+        "time, time until durable, bytes sent, restore time from each tier",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tiered-mib", type=positive_int, default=256, metavar="MiB",
+        help="--tiered: the checkpoint's size in MiB (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
         "--data-dir", default=default_data_dir(), metavar="DIR",
         help="where checkpoints are cached between runs (keyed by layout and size) and "
         "outputs written (default: %(default)s)",
