@@ -242,6 +242,8 @@ def upload_checkpoint(
     by this node's agent through ``fs``, which keeps every copy.
     """
     handler = node_storage_handler(fs)
+    if handler is not None:
+        handler.wait_for_room()  # a durable tier's max_lag_bytes
     local = isinstance(checkpoint.filesystem, pafs.LocalFileSystem)
     if isinstance(handler, ReplicatedHandler) and node in (None, handler.node_id):
         source = os.path.abspath(checkpoint.path)

@@ -96,3 +96,29 @@ def test_dcp_mode_restores_each_rank_its_share_verified(tmp_path: Path) -> None:
         assert 0 < mine < theirs, (ours, ray_recipe)
     assert ours["local_temp_bytes"] == [0, 0] and min(ray_recipe["local_temp_bytes"]) > 0
     assert "ray-recipe" in proc.stdout and "restore MiB" in proc.stdout
+
+
+def test_tiered_mode_reports_into_s3_both_ways_every_restore_verified(tmp_path: Path) -> None:
+    """``--tiered``: Ray's S3 path (SYNC and ASYNC) and node storage with a durable
+    tier, on moto's server started by the bench; every restore verified (ours from
+    node storage and from the bucket alone); ours sends less than Ray's path (the
+    unchanged files are copied inside the bucket)."""
+    out = tmp_path / "tiered.json"
+    cmd = [
+        sys.executable, "-m", "benchmarks", "bench", "--tiered", "--tiered-mib", "4",
+        "--json", str(out), "--data-dir", str(tmp_path / "data"), "--num-cpus", "2",
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env=child_env(), cwd=REPO_ROOT
+    )
+    assert proc.returncode == 0, f"bench failed:\n{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    assert report["mode"] == "tiered"
+    rows = {r["contender"]: r for r in report["results"]}
+    assert list(rows) == ["ray-s3-sync", "ray-s3-async", "air-tiered"]
+    for r in rows.values():
+        assert r["status"] == "ok", r
+        assert len(r["report_s"]) == 5 and r["report_ratio_to_ray_sync"] is not None
+    assert set(rows["air-tiered"]["restore_s"]) == {"node storage", "bucket"}
+    assert 0 < rows["air-tiered"]["sent_bytes"] < rows["ray-s3-sync"]["sent_bytes"]
+    assert "x sync" in proc.stdout

@@ -199,14 +199,18 @@ class TieredDisk:
             key = tier.tombstones.add(relative(root, src))
             try:
                 self.disk.fs_move(root, src, dest)
-            except BaseException:
+            except FileNotFoundError:
                 tier.tombstones.remove(key)
-                [info] = self.fs_info(root, [src])
+                deleted = set(tier.tombstones.pending().values())
+                [info] = reads.infos(tier.target, [relative(root, src)], deleted)
                 if info[0] != pafs.FileType.NotFound:
                     raise oserror(
                         OSError, errno.ENOTSUP, src,
                         ": held only in the durable tier; copy it instead of moving it",
                     ) from None  # fmt: skip
+                raise
+            except BaseException:
+                tier.tombstones.remove(key)
                 raise
         tier.drainer.touch()
 
