@@ -126,7 +126,7 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "time, time until durable, bytes sent, restore time from each tier",
     )  # fmt: skip
     parser.add_argument(
-        "--tiered-mib", type=positive_int, default=256, metavar="MiB",
+        "--tiered-mib", type=positive_int, default=1024, metavar="MiB",
         help="--tiered: the checkpoint's size in MiB (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
