@@ -65,6 +65,26 @@ def test_files_that_name_checkpoints_are_published_after_the_rest_of_their_pass(
     assert set(published[:-2]) == {"run/checkpoint_1/part-0.bin", "run/checkpoint_1/part-1.bin"}
 
 
+def test_a_last_file_too_large_to_hold_is_still_uploaded_after_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from air_transfer.storage.server import drain
+
+    monkeypatch.setattr(drain, "LAST_FILE_MAX_BYTES", 100)
+    root = tmp_path / "root"
+    handler = RecordingHandler()
+    (tmp_path / "durable").mkdir()
+    target = DurableTarget.parse((pafs.PyFileSystem(handler), str(tmp_path / "durable")))
+    _checkpoint(root, "ckpt", 8)
+    write_file(root / "ckpt" / ".metadata", b"m" * 1000)
+    with draining(root, target) as drainer:
+        drained(drainer)
+    published = [target.rel(p) for p in handler.published if not is_staged(os.path.basename(p))]
+    published = [p for p in published if not p.startswith(".air-transfer/")]
+    assert published[-1] == "ckpt/.metadata", published
+    assert_same(root, target)
+
+
 def test_a_delete_is_applied_after_the_uploads_and_waits_while_a_last_file_names_it(
     tmp_path: Path,
 ) -> None:

@@ -188,18 +188,18 @@ class Drainer:
                 self._cond.notify_all()
 
     def _pass(self) -> None:
-        last = self._read_last()
+        last, big = self._read_last()
         scanned = scan(self.root)
         data = [s for rel, s in scanned.files.items() if not self.settings.is_last(rel)]
         todo = [s for s in data if self._state.versions.get(s.rel) != s.version]
         later = [(s, b) for s, b in last if self._state.versions.get(s.rel) != s.version]
+        big = [s for s in big if self._state.versions.get(s.rel) != s.version]
         with self._cond:
-            self._lag = sum(s.size for s in todo) + sum(len(b) for _, b in later)
+            self._lag = sum(s.size for s in [*todo, *big]) + sum(len(b) for _, b in later)
             self._pending = tuple(sorted(s.rel for s in todo))[:SHOWN]
         durable_metrics.lag(self._lag)
         if not self._loaded:  # after the lag is known: an endpoint down still counts it
             self._load()
-            todo = [s for s in todo if self._state.versions.get(s.rel) != s.version]
         self._upload_all(todo)
         for d in sorted(scanned.empty_dirs - self._state.dirs_made):
             self.target.filesystem.create_dir(self.target.path(d), recursive=True)
@@ -208,7 +208,8 @@ class Drainer:
             record = upload_bytes(self.target, seen, content, self.settings.chunk_bytes)
             self._done(seen, record, len(content), 0)
             self._state.last_files[seen.rel] = content
-        changed = bool(todo or later)
+        self._upload_all(big)  # last files too large to hold: as they are now
+        changed = bool(todo or later or big)
         changed |= self._apply_deletes()
         if changed:
             write_index(self.target, self._state.records)
@@ -261,11 +262,15 @@ class Drainer:
             self._lag = max(0, self._lag - record.size)
         durable_metrics.uploaded(sent)
 
-    def _read_last(self) -> list[tuple[Seen, bytes]]:
-        """The files uploaded last, read now, before the rest is scanned."""
-        out = []
+    def _read_last(self) -> tuple[list[tuple[Seen, bytes]], list[Seen]]:
+        """The files uploaded last, read now, before the rest is scanned; and those
+        too large to hold (``LAST_FILE_MAX_BYTES``), uploaded last as they are then."""
+        out, big = [], []
         for rel, seen in scan(self.root).files.items():
-            if not self.settings.is_last(rel) or seen.size > LAST_FILE_MAX_BYTES:
+            if not self.settings.is_last(rel):
+                continue
+            if seen.size > LAST_FILE_MAX_BYTES:
+                big.append(seen)
                 continue
             try:
                 fd, st = open_regular(self.root, storage_path(self.root, rel))
@@ -278,7 +283,7 @@ class Drainer:
                 os.close(fd)
             if len(content) == now.size:
                 out.append((now, content))
-        return out
+        return out, big
 
     def _apply_deletes(self) -> bool:
         with self.deletes:  # every delete noted so far is done in node storage

@@ -179,8 +179,8 @@ class TieredDisk:
             self.disk.fs_delete_dir_contents(root, path, missing_dir_ok)
             return
         rel = relative(root, path)
-        children = {e[0].split("/", 1)[0] for e in self.fs_list(root, path, False, True)}
-        with tier.lock:
+        with tier.lock:  # listed and noted with no other delete between
+            children = {e[0].split("/", 1)[0] for e in self.fs_list(root, path, False, True)}
             for name in children:
                 tier.tombstones.add(f"{rel}/{name}" if rel else name)
             try:
