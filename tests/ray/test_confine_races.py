@@ -1,7 +1,6 @@
 """A symlink swapped in mid-call never leads Ray Train's report and restore hooks, or
 the storage sink, out of the storage root (the attacker: ``tests.support.attack``)."""
 
-
 from __future__ import annotations
 
 import os
@@ -14,25 +13,12 @@ from ray.train import Checkpoint
 from air_transfer import ChunkedCheckpoint, TransferConfig, storage_filesystem
 from air_transfer.storage.server.sink import store_checkpoint
 from air_transfer.train import download_directory, upload_directory
-
-#: Calls per test: each flip lands somewhere in some of them.
-from tests.support.attack import Attack, attacked, make_attack, no_secret
+from tests.support.attack import INSIDE, ITERATIONS, Attack, attacked, make_attack, no_secret
 
 
 @pytest.fixture
 def attack(tmp_path: Path) -> Attack:
     return make_attack(tmp_path)
-
-ITERATIONS = 150
-SIZE = 3000
-INSIDE, SECRET = b"inside".ljust(SIZE, b"."), b"SECRET".ljust(SIZE, b".")
-#: Only outside: no listing, scan or copy may ever show it.
-PLANTED = "planted-outside"
-CHUNK = 1024
-#: How often the attacker and the caller may take turns (Python's default: 5 ms).
-SWITCH_S = 1e-5
-
-
 
 
 @pytest.fixture
@@ -117,7 +103,6 @@ def test_a_refused_report_names_the_storage_path(attack: Attack, local_checkpoin
     with pytest.raises(NotADirectoryError) as caught:
         upload_directory(fs, f"{attack.r}/d/f", Checkpoint(str(local_checkpoint)))
     assert f"{attack.r}/d/f" in str(caught.value) and "/proc/" not in str(caught.value)
-
 
 
 @pytest.mark.usefixtures("ray_local")

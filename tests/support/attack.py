@@ -172,6 +172,9 @@ def attacked(
     finally:
         sys.setswitchinterval(interval)
         attacker.stop()
+    # The race happened: the attacker flipped root/d while calls ran (it flips only
+    # between a call's start and its end), else nothing above was tested.
+    assert a.flips > 0, f"the attacker never flipped during a call ({outcomes})"
     assert a.d.is_dir() and not a.d.is_symlink() and a.alt.is_symlink()
     after = state(a.outside)
     changed = sorted(k for k in {*a.before, *after} if a.before.get(k) != after.get(k))

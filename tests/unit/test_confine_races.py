@@ -29,9 +29,10 @@ from air_transfer.core.scan import Source, scan
 from air_transfer.storage.client.same_node import open_native
 from air_transfer.storage.server.chunk_cache import DirectoryTransfers, FileChunks
 from air_transfer.storage.server.reads import read_chunks as read_file_chunks
-
-#: Calls per test: each flip lands somewhere in some of them.
 from tests.support.attack import (
+    CHUNK,
+    ITERATIONS,
+    SIZE,
     Attack,
     Disk,
     attacked,
@@ -43,17 +44,6 @@ from tests.support.attack import (
 @pytest.fixture
 def attack(tmp_path: Path) -> Attack:
     return make_attack(tmp_path)
-
-ITERATIONS = 150
-SIZE = 3000
-INSIDE, SECRET = b"inside".ljust(SIZE, b"."), b"SECRET".ljust(SIZE, b".")
-#: Only outside: no listing, scan or copy may ever show it.
-PLANTED = "planted-outside"
-CHUNK = 1024
-#: How often the attacker and the caller may take turns (Python's default: 5 ms).
-SWITCH_S = 1e-5
-
-
 
 
 def test_metadata_and_file_reads_stay_inside(attack: Attack) -> None:

@@ -107,6 +107,7 @@ def test_listing_while_the_tree_is_deleted(tmp_path: Path) -> None:
         outcomes = race([listing] * (THREADS - 1) + [lambda: disk.fs_delete_dir(root, f"{root}/x")])
         assert set(outcomes) <= {"ok", "FileNotFoundError"}, f"round {r}: {outcomes}"
     found = [e for entries in listings for e in entries]
+    assert found, "no listing ran before its deletion: nothing was checked"
     assert all(t != pafs.FileType.NotFound for _, t, _, _ in found)
 
 
