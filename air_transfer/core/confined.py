@@ -9,7 +9,10 @@ a symlink out of the root in between leads them out. Instead:
   directory transfers): each open resolves its path inside the root and walks there
   without following a symlink (``confine.at``); the scan holds the directory it lists
   open and goes down without following one either (``core.scan``); and packing
-  proves each file it reads is the inode the scan found (``core.proven_read``).
+  proves each file it reads is the inode the scan found (``core.proven_read``),
+  of the size and mtime it had: its ctime and link count are not compared, since
+  node storage never writes a file in place and an incremental save links stored
+  files (docs/design.md, "Stored files").
 - ``write_beneath`` writes a checkpoint (Train's reports, the storage sink): the
   target's parent is opened confined and held, and the writer is given the target
   as ``/proc/self/fd/<fd>/<name>``, which the kernel resolves from that open
@@ -34,7 +37,7 @@ import posixpath
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from air_transfer.core.confine import (
     Raced,
@@ -55,6 +58,8 @@ class ConfinedSource(Source):
     every file and directory of it reached inside that root (see the module)."""
 
     storage_root: str = "/"
+    #: Node storage replaces every file it writes (``Source.replaced_not_rewritten``).
+    replaced_not_rewritten: ClassVar[bool] = True
 
     def open(self, relpath: str) -> Any:
         fd = at(self.storage_root, self.local_path(relpath), lambda w: open_file(w, os.O_RDONLY))

@@ -231,7 +231,8 @@ class _GroupLeases:
 
     def _lease(self, path: str, file: SourceFile) -> Lease | None:
         if path not in self.leases:
-            self.leases[path] = lease(file.fd, partial(check_stat, file.where, file.stamp))
+            proof = partial(check_stat, file.where, file.stamp, stored=file.stored)
+            self.leases[path] = lease(file.fd, proof)
         return self.leases[path]
 
     def __enter__(self) -> _GroupLeases:

@@ -93,12 +93,23 @@ class SourceFile:
         self.source, self.path, self.stamp = source, path, stamp
         self.where = f"{source.root.rstrip('/')}/{path}"
         self.local = source.is_local
+        #: What ``check`` compares ``fstat`` with: the whole stamp, or for a file never
+        #: written in place (node storage) its version alone, so that a hard link made
+        #: or dropped by another checkpoint meanwhile is no change of its bytes.
+        self.stored = source.replaced_not_rewritten
         # Before any byte of it is read (nothing to wait for without a ctime).
         if stamp.ctime_ns is not None and time.time_ns() - stamp.ctime_ns < RACY_WINDOW_NS:
             _wait_out_racy_window(stamp.ctime_ns)
         try:
             self.handle: Any = source.open(path)
         except FileNotFoundError as e:
+            if self.stored:  # its checkpoint was deleted: nothing else changes one
+                raise FileNotFoundError(
+                    errno.ENOENT,
+                    f"checkpoint file {self.where!r} was deleted after its directory was "
+                    "scanned (the checkpoint was deleted); restore another checkpoint",
+                    self.where,
+                ) from e
             raise _vanished(self.where) from e
         self.fd = self.handle.fileno() if self.local else -1
         self.position = 0
@@ -129,7 +140,7 @@ class SourceFile:
     def check(self) -> None:
         """Raise SourceChangedError unless the file still looks as scanned."""
         if self.local:
-            check_stat(self.where, self.stamp, os.fstat(self.fd))
+            check_stat(self.where, self.stamp, os.fstat(self.fd), self.stored)
             return
         info = self.source.filesystem.get_file_info(self._remote_path())
         now = None if info.type == pafs.FileType.NotFound else Stamp.of_info(info)
@@ -184,9 +195,19 @@ def current_stamps(source: Source, files: Sequence[Entry]) -> list[Stamp]:
     return stamps
 
 
-def check_stat(where: str, stamp: Stamp, st: os.stat_result) -> None:
+def check_stat(where: str, stamp: Stamp, st: os.stat_result, stored: bool = False) -> None:
     """Raise SourceChangedError unless ``st`` (of local file ``where``) is the file as
-    scanned (``stamp``)."""
+    scanned (``stamp``); a ``stored`` one (never written in place:
+    ``Source.replaced_not_rewritten``) by its size, mtime, inode and device alone."""
+    if stored:
+        if (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev) != (
+            stamp.size,
+            stamp.mtime_ns,
+            stamp.ino,
+            stamp.dev,
+        ):
+            raise _changed(where, stamp, Stamp.of_stat(st))
+        return
     # A plain tuple compares equal to the Stamp (a NamedTuple) field by field,
     # without building one: this runs twice per span.
     if (

@@ -16,7 +16,7 @@ import posixpath
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow.fs as pafs
 
@@ -37,6 +37,14 @@ class Source:
 
     filesystem: pafs.FileSystem
     root: str
+
+    #: Whether no file here is ever written in place, every write replacing the file
+    #: (node storage: uploads, merges and links all publish by a rename), so that a
+    #: file's inode, size and mtime name its bytes. Its ctime and link count then
+    #: change only as other names of it come and go (an incremental save's hard
+    #: links, a deleted checkpoint's unlinks), and reads do not compare them
+    #: (``proven_read``; why: docs/design.md, "Stored files: ...").
+    replaced_not_rewritten: ClassVar[bool] = False
 
     @property
     def is_local(self) -> bool:

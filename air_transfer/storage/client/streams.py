@@ -161,6 +161,12 @@ def _chunks(
 
 def _verified(link: AgentLink, local: str, index: int, chunk: Any, checksum: Any) -> memoryview:
     """Chunk ``index`` of ``local`` as bytes, checked against its checksum."""
+    if isinstance(checksum, FileNotFoundError):  # deleted: a stored file changes no other way
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"deleted while being read (on node {link.node_id}, chunk {index}): {checksum}",
+            local,
+        ) from None
     if isinstance(checksum, BaseException):  # packing failed: the file changed
         raise SourceChangedError(
             errno.ESTALE,

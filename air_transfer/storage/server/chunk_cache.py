@@ -4,10 +4,11 @@ Runs in the agent of the storage node (``NodeAgent.file_chunks``). A reader on
 another node asks for the refs of a range of a file's chunks; the agent packs the
 ones it does not hold yet (the packing tasks of ``strategies.agent_tasks``, which it
 submits to itself, so it owns them) and keeps their refs, keyed by the file's
-version (device, inode, size, mtime, ctime), while they fit the byte budget the
-readers ask for (``TransferConfig.cache_bytes``). N readers of one checkpoint, at
-once or one after the other, then share the same objects: the disk is read once,
-and Ray's object manager may serve a chunk from any node already holding a copy.
+version (device, inode, size, mtime: a stored file is never written in place),
+while they fit the byte budget the readers ask for (``TransferConfig.cache_bytes``).
+N readers of one checkpoint, at once or one after the other, then share the same
+objects: the disk is read once, and Ray's object manager may serve a chunk from any
+node already holding a copy.
 An entry is dropped when the budget needs room (least recently used first) or when
 nobody asked for it for ``KNOBS.read_cache_idle_s``; readers holding its ref keep
 the object alive until they let go, as Ray does for any object.
@@ -48,7 +49,7 @@ from air_transfer.errors import SourceChangedError
 #: Submits packing tasks for ``plans`` of ``source``: (chunk refs, checksum refs).
 Submit = Callable[[Source, Iterable[ChunkPlan]], tuple[list[Any], list[Any]]]
 #: What identifies one chunk of one version of a file.
-Key = tuple[str, int, int, int, int, int, int, int]
+Key = tuple[str, int, int, int, int, int, int]
 
 
 @dataclass
@@ -97,7 +98,9 @@ class FileChunks:
                 path,
             )
         stamp = Stamp.of_stat(st)
-        version = (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        # Not its ctime: a stored file is never written in place, and a link made
+        # or dropped by another checkpoint changes its ctime, not its bytes.
+        version = (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         last = -(-size // chunk_bytes)
         wanted = range(first, min(first + count, last))
         now = time.monotonic()
@@ -264,7 +267,7 @@ class DirectoryTransfers:
         # Scanned and packed confined (``core.confined``), not by this path again.
         source = ConfinedSource(pafs.LocalFileSystem(), real, storage_root=root)
         scanned = scan(source, config.follow_symlinks)
-        key = (real, config, scanned.entries, scanned.stamps)
+        key = (real, config, scanned.entries, tuple(map(_version, scanned.stamps)))
         now = time.monotonic()
         with self._lock:
             if self._reaper is None:  # expire idle transfers when nobody asks either
@@ -333,6 +336,12 @@ class DirectoryTransfers:
 
     def _drop(self, key: Hashable) -> None:
         self.bytes_held -= self._held.pop(key).size
+
+
+def _version(stamp: Stamp) -> Stamp:
+    """What names a stored file's bytes (``ConfinedSource``): its stamp but for the
+    ctime and link count, which other checkpoints' links change."""
+    return stamp._replace(ctime_ns=None, nlink=None)
 
 
 def _directory(w: Where, path: str) -> str:
