@@ -25,13 +25,16 @@ import numpy as np
 import pyarrow.fs as pafs
 import ray
 
+from air_transfer.cluster import liveness
 from air_transfer.cluster.agent_client import Expect, Info, Listed
 from air_transfer.cluster.nodes import HANDOVER_GROUP, PACK_GROUP, RELAY_GROUP
 from air_transfer.config import TransferConfig
+from air_transfer.core import process_locks
 from air_transfer.core.entry import Entry
 from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.plan import ChunkPlan
+from air_transfer.core.process_locks import Process, ProcessLock
 from air_transfer.core.scan import Source, Stamp
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
@@ -45,6 +48,7 @@ from air_transfer.storage.server.senders import sender
 from air_transfer.storage.server.sink import store_checkpoint, store_report
 from air_transfer.storage.server.stream_uploads import StreamUploads
 from air_transfer.storage.server.tiered_disk import TieredDisk
+from air_transfer.storage.server.upload_writers import UploadWriters
 from air_transfer.storage.server.uploads import DiskUploads
 from air_transfer.transfer.handle import TransferHandle
 from air_transfer.transfer.live_chunks import LiveChunks
@@ -73,7 +77,14 @@ class NodeAgent:
         #: Metadata, with the durable tier of each root that has one (its drain).
         self._disk = TieredDisk(DiskStorage(), str(ray.get_runtime_context().get_node_id()))
         self._disk.resume()
-        self._uploads = DiskUploads()
+        # Uploads of writers that died are discarded (their staging files removed).
+        self._uploads = DiskUploads(
+            UploadWriters(
+                liveness.dead,
+                lambda root, staging: self._uploads.fs_abort(root, staging),
+                KNOBS.upload_reap_s,
+            )
+        )
         self._stored = 0  # checkpoints written by store_checkpoint and store_report
         self._reports = ReportLedger()
         self._incremental = IncrementalStore()
@@ -118,6 +129,10 @@ class NodeAgent:
         """Let go of every cached node-storage chunk and directory transfer."""
         self._files.clear()
         self._directories.clear()
+
+    def dead_processes(self, locks: list[ProcessLock]) -> list[ProcessLock]:
+        """Those of ``locks`` (of this node's processes) whose process is dead."""
+        return process_locks.dead(locks)
 
     # -- packing (``transfer.packing_service``) ----------------------------------------
     @ray.method(concurrency_group=PACK_GROUP)
@@ -244,6 +259,12 @@ class NodeAgent:
         finally:
             self._disk.touch(root)
 
+    def note_report_dir(self, root: str, worker: str, path: str) -> None:
+        """Make the directory ``path`` that Ray Train worker ``worker`` writes its report
+        into itself (torch DCP), noted as ``store_report``'s are."""
+        local = storage_path(root, path)
+        self._reports.note(worker, local, lambda: self._disk.fs_create_dir(root, local, True))
+
     def reclaim_reports(self, root: str, workers: list[str], tracked: list[str]) -> list[str]:
         """Ray Train is stopping the group of ``workers``: end their reports still
         being stored and delete what they stored that Train does not track."""
@@ -295,8 +316,10 @@ class NodeAgent:
         self._uploads.fs_copy_file(root, src, dest)
         self._disk.touch(root)
 
-    def fs_open_write(self, root: str, path: str, append: bool) -> tuple[str, int, Expect]:
-        return self._uploads.fs_open_write(root, path, append)
+    def fs_open_write(
+        self, root: str, path: str, append: bool, writer: Process | None = None
+    ) -> tuple[str, int, Expect]:
+        return self._uploads.fs_open_write(root, path, append, writer)
 
     def fs_write(
         self,

@@ -22,6 +22,7 @@ from air_transfer.config import TransferConfig
 from air_transfer.core.entry import Entry
 from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.plan import ChunkPlan
+from air_transfer.core.process_locks import Process, ProcessLock
 from air_transfer.core.scan import Source, Stamp
 
 #: What node storage says of a path: ``(pyarrow FileType, size, mtime_ns)``.
@@ -63,6 +64,11 @@ class AgentClient:
 
     def clear_read_cache(self) -> ray.ObjectRef[None]:
         ref: ray.ObjectRef[None] = self.actor.clear_read_cache.remote()
+        return ref
+
+    def dead_processes(self, locks: Sequence[ProcessLock]) -> ray.ObjectRef[list[ProcessLock]]:
+        """Those of ``locks`` (of processes of this node) whose process is dead."""
+        ref: ray.ObjectRef[list[ProcessLock]] = self.actor.dead_processes.remote(list(locks))
         return ref
 
     # -- packing -----------------------------------------------------------------------
@@ -193,6 +199,11 @@ class AgentClient:
         )
         return ref
 
+    def note_report_dir(self, root: str, worker: str, path: str) -> ray.ObjectRef[None]:
+        """Make the directory Train worker ``worker`` writes a report into itself."""
+        ref: ray.ObjectRef[None] = self.actor.note_report_dir.remote(root, worker, path)
+        return ref
+
     def reclaim_reports(
         self, root: str, workers: list[str], tracked: list[str]
     ) -> ray.ObjectRef[list[str]]:
@@ -285,11 +296,12 @@ class AgentClient:
 
     # -- node storage: uploads ---------------------------------------------------------
     def fs_open_write(
-        self, root: str, path: str, append: bool
+        self, root: str, path: str, append: bool, writer: Process | None = None
     ) -> ray.ObjectRef[tuple[str, int, Expect]]:
-        """Staging for a new version of ``path``: ``(staging, start offset, expect)``."""
+        """Staging for a new version of ``path``: ``(staging, start offset, expect)``;
+        discarded if ``writer`` dies before it commits."""
         ref: ray.ObjectRef[tuple[str, int, Expect]] = self.actor.fs_open_write.remote(
-            root, path, append
+            root, path, append, writer
         )
         return ref
 

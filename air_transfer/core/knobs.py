@@ -87,6 +87,10 @@ class Knobs:
     #: them it still references, and lets their agent drop its lease on the others
     #: (``air_transfer.leases``): the delay before a released checkpoint is freed.
     lease_poll_s: float = 1.0
+    #: How often a storage node's agent with uploads in progress asks whether their
+    #: writers still run (one call per writers' node): the staging file of a writer
+    #: killed mid-upload is removed this long after, at most, plus the call.
+    upload_reap_s: float = 2.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -111,6 +115,8 @@ class Knobs:
             )
         if not 0 < self.lease_poll_s <= 60:
             raise ValueError(f"knob lease_poll_s must be in (0, 60], got {self.lease_poll_s!r}")
+        if not 0 < self.upload_reap_s <= 600:
+            raise ValueError(f"knob upload_reap_s must be in (0, 600], got {self.upload_reap_s!r}")
         if not 0 < self.relay_poll_s <= 60:
             raise ValueError(f"knob relay_poll_s must be in (0, 60], got {self.relay_poll_s!r}")
         if not 0 < self.lease_break_poll_s <= 5:

@@ -4,16 +4,26 @@ and ``FileSystemReader`` over a ``FileSystemBase`` of pyarrow calls (as torch's
 ``.metadata`` last), deduplication and resharding are DCP's. Each rank's files stream
 into node storage and appear only whole; a read fetches only its items' byte ranges
 and copies nothing into the caller's tensors until every one is read and decoded.
+
+A save into a directory that already holds a checkpoint never writes over the files
+its metadata names: its own files get names of their own (``__<rank>_<tag>_<n>``),
+and its metadata replaces the old one in one rename, after which the files only the
+old one named are deleted. A save that dies before that rename leaves the old
+checkpoint whole (its files are untouched), never old metadata over new files.
 """
 
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import io
+import logging
 import os
+import pickle
 import posixpath
+import uuid
 from collections.abc import Iterator
 from typing import IO, Any, TypeVar
 
@@ -23,11 +33,22 @@ from torch.distributed.checkpoint.filesystem import (
     FileSystemBase,
     FileSystemReader,
     FileSystemWriter,
+    _StoragePrefix,
 )
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+)
+from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
+from air_transfer.core.confine import storage_path
+from air_transfer.storage.client.handler import node_storage_handler
+from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.location import node_storage_location
 from air_transfer.train import storage_filesystem
 
@@ -35,6 +56,7 @@ from air_transfer.train import storage_filesystem
 METADATA = ".metadata"
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 class ArrowFiles(FileSystemBase):
@@ -53,14 +75,17 @@ class ArrowFiles(FileSystemBase):
         upload = Upload(self.filesystem.open_output_stream(path))
         try:
             yield upload
+            upload.close()
         except BaseException:
             upload.abort()
             # Other filesystems publish what they got once the stream is gone.
             if node_storage_location(self.filesystem) is None:
                 with contextlib.suppress(Exception):
                     self.filesystem.delete_file(path)
+            failed = upload.failure
+            if isinstance(failed, OSError):  # torch's own error would be a symptom of it
+                raise _not_stored(failed, path) from None
             raise
-        upload.close()
 
     def concat_path(self, path: str | os.PathLike[str], suffix: str) -> str:
         return posixpath.join(os.fspath(path), suffix)
@@ -86,6 +111,26 @@ class ArrowFiles(FileSystemBase):
         self.filesystem.delete_file(os.fspath(path))
 
 
+class ReportFiles(ArrowFiles):
+    """``ArrowFiles`` of a Ray Train report's checkpoint that Train worker ``worker``
+    writes itself: in node storage its directory is made by the storage node's agent,
+    which notes it under the worker, so that a round Train stops before it tracks
+    the checkpoint (a rank failed mid-save) leaves nothing in storage
+    (``train.reclaim_reports``). Replicated storage makes it as any directory."""
+
+    def __init__(self, filesystem: pafs.FileSystem, worker: str) -> None:
+        super().__init__(filesystem)
+        self.worker = worker
+
+    def mkdir(self, path: str | os.PathLike[str]) -> None:
+        handler = node_storage_handler(self.filesystem)
+        if handler is None or isinstance(handler, ReplicatedHandler) or not self.worker:
+            super().mkdir(path)
+            return
+        root, local, worker = handler.root, storage_path(handler.root, os.fspath(path)), self.worker
+        handler.link.call(lambda agent: agent.note_report_dir(root, worker, local))
+
+
 class Upload(io.RawIOBase):
     """One file being written: published by ``close``; ``abort`` drops the
     filesystem's stream unclosed, which for node storage discards the upload at
@@ -94,6 +139,9 @@ class Upload(io.RawIOBase):
     def __init__(self, stream: Any) -> None:
         super().__init__()
         self._stream: Any = stream
+        #: What the filesystem's stream raised, if it did: torch.save does not pass a
+        #: failed write on (it fails later on a position that does not add up).
+        self.failure: BaseException | None = None
 
     def writable(self) -> bool:
         return True
@@ -101,7 +149,11 @@ class Upload(io.RawIOBase):
     def write(self, data: Any) -> int:
         if self._stream is None:
             raise ValueError("write to a closed or aborted DCP upload")
-        return int(self._stream.write(data))
+        try:
+            return int(self._stream.write(data))
+        except BaseException as e:
+            self.failure = self.failure or e
+            raise
 
     def tell(self) -> int:
         return int(self._stream.tell()) if self._stream is not None else 0
@@ -113,7 +165,11 @@ class Upload(io.RawIOBase):
     def close(self) -> None:
         if self._stream is not None:
             stream, self._stream = self._stream, None
-            stream.close()
+            try:
+                stream.close()
+            except BaseException as e:
+                self.failure = self.failure or e
+                raise
         super().close()
 
     def __del__(self) -> None:
@@ -141,6 +197,92 @@ class NodeStorageWriter(FileSystemWriter):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         return ArrowFiles.validate_checkpoint_id(checkpoint_id)
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """DCP's plans (``__<rank>_`` file prefixes); where a checkpoint is already
+        there, each prefix with a tag of this save, so that none of its files is
+        named as a file of that checkpoint (see the module)."""
+        plans = super().prepare_global_plan(plans)
+        if not self.fs.exists(self._own_metadata_path()):
+            return plans
+        tag = uuid.uuid4().hex[:8]
+        return [
+            dataclasses.replace(p, storage_data=_StoragePrefix(f"{p.storage_data.prefix}{tag}_"))
+            for p in plans
+        ]
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Publish the metadata by renaming it over the one in place (torch removes
+        that one first: a save dying in between would leave no checkpoint at all),
+        then delete the files only the replaced one named."""
+        path = self._own_metadata_path()
+        replaced = self._files_named_by(path)
+        fs: Any = self.fs  # ArrowFiles, where torch's FileSystemWriter has its own
+        self.fs = _KeepUntilRenamedOver(fs.filesystem, path)  # type: ignore[assignment]
+        try:
+            super().finish(metadata, results)
+        finally:
+            self.fs = fs
+        kept = {r.storage_data.relative_path for wrs in results for r in wrs}
+        for relative in sorted(replaced - kept):
+            try:
+                self.fs.rm_file(self.fs.concat_path(self.path, relative))
+            except FileNotFoundError:
+                pass
+            except Exception as e:  # the new checkpoint is whole: only space is lost
+                logger.warning(
+                    "air-transfer: could not delete %s of the checkpoint %s replaced (%s: %s)",
+                    relative,
+                    self.path,
+                    type(e).__name__,
+                    e,
+                )
+
+    def _own_metadata_path(self) -> str:
+        """The metadata file this save publishes (a rank's own without collectives)."""
+        rank = self.rank if not self.use_collectives else None
+        return str(self._get_metadata_path(rank))
+
+    def _files_named_by(self, path: str) -> set[str]:
+        """The files the metadata at ``path`` names (none if there is none, or it
+        cannot be read: then nothing is deleted)."""
+        try:
+            with self.fs.create_stream(path, "rb") as f:
+                old = pickle.load(f)
+            return {info.relative_path for info in old.storage_data.values()}
+        except FileNotFoundError:
+            return set()
+        except Exception as e:
+            logger.warning(
+                "air-transfer: the metadata %s being replaced cannot be read (%s: %s); the "
+                "files it names are kept",
+                path,
+                type(e).__name__,
+                e,
+            )
+            return set()
+
+
+class _KeepUntilRenamedOver(ArrowFiles):
+    """``ArrowFiles`` on which removing ``keep`` does nothing: the rename that torch's
+    ``finish`` makes next replaces it in one step (every pyarrow ``move`` over a file
+    does), so the old metadata stays until the new one is in its place."""
+
+    def __init__(self, filesystem: pafs.FileSystem, keep: str) -> None:
+        super().__init__(filesystem)
+        self.keep = keep
+
+    def rm_file(self, path: str | os.PathLike[str]) -> None:
+        if os.fspath(path) != self.keep:
+            super().rm_file(path)
+
+
+def report_writer(path: str, filesystem: pafs.FileSystem, worker: str) -> NodeStorageWriter:
+    """The writer of a Ray Train report's checkpoint ``path``, saved by Train worker
+    ``worker`` (its actor id): its directory is noted as that worker's report."""
+    writer = NodeStorageWriter(path, filesystem)
+    writer.fs = ReportFiles(filesystem, worker)  # type: ignore[assignment]
+    return writer
 
 
 class NodeStorageReader(FileSystemReader):
@@ -236,6 +378,19 @@ class NodeStorageReader(FileSystemReader):
                 f"{tuple(target.size())}"
             )
         return item, tensor, target
+
+
+def _not_stored(failed: OSError, path: str) -> OSError:
+    """What a file's write or commit raised (the storage node's agent died: a
+    ConnectionError), saying that nothing of the file was stored."""
+    said = str(failed) if failed.errno is None else failed.strerror
+    message = (
+        f"{said}; nothing of the DCP file {path!r} was stored, and the checkpoint is not "
+        "complete: save it again"
+    )
+    if failed.errno is None:
+        return type(failed)(message)
+    return type(failed)(failed.errno, message, path)
 
 
 def _incomplete(path: str) -> FileNotFoundError:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+import ray
 import ray.train
 import ray.train.collective
 import torch.distributed as dist
@@ -22,7 +23,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from air_transfer.dcp.storage import NodeStorageReader, NodeStorageWriter
+from air_transfer.dcp.storage import NodeStorageReader, report_writer
 
 T = TypeVar("T")
 
@@ -71,7 +72,8 @@ def report(
     )
     path = storage.build_checkpoint_path_from_name(name)
     checkpoint = Checkpoint(path, filesystem=storage.storage_filesystem)
-    writer = NodeStorageWriter(path, storage.storage_filesystem)
+    worker = ray.get_runtime_context().get_actor_id() or ""
+    writer = report_writer(path, storage.storage_filesystem, worker)
     if not async_save:
         _unwrapped(lambda: state_dict_saver.save(state_dict, storage_writer=writer))
         ray.train.report(

@@ -6,8 +6,8 @@ DCP through ``air_transfer.dcp``: every step's checkpoint is saved by both ranks
 straight into the run's storage and reported in place; a planned failure of both
 workers; the restarted workers resume from the latest checkpoint with the model and
 the optimizer state bit-identical to an uninterrupted run's at that step, and end
-where it ended. And ``torch.save`` checkpoints, reported the usual way, restore on
-every rank.
+where it ended; a rank failing mid-save leaves nothing Train does not track. And
+``torch.save`` checkpoints, reported the usual way, restore on every rank.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def fs(cluster: Cluster) -> pafs.FileSystem:
 
 
 def fit(
-    loop: Any, storage: Path, name: str, fs: pafs.FileSystem, **config: Any
+    loop: Any, storage: Path, name: str, fs: pafs.FileSystem, keep: int | None = None, **config: Any
 ) -> ray.train.Result:
     trainer = TorchTrainer(
         loop,
@@ -57,6 +57,7 @@ def fit(
             storage_path=str(storage),
             storage_filesystem=fs,
             failure_config=ray.train.FailureConfig(max_failures=1),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=keep),
         ),
     )
     return trainer.fit()
@@ -121,6 +122,31 @@ def test_a_failed_run_resumes_bit_identical_with_async_saves(
     assert resumed[2]["restored_digests"] == [reference[1]["digest"]] * 2
     for step in range(STEPS):
         assert resumed[step]["digest"] == reference[step]["digest"], f"step {step} differs"
+
+
+def test_a_rank_failing_mid_save_leaves_only_what_train_tracks_in_storage(
+    tmp_path: Path, fs: pafs.FileSystem
+) -> None:
+    """Rank 1's save of step 1 fails midway (rank 0's shard is stored, no metadata);
+    Train stops the round and resumes from step 0. The failed save's directory
+    stayed in storage, tracked by nobody, past ``num_to_keep``; now storage holds
+    exactly the checkpoints Train keeps."""
+    marker = tmp_path / "failed-once"
+    result = fit(
+        dcp_train_loop,
+        tmp_path,
+        "failed-save",
+        fs,
+        keep=2,
+        steps=3,
+        fail_in_save=1,
+        fail_marker=str(marker),
+    )
+    assert Path(f"{marker}.save").exists()
+    steps = history(result)
+    assert sorted(steps) == [1, 2] and steps[1]["restored_step"] == 0
+    stored = {p for p in (tmp_path / "failed-save").iterdir() if p.name.startswith("checkpoint_")}
+    assert stored == {Path(c.path) for c, _ in result.best_checkpoints}
 
 
 def test_torch_save_checkpoints_restore_on_every_rank(tmp_path: Path, fs: pafs.FileSystem) -> None:

@@ -128,10 +128,29 @@ def _fail_once(config: dict[str, Any], step: int) -> None:
         raise RuntimeError(f"injected failure after step {step}")
 
 
+class Unsaveable:
+    """A value whose ``torch.save`` fails: the rank saving it fails midway through
+    its save (its shard's upload open), as a rank that dies there."""
+
+    def __reduce__(self) -> Any:
+        raise RuntimeError("injected failure while saving")
+
+
+def _failing_save(config: dict[str, Any], step: int) -> dict[str, Any]:
+    """What rank 1 adds to its state at step ``fail_in_save``, once: ``Unsaveable``."""
+    marker = f"{config.get('fail_marker')}.save"
+    rank = ray.train.get_context().get_world_rank()
+    if config.get("fail_in_save") == step and rank == 1 and not os.path.exists(marker):
+        Path(marker).write_text("failed once")
+        return {"unsaveable": Unsaveable()}
+    return {}
+
+
 def dcp_train_loop(config: dict[str, Any]) -> None:
     """DDP training of a small MLP with Adam; every step DCP-saves the model, the
     optimizer and the step through ``air_transfer.dcp.report``; a restarted run
-    resumes from the latest checkpoint with ``air_transfer.dcp.load``."""
+    resumes from the latest checkpoint with ``air_transfer.dcp.load``. A failure
+    planned after a report (``fail_after``) or inside rank 1's save (``fail_in_save``)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.nn.parallel import DistributedDataParallel
 
@@ -167,7 +186,7 @@ def dcp_train_loop(config: dict[str, Any]) -> None:
             **restored,
         }
         air_transfer.dcp.report(
-            {"model": model_sd, "optim": optim_sd, "step": step},
+            {"model": model_sd, "optim": optim_sd, "step": step, **_failing_save(config, step)},
             metrics,
             async_save=config.get("async_save", False),
         )

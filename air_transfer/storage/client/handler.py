@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import ray
 
+from air_transfer.cluster.liveness import this_process
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import storage_path
@@ -232,8 +233,9 @@ class NodeStorageHandler(pafs.FileSystemHandler):
 
     def _open_output(self, path: str, append: bool) -> Any:
         local = self._path(path)
+        process = this_process()  # its death discards the upload
         staging, start, expect = self.link.call(
-            lambda agent: agent.fs_open_write(self.root, local, append)
+            lambda agent: agent.fs_open_write(self.root, local, append, process)
         )
         writer: SameNodeWriter | ChunkWriter
         if self._on_storage_node():  # the bytes go straight into the staging file

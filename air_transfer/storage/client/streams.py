@@ -89,7 +89,8 @@ class AgentLink:
         Ray's wrapper with the agent's traceback (kept for anything else: a bug); a
         lost agent or node as ConnectionError; an argument of the call that Ray could
         not resolve (a checkpoint whose packing agent or owner died before handing
-        it over) as CheckpointLostError."""
+        it over) as CheckpointLostError; a chunk of a read lost with the agent that
+        owned it (Ray's OwnerDiedError) as ConnectionError too."""
         try:
             yield
         except RayTaskError as e:
@@ -108,6 +109,14 @@ class AgentLink:
                 f"the air-transfer agent of storage node {self.node_id} is unreachable "
                 f"({type(e).__name__}); its files cannot be reached until it is back"
             ) from e
+        except ObjectLostError as e:  # a chunk the agent packed and owned: it died
+            self._agent, self._lost = None, True
+            raise ConnectionError(
+                f"a chunk read from storage node {self.node_id} was lost "
+                f"({type(e).__name__}): the air-transfer agent that owned it, or its "
+                "node, died mid-read; read it again once the agent is back (a new one "
+                "starts at the next call)"
+            ) from None  # not chained: Ray's error holds the reader's frames and refs
 
 
 def open_reader(link: AgentLink, path: str, local: str, size: int) -> ChunkFileReader:

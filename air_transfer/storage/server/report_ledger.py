@@ -9,7 +9,9 @@ finish it after its worker is gone. So the agent stores each hooked report throu
 ``ReportLedger.store``, which notes the path under the worker, and the controller,
 about to stop a group, calls ``reclaim``: it fences the group's workers (a store of
 theirs still running stops at its next chunk, a later one is refused), waits for
-their stores to end, and deletes what they stored that Train does not track.
+their stores to end, and deletes what they stored that Train does not track. A
+report its workers write themselves (torch DCP) is noted as its directory is made
+(``note``), and deleted the same way.
 
 Runs in the storage node's agent, which keeps the notes for its lifetime. Plain
 Python: unit-tested without Ray.
@@ -64,6 +66,20 @@ class ReportLedger:
                 if not self._running[worker]:
                     del self._running[worker]
                 self._changed.notify_all()
+
+    def note(self, worker: str, path: str, make: Callable[[], None]) -> None:
+        """Note ``path`` as a report of ``worker`` that the worker writes itself (torch
+        DCP: each rank streams its files into it) and ``make()`` it, unless the
+        worker's group is stopped (GroupStoppedError: then nothing is made, so no
+        directory appears after ``reclaim`` deleted what it found)."""
+        with self._changed:
+            if worker in self._fenced:
+                raise GroupStoppedError(
+                    f"Ray Train stopped the worker group of {worker}; its report into "
+                    f"{path!r} is not stored"
+                )
+            self._stored.setdefault(worker, set()).add(path)
+            make()
 
     def reclaim(
         self,

@@ -5,8 +5,8 @@ methods). A write to ``path`` creates a hidden staging file next to it; each chu
 checked against the checksum it was sent with, is written at its offset
 (``os.pwrite``), so the agent's threads may write chunks in any order; the commit
 checks the size and renames the staging file over ``path``. Readers see the old file
-or the new one, never half of it. A staging file whose writer died stays hidden from
-listings and goes with its directory.
+or the new one, never half of it. A staging file stays hidden from listings; one
+whose writer died is removed once that is known (``upload_writers``).
 
 Concurrent writes to one path: each has its own staging file and the last commit
 wins, whole. An append copies the file as it is when the append opens; if another
@@ -44,15 +44,18 @@ from air_transfer.core.direct_io import pwrite_direct, should_write_direct
 from air_transfer.core.reuse import link_at
 from air_transfer.errors import ChecksumError
 from air_transfer.storage.server.tree import STAGING_MARK, hidden_name
+from air_transfer.storage.server.upload_writers import UploadWriters
 
 
 class DiskUploads:
     """The node-side half of writes through ``storage_filesystem``."""
 
-    def __init__(self) -> None:
+    def __init__(self, writers: UploadWriters[Any] | None = None) -> None:
         # An append's check that its file is unchanged, and its rename, must not let
         # another commit in between (every commit of this storage runs in this agent).
         self._publishing = threading.Lock()
+        #: Who writes each upload in progress (None: nobody watches the writers).
+        self.writers = writers
 
     def fs_copy_file(self, root: str, src: str, dest: str) -> None:
         source, _ = open_regular(root, src, "copy")
@@ -68,10 +71,13 @@ class DiskUploads:
         finally:
             os.close(source)
 
-    def fs_open_write(self, root: str, path: str, append: bool) -> tuple[str, int, Expect]:
+    def fs_open_write(
+        self, root: str, path: str, append: bool, writer: Any = None
+    ) -> tuple[str, int, Expect]:
         """Create the staging file for a write to ``path``; returns it, the offset the
         new bytes start at (the size of the file copied when appending), and what the
-        commit expects to find at ``path``."""
+        commit expects to find at ``path``. ``writer``: the process that writes it,
+        whose death discards the upload (``upload_writers``)."""
 
         def stage(w: Where) -> tuple[str, int, Expect]:
             try:
@@ -94,7 +100,10 @@ class DiskUploads:
             finally:
                 os.close(out)
 
-        return at(root, path, stage)
+        staging, start, expect = at(root, path, stage)
+        if self.writers is not None:
+            self.writers.begin(root, staging, writer)
+        return staging, start, expect
 
     def fs_write(
         self,
@@ -186,7 +195,11 @@ class DiskUploads:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(w.name, dir_fd=w.fd)
 
-        at(root, staging, discard, follow=False)
+        try:
+            at(root, staging, discard, follow=False)
+        finally:
+            if self.writers is not None:
+                self.writers.end(staging)
 
     def _publish(
         self, root: str, path: str, staging: str, size: int | None, expect: Expect
@@ -215,6 +228,8 @@ class DiskUploads:
             at(root, path, replace)
 
         at(root, staging, publish, follow=False)
+        if self.writers is not None:
+            self.writers.end(staging)
 
 
 def _require_staging(staging: str) -> None:
