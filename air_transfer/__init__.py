@@ -37,12 +37,13 @@ from air_transfer.transfer.strategies import (
 
 if TYPE_CHECKING:
     from air_transfer.checkpoint import ChunkedCheckpoint
-    from air_transfer.train import checkpoint_upload_fn, storage_filesystem
+    from air_transfer.train import checkpoint_upload_fn, replica_status, storage_filesystem
 
 #: The public names that need Ray Train, and the module each comes from.
 _ON_FIRST_USE = {
     "ChunkedCheckpoint": "air_transfer.checkpoint",
     "checkpoint_upload_fn": "air_transfer.train",
+    "replica_status": "air_transfer.train",
     "storage_filesystem": "air_transfer.train",
 }
 
@@ -82,6 +83,7 @@ __all__ = [
     "get_strategy",
     "node_agent",
     "register_strategy",
+    "replica_status",
     "select_strategy",
     "shutdown_agents",
     "storage_filesystem",
