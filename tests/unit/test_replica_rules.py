@@ -70,7 +70,7 @@ def test_emptying_a_copy_keeps_its_marker(tmp_path: Path) -> None:
 
 
 def test_roots_that_cannot_keep_copies() -> None:
-    from air_transfer.storage.client.replicas import check_roots
+    from air_transfer.storage.client.replica_set import check_roots
 
     check_roots("/", "/", 1)  # one copy: the single-copy storage, unchanged
     with pytest.raises(ValueError, match="needs a dedicated root"):

@@ -10,7 +10,8 @@ from the record it saved, and the call is made again there (each is idempotent).
 change holds one of its paths, and the caller waits here, asking again, so that no
 thread of the registry ever waits (its ``end`` would queue behind them).
 
-``read_order`` is how a reader picks among the fresh copies: its own node's copy
+``place`` picks the copies of a new storage, after ``check_roots`` refused roots that
+cannot keep copies. ``read_order`` is how a reader picks among the fresh copies: its own node's copy
 first (a local read), else the copies in an order rotated by a hash of the
 reader's node, so the readers of N nodes spread over the K copies, and each reader
 keeps to one (the copy's chunk cache serves its later reads); the others follow,
@@ -173,6 +174,32 @@ def place(
             f"{len(live)}, and {1 + len(named)} were named (the storage node included)"
         )
     return [(primary, root)] + [(n, template.format(node_id=n)) for n in chosen[1:wanted]]
+
+
+def check_roots(root: str, replica_root: str, replicas: int) -> None:
+    """Refuse roots that cannot hold K copies: '/' (a node's whole disk, never
+    empty, which repair would have to empty), and copies nested inside the storage
+    node's root (its listings would show them as the user's files)."""
+    if replicas < 2:
+        return
+    if root == "/":
+        raise ValueError(
+            f"replicas={replicas} needs a dedicated root: root='/' (the default) is a "
+            "node's whole disk, and each other copy's root is emptied whenever repair "
+            "makes it again; pass storage_filesystem(..., root='/path/to/storage')"
+        )
+    if posixpath.normpath(replica_root) == "/":
+        raise ValueError(
+            "replica_root='/' is a node's whole disk, which repair would have to empty; "
+            "pass a directory of its own (replica_root='/path/{node_id}')"
+        )
+    sample = posixpath.normpath(replica_root.format(node_id="0" * 56))
+    if sample != root and posixpath.commonpath([root, sample]) == root:
+        raise ValueError(
+            f"replica_root={replica_root!r} lies inside root={root!r}: the storage node's "
+            "listings would show the other copies as files of the storage; put the copies "
+            "beside it (e.g. replica_root='/path/copies/{node_id}')"
+        )
 
 
 def fresh_at_start(copies: list[Copy], empty: dict[str, bool]) -> list[str]:

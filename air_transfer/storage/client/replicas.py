@@ -67,7 +67,7 @@ class ReplicatedHandler(NodeStorageHandler):
         self.replica_root = replica_root or self.root
         if not self.replica_root.startswith("/"):
             raise ValueError(f"replica_root must be absolute, got {replica_root!r}")
-        check_roots(self.root, self.replica_root, replicas)
+        replica_set.check_roots(self.root, self.replica_root, replicas)
         self._links: dict[str, AgentLink] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -376,32 +376,6 @@ class ReplicatedHandler(NodeStorageHandler):
 
     def _open_output(self, path: str, append: bool) -> Any:
         return pa.PythonFile(ReplicatedWriter(self, path, append), mode="w")
-
-
-def check_roots(root: str, replica_root: str, replicas: int) -> None:
-    """Refuse roots that cannot hold K copies: '/' (a node's whole disk, never
-    empty, which repair would have to empty), and copies nested inside the storage
-    node's root (its listings would show them as the user's files)."""
-    if replicas < 2:
-        return
-    if root == "/":
-        raise ValueError(
-            f"replicas={replicas} needs a dedicated root: root='/' (the default) is a "
-            "node's whole disk, and each other copy's root is emptied whenever repair "
-            "makes it again; pass storage_filesystem(..., root='/path/to/storage')"
-        )
-    if posixpath.normpath(replica_root) == "/":
-        raise ValueError(
-            "replica_root='/' is a node's whole disk, which repair would have to empty; "
-            "pass a directory of its own (replica_root='/path/{node_id}')"
-        )
-    sample = posixpath.normpath(replica_root.format(node_id="0" * 56))
-    if sample != root and posixpath.commonpath([root, sample]) == root:
-        raise ValueError(
-            f"replica_root={replica_root!r} lies inside root={root!r}: the storage node's "
-            "listings would show the other copies as files of the storage; put the copies "
-            "beside it (e.g. replica_root='/path/copies/{node_id}')"
-        )
 
 
 def _claim(
