@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from air_transfer.checkpoint import ChunkedCheckpoint
     from air_transfer.train import (
         checkpoint_upload_fn,
+        replica_status,
         storage_filesystem,
         storage_state,
         wait_durable,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 _ON_FIRST_USE = {
     "ChunkedCheckpoint": "air_transfer.checkpoint",
     "checkpoint_upload_fn": "air_transfer.train",
+    "replica_status": "air_transfer.train",
     "storage_filesystem": "air_transfer.train",
     "storage_state": "air_transfer.train",
     "wait_durable": "air_transfer.train",
@@ -90,6 +92,7 @@ __all__ = [
     "get_strategy",
     "node_agent",
     "register_strategy",
+    "replica_status",
     "select_strategy",
     "shutdown_agents",
     "storage_filesystem",

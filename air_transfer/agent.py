@@ -42,7 +42,9 @@ from air_transfer.storage.server.chunk_cache import DirectoryTransfers, FileChun
 from air_transfer.storage.server.drain import DrainStatus
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.metadata import DiskStorage, storage_path
+from air_transfer.storage.server.op_fence import OpFence
 from air_transfer.storage.server.reads import read_chunks
+from air_transfer.storage.server.replica_marker import claim as claim_copy
 from air_transfer.storage.server.report_ledger import ReportLedger
 from air_transfer.storage.server.senders import sender
 from air_transfer.storage.server.sink import store_checkpoint, store_report
@@ -77,6 +79,7 @@ class NodeAgent:
         #: Metadata, with the durable tier of each root that has one (its drain).
         self._disk = TieredDisk(DiskStorage(), str(ray.get_runtime_context().get_node_id()))
         self._disk.resume()
+        self._ops = OpFence()  # replicated changes of a caller that died: refused
         # Uploads of writers that died are discarded (their staging files removed).
         self._uploads = DiskUploads(
             UploadWriters(
@@ -222,16 +225,17 @@ class NodeAgent:
         return stored
 
     def store_report(
-        self, worker: str, source: Any, root: str, path: str, config: TransferConfig
+        self, worker: str, source: Any, root: str, path: str, config: TransferConfig, op: str = ""
     ) -> str:
         """Store Ray Train worker ``worker``'s reported checkpoint at node-storage
         ``path``: its transfer (a ``ChunkedCheckpoint``), or its directory on this
         node. Noted until Train stops the worker's group (``reclaim_reports``)."""
         src = source if isinstance(source, str) else source.handle()
         local = storage_path(root, path)
-        stored = self._reports.store(
-            worker, local, lambda check: store_report(src, root, local, config, check)
-        )
+        with self._ops.running(op):
+            stored = self._reports.store(
+                worker, local, lambda check: store_report(src, root, local, config, check)
+            )
         self._stored += 1
         self._disk.touch(root)
         return stored
@@ -296,24 +300,41 @@ class NodeAgent:
     def fs_list(self, root: str, base: str, recursive: bool, allow_not_found: bool) -> list[Listed]:
         return self._disk.fs_list(root, base, recursive, allow_not_found)
 
-    def fs_create_dir(self, root: str, path: str, recursive: bool) -> None:
-        self._disk.fs_create_dir(root, path, recursive)
+    def fs_create_dir(self, root: str, path: str, recursive: bool, op: str = "") -> None:
+        with self._ops.running(op):
+            self._disk.fs_create_dir(root, path, recursive)
 
-    def fs_delete_dir(self, root: str, path: str) -> None:
-        self._disk.fs_delete_dir(root, path)
+    def fs_delete_dir(self, root: str, path: str, op: str = "") -> None:
+        with self._ops.running(op):
+            self._disk.fs_delete_dir(root, path)
 
-    def fs_delete_dir_contents(self, root: str, path: str, missing_dir_ok: bool) -> None:
-        self._disk.fs_delete_dir_contents(root, path, missing_dir_ok)
+    def fs_delete_dir_contents(
+        self, root: str, path: str, missing_dir_ok: bool, op: str = ""
+    ) -> None:
+        with self._ops.running(op):
+            self._disk.fs_delete_dir_contents(root, path, missing_dir_ok)
 
-    def fs_delete_file(self, root: str, path: str) -> None:
-        self._disk.fs_delete_file(root, path)
+    def fs_delete_file(self, root: str, path: str, op: str = "") -> None:
+        with self._ops.running(op):
+            self._disk.fs_delete_file(root, path)
 
-    def fs_move(self, root: str, src: str, dest: str) -> None:
-        self._disk.fs_move(root, src, dest)
+    def fs_move(self, root: str, src: str, dest: str, op: str = "") -> None:
+        with self._ops.running(op):
+            self._disk.fs_move(root, src, dest)
+
+    # -- node storage: replicas --------------------------------------------------------
+    def claim_copy(
+        self, root: str, storage: str, node: str, members: list[str], taken: list[str], adopt: bool
+    ) -> bool:
+        return claim_copy(root, storage, node, members, taken, adopt)
+
+    def fence_ops(self, ops: list[str], timeout_s: float) -> list[str]:
+        return self._ops.fence(ops, timeout_s)
 
     # -- node storage: uploads ---------------------------------------------------------
-    def fs_copy_file(self, root: str, src: str, dest: str) -> None:
-        self._uploads.fs_copy_file(root, src, dest)
+    def fs_copy_file(self, root: str, src: str, dest: str, op: str = "") -> None:
+        with self._ops.running(op):
+            self._uploads.fs_copy_file(root, src, dest)
         self._disk.touch(root)
 
     def fs_open_write(
@@ -343,10 +364,12 @@ class NodeAgent:
         size: int,
         direct_io: bool = False,
         expect: Expect = None,
+        op: str = "",
     ) -> None:
-        self._uploads.fs_commit(
-            root, path, staging, offset, tail, checksum, size, direct_io, expect
-        )
+        with self._ops.running(op):
+            self._uploads.fs_commit(
+                root, path, staging, offset, tail, checksum, size, direct_io, expect
+            )
         self._disk.touch(root)
 
     def fs_abort(self, root: str, staging: str) -> None:

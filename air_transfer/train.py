@@ -36,6 +36,7 @@ from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.copy import copy_tree
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
+from air_transfer.storage.replica_wire import CopyState
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def storage_filesystem(
             node, root, config, settings.replicas, settings.replica_nodes, settings.replica_root
         )
         if ray.is_initialized():
-            handler.ensure()  # the copies are placed now, by the maker
+            handler.settle()  # the copies are placed (and checked) now, by the maker
         return pafs.PyFileSystem(handler)
     drain = _drain_settings(settings, config) if target is not None else None
     return pafs.PyFileSystem(TrainStorageHandler(node, root, config, target, drain))
@@ -201,6 +202,17 @@ def _durable_handler(filesystem: pafs.FileSystem) -> NodeStorageHandler:
             "no durable tier"
         )
     return handler
+
+
+def replica_status(filesystem: pafs.FileSystem) -> list[CopyState]:
+    """Every copy of a ``storage_filesystem(replicas=K)`` and its state: ``fresh``,
+    ``syncing`` (being made again), ``stale``, ``failing`` (its repair failed and is
+    tried again later) or ``failed`` (repair gave up: ``error`` says why; a copy is
+    made on another node if one is free, and making the filesystem again retries it)."""
+    handler = node_storage_handler(filesystem)
+    if not isinstance(handler, ReplicatedHandler):
+        raise TypeError(f"not a replicated node storage filesystem: {filesystem!r}")
+    return handler.status()
 
 
 def checkpoint_upload_fn(

@@ -44,6 +44,10 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("ray.experimental.internal_kv", "_internal_kv_get"),
     ("ray.experimental.internal_kv", "_internal_kv_list"),
     ("ray.experimental.internal_kv", "_internal_kv_del"),
+    ("ray._private.state", "state"),
+    ("ray._private.state", "GlobalState._connect_and_get_accessor"),
+    ("ray._raylet", "GlobalStateAccessor.get_worker_info"),
+    ("ray.core.generated.gcs_pb2", "WorkerTableData"),
 )
 #: Keyword of ``.options()`` that bounds how far a streaming generator runs ahead of
 #: its consumer (Ray's own streaming ``DataIterator`` uses it); not in the public docs.
@@ -128,6 +132,39 @@ def kv_delete(namespace: str, key: str) -> None:
     from ray.experimental import internal_kv
 
     internal_kv._internal_kv_del(key, namespace=namespace)
+
+
+_worker_alive_warned = False
+
+
+def worker_alive(worker_id: str) -> bool | None:
+    """Whether the Ray worker ``worker_id`` (hex: a driver, a task's or an actor's
+    process) is alive, as the GCS's worker table says (its raylet reports a death
+    at once, SIGKILL included); None if the GCS cannot be asked (logged once).
+    Ray's public API has no such query without the dashboard (``ray.util.state``
+    asks its HTTP server), which a cluster need not run."""
+    global _worker_alive_warned
+    try:
+        from ray._private import state
+        from ray.core.generated import gcs_pb2 as _gcs_pb2
+
+        gcs_pb2: Any = _gcs_pb2  # generated, untyped
+        accessor: Any = state.state._connect_and_get_accessor()  # private, untyped
+        raw = accessor.get_worker_info(ray.WorkerID(bytes.fromhex(worker_id)))
+    except Exception as e:
+        if not _worker_alive_warned:
+            _worker_alive_warned = True
+            logger.warning(
+                "air-transfer: cannot ask the GCS whether a worker lives (%s: %s); a "
+                "replicated change whose caller died is resolved only after the busy "
+                "timeout (or once its node is gone)",
+                type(e).__name__,
+                e,
+            )
+        return None
+    if raw is None:  # never known, or dropped from the table long after it died
+        return False
+    return bool(gcs_pb2.WorkerTableData.FromString(raw).is_alive)
 
 
 def streaming(method: Any, window: int) -> Any:

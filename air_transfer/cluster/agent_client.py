@@ -177,11 +177,14 @@ class AgentClient:
         return ref
 
     def store_report(
-        self, worker: str, source: Any, root: str, path: str, config: TransferConfig
+        self, worker: str, source: Any, root: str, path: str, config: TransferConfig, op: str = ""
     ) -> ray.ObjectRef[str]:
         """Store Ray Train worker ``worker``'s report (a transfer's ref, resolved by
-        Ray, or a directory on the storage node) at node-storage ``path``."""
-        ref: ray.ObjectRef[str] = self.actor.store_report.remote(worker, source, root, path, config)
+        Ray, or a directory on the storage node) at node-storage ``path``; ``op``:
+        the replicated change it belongs to (``fence_ops``)."""
+        ref: ray.ObjectRef[str] = self.actor.store_report.remote(
+            worker, source, root, path, config, op
+        )
         return ref
 
     def store_incremental(
@@ -244,32 +247,52 @@ class AgentClient:
         )
         return ref
 
-    def fs_create_dir(self, root: str, path: str, recursive: bool) -> ray.ObjectRef[None]:
-        ref: ray.ObjectRef[None] = self.actor.fs_create_dir.remote(root, path, recursive)
+    # The changes below take ``op``, the replicated change they belong to: an agent
+    # refuses a call of one fenced off (``fence_ops``); '' for none.
+    def fs_create_dir(
+        self, root: str, path: str, recursive: bool, op: str = ""
+    ) -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.fs_create_dir.remote(root, path, recursive, op)
         return ref
 
-    def fs_delete_dir(self, root: str, path: str) -> ray.ObjectRef[None]:
-        ref: ray.ObjectRef[None] = self.actor.fs_delete_dir.remote(root, path)
+    def fs_delete_dir(self, root: str, path: str, op: str = "") -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.fs_delete_dir.remote(root, path, op)
         return ref
 
     def fs_delete_dir_contents(
-        self, root: str, path: str, missing_dir_ok: bool
+        self, root: str, path: str, missing_dir_ok: bool, op: str = ""
     ) -> ray.ObjectRef[None]:
         ref: ray.ObjectRef[None] = self.actor.fs_delete_dir_contents.remote(
-            root, path, missing_dir_ok
+            root, path, missing_dir_ok, op
         )
         return ref
 
-    def fs_delete_file(self, root: str, path: str) -> ray.ObjectRef[None]:
-        ref: ray.ObjectRef[None] = self.actor.fs_delete_file.remote(root, path)
+    def fs_delete_file(self, root: str, path: str, op: str = "") -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.fs_delete_file.remote(root, path, op)
         return ref
 
-    def fs_move(self, root: str, src: str, dest: str) -> ray.ObjectRef[None]:
-        ref: ray.ObjectRef[None] = self.actor.fs_move.remote(root, src, dest)
+    def fs_move(self, root: str, src: str, dest: str, op: str = "") -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.fs_move.remote(root, src, dest, op)
         return ref
 
-    def fs_copy_file(self, root: str, src: str, dest: str) -> ray.ObjectRef[None]:
-        ref: ray.ObjectRef[None] = self.actor.fs_copy_file.remote(root, src, dest)
+    # -- node storage: replicas --------------------------------------------------------
+    def claim_copy(
+        self, root: str, storage: str, node: str, members: list[str], taken: list[str], adopt: bool
+    ) -> ray.ObjectRef[bool]:
+        """Make ``root`` the copy of ``storage`` on ``node`` (its marker); whether
+        it held anything. ValueError if it is another copy's or holds foreign files."""
+        ref: ray.ObjectRef[bool] = self.actor.claim_copy.remote(
+            root, storage, node, members, taken, adopt
+        )
+        return ref
+
+    def fence_ops(self, ops: list[str], timeout_s: float) -> ray.ObjectRef[list[str]]:
+        """Refuse every later call of ``ops``; those still running after ``timeout_s``."""
+        ref: ray.ObjectRef[list[str]] = self.actor.fence_ops.remote(ops, timeout_s)
+        return ref
+
+    def fs_copy_file(self, root: str, src: str, dest: str, op: str = "") -> ray.ObjectRef[None]:
+        ref: ray.ObjectRef[None] = self.actor.fs_copy_file.remote(root, src, dest, op)
         return ref
 
     # -- node storage: the durable tier -------------------------------------------------
@@ -330,9 +353,10 @@ class AgentClient:
         size: int,
         direct_io: bool = False,
         expect: Expect = None,
+        op: str = "",
     ) -> ray.ObjectRef[None]:
         ref: ray.ObjectRef[None] = self.actor.fs_commit.remote(
-            root, path, staging, offset, tail, checksum, size, direct_io, expect
+            root, path, staging, offset, tail, checksum, size, direct_io, expect, op
         )
         return ref
 

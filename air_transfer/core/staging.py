@@ -10,9 +10,10 @@ are atomic) and on the same shared volume for every host that writes there:
 - ``.<name>.air-old-<id>``: the previous target, only for the moment of a swap on a
   filesystem without ``RENAME_EXCHANGE``.
 
-Node storage adds ``.<name>.air-upload-<id>`` (a file being uploaded) and
-``.<name>.air-trash-<id>`` (a directory being deleted). Every such name comes from
-``internal_name``, which digests a ``<name>`` of over 180 bytes so that the whole
+Node storage adds ``.<name>.air-upload-<id>`` (a file being uploaded),
+``.<name>.air-trash-<id>`` (a directory being deleted) and, in a replica's root,
+``.air-replica`` (which storage and node it is a copy of). Every such name but the
+last comes from ``internal_name``, which digests a ``<name>`` of over 180 bytes so that the whole
 stays within ``NAME_MAX`` (255 bytes) whatever the target's name; ``is_internal``
 tells them from the user's names, for listings to leave out.
 
@@ -64,7 +65,10 @@ _LOCK_SUFFIX = ".lock"
 UPLOAD_MARK = ".air-upload-"
 #: Marks a directory being deleted by node storage (``storage.disk``).
 TRASH_MARK = ".air-trash-"
-_MARKS = (_STAGING, _OLD, _PUBLISH_LOCK, UPLOAD_MARK, TRASH_MARK)
+#: Begins the names of the marker in each copy of a replicated node storage, naming
+#: the storage and node it is a copy of (``storage.server.replica_marker``).
+REPLICA_MARK = ".air-replica"
+_MARKS = (_STAGING, _OLD, _PUBLISH_LOCK, UPLOAD_MARK, TRASH_MARK, REPLICA_MARK)
 #: A target name longer than this (bytes) is digested in the names made from it: the
 #: dot, the longest mark and suffix add at most 46 bytes, and a name may have 255.
 _LONG_NAME = 180

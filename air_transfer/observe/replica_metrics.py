@@ -1,5 +1,6 @@
 """Metrics of node storage replicas: writes that completed on fewer copies than
-asked (degraded), and the bytes short of K copies while repair has not caught up.
+asked (degraded), repairs that failed, and the bytes short of K copies while repair
+has not caught up.
 
 Beside ``metrics`` (same switch, ``AIR_TRANSFER_METRICS``, same prefix), made on
 first use in the process that records them: the writer, and the replica registry.
@@ -34,6 +35,12 @@ def _metric(name: str) -> object | None:
                         "Node storage writes that completed on fewer copies than asked.",
                         tag_keys=("node_id",),
                     )
+                elif name == "repair_failed":
+                    _made[name] = Counter(
+                        PREFIX + "replica_repair_failures",
+                        "Repairs of a node storage copy that failed (the copy stays stale).",
+                        tag_keys=("node_id",),
+                    )
                 else:
                     _made[name] = Gauge(
                         PREFIX + "under_replicated_bytes",
@@ -54,6 +61,16 @@ def degraded_write() -> None:
             metric.inc(1, tags={"node_id": node_id()})  # type: ignore[attr-defined]
         except Exception as e:
             logger.debug("air-transfer: could not record degraded_writes: %r", e)
+
+
+def repair_failed() -> None:
+    """One repair of a copy failed (``replica_status`` says which and why)."""
+    metric = _metric("repair_failed")
+    if metric is not None:
+        try:
+            metric.inc(1, tags={"node_id": node_id()})  # type: ignore[attr-defined]
+        except Exception as e:
+            logger.debug("air-transfer: could not record replica_repair_failures: %r", e)
 
 
 def under_replicated(nbytes: int) -> None:

@@ -18,6 +18,7 @@ from air_transfer import TransferConfig, storage_filesystem
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.replica_set import registry
 from air_transfer.storage.client.replicas import ReplicatedHandler
+from air_transfer.storage.server.replica_marker import is_marker
 from tests.support.cluster import STORE_BYTES, node_ids
 from tests.support.node_storage import CONFIG, read
 from tests.support.waiting import eventually
@@ -58,12 +59,15 @@ def fresh_roots(h: ReplicatedHandler) -> dict[str, str]:
 
 def tree(root: str) -> dict[str, bytes | None]:
     """Relative path -> bytes (None for a directory) of what is under ``root``,
-    staging files included (none may be left)."""
+    staging files included (none may be left), the copy's marker left out (it names
+    its own node)."""
     out: dict[str, bytes | None] = {}
     for base, dirs, files in os.walk(root):
         for d in dirs:
             out[os.path.relpath(os.path.join(base, d), root)] = None
         for f in files:
+            if base == root and is_marker(f):
+                continue
             with open(os.path.join(base, f), "rb") as fh:
                 out[os.path.relpath(os.path.join(base, f), root)] = fh.read()
     return out

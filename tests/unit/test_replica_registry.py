@@ -6,14 +6,18 @@ operation still in flight."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from air_transfer.storage.server.repair import Pace
-from air_transfer.storage.server.replica_registry import ReplicaRegistry
+from air_transfer.storage.server.replica_registry import Begun, ReplicaRegistry, overlap
 
 KEY = "n0:/r"
+
+
+def begun(r: ReplicaRegistry, paths: list[str], op: str | None = None) -> Begun:
+    got = r.begin(KEY, paths, op)
+    assert got is not None, f"{paths} held"
+    return got
 
 
 def registry(k: int = 2) -> ReplicaRegistry:
@@ -24,7 +28,7 @@ def registry(k: int = 2) -> ReplicaRegistry:
 
 def test_a_copy_that_misses_a_change_is_stale_before_it_returns() -> None:
     r = registry()
-    op, targets, fresh = r.begin(KEY, ["f"])
+    op, targets, fresh = begun(r, ["f"])
     assert targets == [("n0", "/r"), ("n1", "/c/n1")] and fresh == ["n0", "n1"]
     assert r.end(KEY, op, ["n1"], ["f"]) == ["n0"]
     assert r.view(KEY) == ([("n0", "/r"), ("n1", "/c/n1")], ["n0"], [], 2)
@@ -35,7 +39,7 @@ def test_a_copy_that_misses_a_change_is_stale_before_it_returns() -> None:
 
 def test_repair_takes_a_stale_member_first_then_a_new_node() -> None:
     r = registry()
-    r.end(KEY, r.begin(KEY, ["f"])[0], ["n1"], ["f"])
+    r.end(KEY, begun(r, ["f"])[0], ["n1"], ["f"])
     assert r.plan_repair(KEY, {"n0", "n1", "n2"}) == (("n0", "/r"), ("n1", "/c/n1"))
     assert r.plan_repair(KEY, {"n0", "n1", "n2"}) is None  # one repair at a time
     r.abandon_sync(KEY, "n1")
@@ -46,9 +50,9 @@ def test_repair_takes_a_stale_member_first_then_a_new_node() -> None:
 
 def test_a_syncing_copy_is_fresh_only_after_a_pass_without_writes() -> None:
     r = registry()
-    r.end(KEY, r.begin(KEY, [])[0], ["n1"], [])
+    r.end(KEY, begun(r, [])[0], ["n1"], [])
     r.plan_repair(KEY, {"n0", "n1"})
-    op, targets, fresh = r.begin(KEY, ["a"])  # a write while n1 syncs goes to it too
+    op, targets, fresh = begun(r, ["a"])  # a write while n1 syncs goes to it too
     assert [n for n, _ in targets] == ["n0", "n1"] and fresh == ["n0"]
     assert r.take_touched(KEY, "n1") == ({"a"}, True)
     assert not r.finish_sync(KEY, "n1")  # a write in flight
@@ -61,30 +65,49 @@ def test_a_syncing_copy_is_fresh_only_after_a_pass_without_writes() -> None:
 
 def test_a_syncing_copy_that_misses_a_write_starts_over() -> None:
     r = registry()
-    r.end(KEY, r.begin(KEY, [])[0], ["n1"], [])
+    r.end(KEY, begun(r, [])[0], ["n1"], [])
     r.plan_repair(KEY, {"n0", "n1"})
-    r.end(KEY, r.begin(KEY, ["a"])[0], ["n1"], ["a"])
+    r.end(KEY, begun(r, ["a"])[0], ["n1"], ["a"])
     assert r.take_touched(KEY, "n1") is None and not r.finish_sync(KEY, "n1")
 
 
-def test_commits_of_one_path_are_one_at_a_time() -> None:
+def test_changes_of_overlapping_paths_are_one_at_a_time() -> None:
+    # The path itself, a directory above it, the root, a list holding one of these.
+    assert overlap(["d/f"], ["d/f"]) and overlap(["d"], ["d/f"]) and overlap([""], ["x"])
+    assert overlap(["e", "d/f/g"], ["d/f"])
+    assert not overlap(["d/g"], ["d/f"]) and not overlap(["dx"], ["d"])
     r = registry()
-    first, _, _ = r.begin(KEY, ["f"])
-    order: list[str] = []
+    held = begun(r, ["d/f"])
+    other = begun(r, ["d/g"])  # another path is not held up
+    assert r.begin(KEY, ["d"], "above") is None  # waits for both
+    r.end(KEY, other[0], [], ["d/g"])
+    assert r.begin(KEY, ["d"], "above") is None
+    r.end(KEY, held[0], [], ["d/f"])
+    assert begun(r, ["d"], "above")[0] == "above"
 
-    def second() -> None:
-        op, _, _ = r.begin(KEY, ["f"])
-        order.append("second")
-        r.end(KEY, op, [], ["f"])
 
-    t = threading.Thread(target=second)
-    t.start()
-    other, _, _ = r.begin(KEY, ["g"])  # another path is not held up
-    r.end(KEY, other, [], ["g"])
-    order.append("first")
-    r.end(KEY, first, [], ["f"])
-    t.join(30)
-    assert order == ["first", "second"]
+def test_changes_waiting_for_a_path_get_it_in_the_order_they_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    r = registry()
+    held = r.begin(KEY, ["f"])
+    assert held is not None
+    assert r.begin(KEY, ["f"], "first") is None and r.begin(KEY, ["f"], "second") is None
+    assert r.waiting(KEY) == 2
+    r.end(KEY, held[0], [], ["f"])
+    assert r.begin(KEY, ["f"], "second") is None  # the first asked before it
+    assert r.begin(KEY, ["g"], "elsewhere") is not None  # not in that line
+    first = r.begin(KEY, ["f"], "first")
+    assert first is not None and r.waiting(KEY) == 1
+    r.end(KEY, "first", [], ["f"])
+    assert r.begin(KEY, ["f"], "second") is not None and r.waiting(KEY) == 0
+    # A caller that stopped asking (it died while it waited) holds no one up.
+    r.end(KEY, "second", [], ["f"])
+    assert r.begin(KEY, ["f"], "third") is not None
+    assert r.begin(KEY, ["f"], "gave-up") is None
+    r.end(KEY, "third", [], ["f"])
+    monkeypatch.setattr("air_transfer.storage.server.replica_registry.WAITER_S", -1.0)
+    assert r.begin(KEY, ["f"], "fourth") is not None
 
 
 def test_under_replicated_bytes() -> None:
@@ -144,7 +167,7 @@ def saved_registry(store: SavedRecords) -> ReplicaRegistry:
 def test_a_registry_started_again_knows_every_stale_copy() -> None:
     store = SavedRecords()
     first = saved_registry(store)
-    first.end(KEY, first.begin(KEY, ["f"])[0], ["n1"], ["f"])
+    first.end(KEY, begun(first, ["f"])[0], ["n1"], ["f"])
     again = ReplicaRegistry(store)
     assert again.view(KEY) == ([("n0", "/r"), ("n1", "/c/n1")], ["n0"], [], 2)
     assert again.targets(KEY) == ([("n0", "/r")], ["n0"])
@@ -156,8 +179,8 @@ def test_a_registry_started_again_knows_every_stale_copy() -> None:
 def test_an_operation_in_flight_outlives_the_registry() -> None:
     store = SavedRecords()
     first = saved_registry(store)
-    first.end(KEY, first.begin(KEY, [])[0], ["n1"], [])  # n1 stale
-    op, targets, fresh = first.begin(KEY, ["f"], "op-1")
+    first.end(KEY, begun(first, [])[0], ["n1"], [])  # n1 stale
+    op, targets, fresh = begun(first, ["f"], "op-1")
     again = ReplicaRegistry(store)
     assert again.begin(KEY, ["f"], "op-1") == (op, targets, fresh)  # retried: the same
     again.plan_repair(KEY, {"n0", "n1"})
@@ -177,7 +200,7 @@ def test_an_operation_in_flight_outlives_the_registry() -> None:
 def test_a_record_of_another_version_is_refused() -> None:
     store = SavedRecords()
     saved_registry(store)
-    store.records[KEY] = store.records[KEY].replace(b'"version": 1', b'"version": 9')
+    store.records[KEY] = store.records[KEY].replace(b'"version": 2', b'"version": 9')
     with pytest.raises(ValueError, match="replica record of version 9"):
         ReplicaRegistry(store)
 

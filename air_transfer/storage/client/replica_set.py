@@ -6,7 +6,12 @@ by its dotted name, as ``cluster.nodes`` starts the agent. Every call goes throu
 ``call``: when the registry's actor dies under it, the next caller starts another
 from the record it saved, and the call is made again there (each is idempotent).
 
-``read_order`` is how a reader picks among the fresh copies: its own node's copy
+``begin`` starts a change: the registry answers at once, "busy" while another
+change holds one of its paths, and the caller waits here, asking again, so that no
+thread of the registry ever waits (its ``end`` would queue behind them).
+
+``place`` picks the copies of a new storage, after ``check_roots`` refused roots that
+cannot keep copies. ``read_order`` is how a reader picks among the fresh copies: its own node's copy
 first (a local read), else the copies in an order rotated by a hash of the
 reader's node, so the readers of N nodes spread over the K copies, and each reader
 keeps to one (the copy's chunk cache serves its later reads); the others follow,
@@ -15,10 +20,13 @@ for failover.
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib
 import logging
 import posixpath
+import random
+import threading
 import time
 import zlib
 from typing import Any
@@ -28,14 +36,19 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from air_transfer.cluster.fetch import get
-from air_transfer.cluster.nodes import NAMESPACE, head_node_id, live_node_ids
+from air_transfer.cluster.nodes import NAMESPACE, head_node_id, live_node_ids, this_node_id
 from air_transfer.errors import CheckpointLostError
+from air_transfer.storage.replica_wire import Owner
 
 #: The registry's class, imported on first start by name (see above).
 REGISTRY_CLASS = "air_transfer.storage.server.replica_host:ReplicaHost"
 REGISTRY_NAME = "air-transfer-replicas"
 #: How long a call keeps trying registries started again before it gives up.
 RETRY_S = 60.0
+#: The longest pause between two asks of a change waiting for its paths (seconds).
+MAX_PAUSE_S = 0.1
+#: How often a change still waiting for its paths says so (seconds).
+WAIT_LOG_S = 60.0
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +65,26 @@ def _remote_class() -> Any:
 
 def registry() -> Any:
     """The registry actor, started on the head node if none runs."""
+    return _start()
+
+
+#: The registry's handle for ``call``, with the Ray session it belongs to: looked
+#: up by name once, not at each of the many asks of a change waiting for a path.
+_cached: tuple[str, Any] | None = None
+_cached_lock = threading.Lock()
+
+
+def _registry_here() -> Any:
+    global _cached
+    ctx = ray.get_runtime_context()
+    session = f"{ctx.gcs_address}/{ctx.get_job_id()}"
+    with _cached_lock:
+        if _cached is None or _cached[0] != session:
+            _cached = (session, _start())
+        return _cached[1]
+
+
+def _start() -> Any:
     return (
         _remote_class()
         .options(
@@ -72,11 +105,16 @@ def call(method: str, *args: Any) -> Any:
     """``method(*args)`` on the registry, made again on a registry started afresh
     (from the saved record) when the actor died under it; ConnectionError if none
     answers within ``RETRY_S``."""
+    global _cached
     deadline = time.monotonic() + RETRY_S
     while True:
+        actor = _registry_here()
         try:
-            return get(getattr(registry(), method).remote(*args))
+            return get(getattr(actor, method).remote(*args))
         except RayActorError as e:
+            with _cached_lock:
+                if _cached is not None and _cached[1] is actor:
+                    _cached = None
             if time.monotonic() > deadline:
                 raise ConnectionError(
                     f"the replica registry did not answer {method} for {RETRY_S:.0f} s: {e}"
@@ -88,6 +126,34 @@ def call(method: str, *args: Any) -> Any:
                 type(e).__name__,
             )
             time.sleep(0.2)  # the dead actor's name is freed once Ray knows
+
+
+def begin(
+    key: str, paths: list[str], op: str, staging: dict[str, str] | None = None
+) -> tuple[list[Copy], list[str]]:
+    """Start change ``op`` of ``paths`` (relative) in storage ``key``, made by this
+    process (Ray resolves it if this process dies: ``dead_ops``), its staging file
+    on each copy if it is a commit: the copies to apply it to, and the fresh ones.
+    Waits, asking again, while another change holds one of its paths."""
+    owner = Owner(ray.get_runtime_context().get_worker_id(), this_node_id())
+    pause, started = 0.002, time.monotonic()
+    said = started
+    while True:
+        got = call("begin", key, paths, op, owner, staging)
+        if got is not None:
+            _, copies, fresh = got
+            return copies, fresh
+        time.sleep(pause * (0.5 + random.random()))
+        pause = min(pause * 1.5, MAX_PAUSE_S)
+        if time.monotonic() - said > WAIT_LOG_S:
+            said = time.monotonic()
+            logger.warning(
+                "air-transfer: a change of %s in node storage %s has waited %.0f s for "
+                "another change of the same paths to end",
+                ", ".join(paths) or "the root",
+                key,
+                said - started,
+            )
 
 
 def place(
@@ -108,6 +174,32 @@ def place(
             f"{len(live)}, and {1 + len(named)} were named (the storage node included)"
         )
     return [(primary, root)] + [(n, template.format(node_id=n)) for n in chosen[1:wanted]]
+
+
+def check_roots(root: str, replica_root: str, replicas: int) -> None:
+    """Refuse roots that cannot hold K copies: '/' (a node's whole disk, never
+    empty, which repair would have to empty), and copies nested inside the storage
+    node's root (its listings would show them as the user's files)."""
+    if replicas < 2:
+        return
+    if root == "/":
+        raise ValueError(
+            f"replicas={replicas} needs a dedicated root: root='/' (the default) is a "
+            "node's whole disk, and each other copy's root is emptied whenever repair "
+            "makes it again; pass storage_filesystem(..., root='/path/to/storage')"
+        )
+    if posixpath.normpath(replica_root) == "/":
+        raise ValueError(
+            "replica_root='/' is a node's whole disk, which repair would have to empty; "
+            "pass a directory of its own (replica_root='/path/{node_id}')"
+        )
+    sample = posixpath.normpath(replica_root.format(node_id="0" * 56))
+    if sample != root and posixpath.commonpath([root, sample]) == root:
+        raise ValueError(
+            f"replica_root={replica_root!r} lies inside root={root!r}: the storage node's "
+            "listings would show the other copies as files of the storage; put the copies "
+            "beside it (e.g. replica_root='/path/copies/{node_id}')"
+        )
 
 
 def fresh_at_start(copies: list[Copy], empty: dict[str, bool]) -> list[str]:
@@ -144,6 +236,12 @@ def read_order(key: str, copies: list[Copy], fresh: list[str], here: str) -> lis
 def on_copy(root: str, rel: str) -> str:
     """The path of relative path ``rel`` in the copy rooted at ``root``."""
     return posixpath.normpath(posixpath.join(root, rel)) if rel else root
+
+
+def full(error: BaseException | None) -> bool:
+    """Whether ``error`` says a copy's disk is full (or over its quota): that copy
+    could not take a change the others can, as if it were lost."""
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def is_lost(error: BaseException, reading: bool = True) -> bool:

@@ -47,8 +47,8 @@ def upload_report(
     ref, done, _ = submit_transfer(Source(pafs.LocalFileSystem(), source), config)
     handler.change(
         [path],
-        lambda link, root: link.submit(
-            lambda a: a.store_report(worker, ref, root, on_copy(root, rel), config)
+        lambda link, root, op: link.submit(
+            lambda a: a.store_report(worker, ref, root, on_copy(root, rel), config, op)
         ),
     )
     if done is not None:

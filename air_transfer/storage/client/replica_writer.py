@@ -5,9 +5,12 @@ Each chunk is put in the object store once and every copy's agent writes it from
 that one object (verified against its checksum there), at most ``window`` chunks
 unacknowledged per copy. ``close`` commits on every copy still staged, within the
 registry's ``begin``/``end`` (one commit of a path at a time, so the copies take a
-path's versions in the same order); a copy lost on the way is stale from then on,
-and the file is stored if one fresh copy took it. Anything but ``close`` (a failed
-write, a writer dropped unclosed) removes every staging file: nothing published.
+path's versions in the same order; the staging files are named to the registry,
+which removes them if this process dies mid-commit); a copy lost on the way (or
+whose disk filled up) is stale from then on, and the file is stored if one fresh
+copy took it. A copy being re-made (syncing) is not part of the answer: whatever it
+says never fails the write. Anything but ``close`` (a failed write, a writer
+dropped unclosed) removes every staging file: nothing published.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.observe import deferred
-from air_transfer.storage.client.replica_set import Copy, is_lost, on_copy
+from air_transfer.storage.client import replica_set
+from air_transfer.storage.client.replica_set import Copy, full, is_lost, on_copy
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.client.uploads import UploadStream
 
@@ -51,6 +55,7 @@ class Replicas(Protocol):
 class Staged:
     """One copy's staging file of the write."""
 
+    node: str
     link: AgentLink
     path: str  # the file's path on that copy
     staging: str
@@ -72,6 +77,7 @@ class ReplicatedWriter(UploadStream):
         deferred.start()  # here, never from a finalizer
         replicas.ensure()
         copies, fresh = replicas.registry("targets", replicas.key)
+        self.fresh = set(fresh)
         self.staged: dict[str, Staged] = {}
         outcomes: dict[str, BaseException | None] = {}
         calls = []
@@ -84,7 +90,7 @@ class ReplicatedWriter(UploadStream):
         for node, link, where, call in calls:
             try:
                 staging, start, expect = link.wait(call)
-                self.staged[node] = Staged(link, where, staging, start, expect)
+                self.staged[node] = Staged(node, link, where, staging, start, expect)
                 outcomes[node] = None
             except Exception as e:
                 outcomes[node] = e
@@ -133,11 +139,17 @@ class ReplicatedWriter(UploadStream):
     def _live(self) -> list[Staged]:
         live = [s for s in self.staged.values() if s.error is None]
         if not live:
+            filled = [s.error for s in self.staged.values() if full(s.error)]
+            if filled and filled[0] is not None:  # no copy had room: as on one disk
+                raise filled[0]
             raise ConnectionError(f"every copy of {self.local!r} was lost while it was written")
         return live
 
     def _lose(self, s: Staged, error: BaseException) -> None:
-        if not is_lost(error):
+        """Copy ``s`` failed a chunk: it is out of this write if it is gone, its
+        disk is full, or it is not fresh (a copy being re-made, whose directory
+        repair may replace); any other answer of a fresh copy is the write's."""
+        if not (is_lost(error) or full(error) or s.node not in self.fresh):
             raise error
         s.error = error
 
@@ -157,8 +169,9 @@ class ReplicatedWriter(UploadStream):
     def _commit(self) -> None:
         tail, size = np.frombuffer(bytes(self.buffer), np.uint8), self.sent + len(self.buffer)
         checksum = chunk_checksum(tail)
-        reg = self.replicas.registry
-        op, targets, fresh = reg("begin", self.replicas.key, [self.rel], uuid.uuid4().hex)
+        reg, op = self.replicas.registry, uuid.uuid4().hex
+        staging = {node: s.staging for node, s in self.staged.items()}
+        targets, fresh = replica_set.begin(self.replicas.key, [self.rel], op, staging)
         # Copies staged here whose node the registry has since found gone: this write
         # lacks them too (degraded), though no commit was tried there.
         gone = [node for node in self.staged if node not in dict(targets)]
@@ -169,7 +182,7 @@ class ReplicatedWriter(UploadStream):
                 if s is None:
                     outcomes[node] = ConnectionError("not staged: was stale when the write began")
                     continue
-                outcomes[node] = s.error or self._commit_one(s, tail, checksum, size)
+                outcomes[node] = s.error or self._commit_one(s, tail, checksum, size, op)
         finally:
             answer, missed = self.replicas.judge(outcomes, fresh)
             reg("end", self.replicas.key, op, missed, [self.rel])
@@ -182,7 +195,9 @@ class ReplicatedWriter(UploadStream):
         if answer is not None:
             raise answer
 
-    def _commit_one(self, s: Staged, tail: Any, checksum: str, size: int) -> BaseException | None:
+    def _commit_one(
+        self, s: Staged, tail: Any, checksum: str, size: int, op: str
+    ) -> BaseException | None:
         try:
             while s.pending:
                 s.link.wait(s.pending.popleft())
@@ -190,7 +205,7 @@ class ReplicatedWriter(UploadStream):
             total, expect = s.start + size, s.expect
             s.link.call(
                 lambda a: a.fs_commit(
-                    root, where, staging, offset, tail, checksum, total, False, expect
+                    root, where, staging, offset, tail, checksum, total, False, expect, op
                 )
             )
             return None

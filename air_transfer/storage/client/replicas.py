@@ -31,17 +31,19 @@ from air_transfer.core.reader import ChunkFileReader
 from air_transfer.observe import replica_metrics
 from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.handler import NodeStorageHandler
-from air_transfer.storage.client.replica_set import Copy, is_lost, on_copy
+from air_transfer.storage.client.replica_set import Copy, full, is_lost, on_copy
 from air_transfer.storage.client.replica_writer import ReplicatedWriter
 from air_transfer.storage.client.same_node import open_native
 from air_transfer.storage.client.streams import AgentLink, _chunks, read_chunk_bytes
+from air_transfer.storage.replica_wire import CopyState
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 def _lost(outcome: BaseException | None) -> bool:
-    return outcome is not None and is_lost(outcome, reading=False)
+    """A copy that could not take a change the others can: gone, or its disk full."""
+    return outcome is not None and (is_lost(outcome, reading=False) or full(outcome))
 
 
 class ReplicatedHandler(NodeStorageHandler):
@@ -65,6 +67,7 @@ class ReplicatedHandler(NodeStorageHandler):
         self.replica_root = replica_root or self.root
         if not self.replica_root.startswith("/"):
             raise ValueError(f"replica_root must be absolute, got {replica_root!r}")
+        replica_set.check_roots(self.root, self.replica_root, replicas)
         self._links: dict[str, AgentLink] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -91,22 +94,61 @@ class ReplicatedHandler(NodeStorageHandler):
         return replica_set.call(method, *args)
 
     def ensure(self) -> tuple[list[Copy], list[str], list[str], int]:
-        """The registry's view of this storage, registering it on first use."""
+        """The registry's view of this storage, registering it on first use: each
+        copy's root is claimed first (``claim_copy``: refused if two copies share a
+        directory, or a copy's root, which repair empties, holds files the storage
+        did not write; the storage node's own root may hold files, which are kept)."""
         found = replica_set.view(self.key)
         if found is None:
             copies = replica_set.place(
                 self.node_id, self.root, self.replicas, self.nodes, self.replica_root
             )
+            members, taken = [n for n, _ in copies], self.registry("keys")
             empty = {}
-            for node, root in copies:  # each copy's root, as a repaired copy gets it
-                link = self.link_to(node, root)
-                link.call(_make_root(root))
-                empty[node] = not link.call(_list_top(root))
+            for i, (node, root) in enumerate(copies):
+                claim = _claim(root, self.key, node, members, taken, adopt=i == 0)
+                empty[node] = not self.link_to(node, root).call(claim)
             fresh = replica_set.fresh_at_start(copies, empty)
             self.registry("register", self.key, copies, self.replicas, self.replica_root, fresh)
             found = replica_set.view(self.key)
             assert found is not None
         return found
+
+    def settle(self) -> None:
+        """``ensure``, by the maker of the filesystem (``storage_filesystem``): a
+        storage kept already (in this cluster) keeps its copies, so settings that
+        would change them are refused, but more copies are made if asked; a copy
+        repair gave up on is tried again (the cause may be fixed)."""
+        _, _, _, had = self.ensure()
+        template = self.registry("template", self.key)
+        if template != self.replica_root:
+            raise ValueError(
+                f"node storage {self.root!r} on node {self.node_id[:12]} is kept already with "
+                f"replica_root={template!r}; got replica_root={self.replica_root!r} (its "
+                "copies stay where they are: pass the same one)"
+            )
+        if self.replicas < had:
+            raise ValueError(
+                f"node storage {self.root!r} on node {self.node_id[:12]} is kept already on "
+                f"replicas={had} copies in this cluster; replicas={self.replicas} would drop "
+                f"copies it relies on: pass replicas={had} or more"
+            )
+        if self.replicas > had:
+            self.registry("resize", self.key, self.replicas)
+            logger.info(
+                "air-transfer: node storage %s now keeps %d copies (was %d); repair makes "
+                "the new ones",
+                self.root,
+                self.replicas,
+                had,
+            )
+        self.registry("retry_failed", self.key)
+
+    def status(self) -> list[CopyState]:
+        """Every copy of this storage and its state (``replica_status``)."""
+        self.ensure()
+        states: list[CopyState] = self.registry("status", self.key)
+        return states
 
     def link_to(self, node: str, root: str) -> AgentLink:
         link = self._links.get(node)
@@ -136,19 +178,21 @@ class ReplicatedHandler(NodeStorageHandler):
             f"(tried {', '.join(errors) or 'none: every copy is stale or gone'})"
         )
 
-    def change(self, paths: list[str], method: Callable[[AgentLink, str], Any]) -> None:
-        """Apply ``method(link, root)`` (which submits and returns a ref) to every
-        copy; the storage's answer is its fresh copies' (the storage node's first),
-        a fresh copy that answered otherwise or not at all is stale from now on."""
+    def change(self, paths: list[str], method: Callable[[AgentLink, str, str], Any]) -> None:
+        """Apply ``method(link, root, op)`` (which submits and returns a ref) to
+        every copy, after every change of an overlapping path has ended; the
+        storage's answer is its fresh copies' (the storage node's first), a fresh
+        copy that answered otherwise or not at all is stale from now on."""
         self.ensure()
         rels = [self.rel(p) for p in paths]
-        op, targets, fresh = self.registry("begin", self.key, rels, uuid.uuid4().hex)
+        op = uuid.uuid4().hex
+        targets, fresh = replica_set.begin(self.key, rels, op)
         outcomes: dict[str, BaseException | None] = {}
         try:
             refs = {}
             for node, root in targets:
                 try:
-                    refs[node] = method(self.link_to(node, root), root)
+                    refs[node] = method(self.link_to(node, root), root, op)
                 except Exception as e:
                     outcomes[node] = e
             for node, ref in refs.items():
@@ -169,9 +213,12 @@ class ReplicatedHandler(NodeStorageHandler):
         self, outcomes: dict[str, BaseException | None], fresh: list[str]
     ) -> tuple[BaseException | None, list[str]]:
         """The storage's answer and the fresh copies that missed it."""
-        order = [n for n in [self.node_id, *fresh] if n in fresh and n in outcomes]
+        order = [n for n in dict.fromkeys([self.node_id, *fresh]) if n in fresh and n in outcomes]
         answered = [n for n in order if not _lost(outcomes[n])]
         if not answered:
+            filled = [outcomes[n] for n in order if full(outcomes[n])]
+            if filled:  # no copy had room: the caller's to know, as on one disk
+                return filled[0], []
             lost = [f"{n[:12]}: {outcomes[n]!r}" for n in order]
             return ConnectionError(
                 f"no copy of node storage {self.root!r} is reachable ({'; '.join(lost)})"
@@ -219,8 +266,8 @@ class ReplicatedHandler(NodeStorageHandler):
         rel = self.rel(path)
         self.change(
             [path],
-            lambda link, root: link.submit(
-                lambda a: a.fs_create_dir(root, on_copy(root, rel), recursive)
+            lambda link, root, op: link.submit(
+                lambda a: a.fs_create_dir(root, on_copy(root, rel), recursive, op)
             ),
         )
 
@@ -228,15 +275,17 @@ class ReplicatedHandler(NodeStorageHandler):
         rel = self.rel(path)
         self.change(
             [path],
-            lambda link, root: link.submit(lambda a: a.fs_delete_dir(root, on_copy(root, rel))),
+            lambda link, root, op: link.submit(
+                lambda a: a.fs_delete_dir(root, on_copy(root, rel), op)
+            ),
         )
 
     def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
         rel = self.rel(path)
         self.change(
             [path],
-            lambda link, root: link.submit(
-                lambda a: a.fs_delete_dir_contents(root, on_copy(root, rel), missing_dir_ok)
+            lambda link, root, op: link.submit(
+                lambda a: a.fs_delete_dir_contents(root, on_copy(root, rel), missing_dir_ok, op)
             ),
         )
 
@@ -247,24 +296,28 @@ class ReplicatedHandler(NodeStorageHandler):
         rel = self.rel(path)
         self.change(
             [path],
-            lambda link, root: link.submit(lambda a: a.fs_delete_file(root, on_copy(root, rel))),
+            lambda link, root, op: link.submit(
+                lambda a: a.fs_delete_file(root, on_copy(root, rel), op)
+            ),
         )
 
     def move(self, src: str, dest: str) -> None:
         a_rel, b_rel = self.rel(src), self.rel(dest)
         self.change(
             [src, dest],
-            lambda link, root: link.submit(
-                lambda a: a.fs_move(root, on_copy(root, a_rel), on_copy(root, b_rel))
+            lambda link, root, op: link.submit(
+                lambda a: a.fs_move(root, on_copy(root, a_rel), on_copy(root, b_rel), op)
             ),
         )
 
     def copy_file(self, src: str, dest: str) -> None:
+        # The source too: a commit of it between two copies' copies would leave
+        # them with different destinations.
         a_rel, b_rel = self.rel(src), self.rel(dest)
         self.change(
-            [dest],
-            lambda link, root: link.submit(
-                lambda a: a.fs_copy_file(root, on_copy(root, a_rel), on_copy(root, b_rel))
+            [src, dest],
+            lambda link, root, op: link.submit(
+                lambda a: a.fs_copy_file(root, on_copy(root, a_rel), on_copy(root, b_rel), op)
             ),
         )
 
@@ -325,9 +378,7 @@ class ReplicatedHandler(NodeStorageHandler):
         return pa.PythonFile(ReplicatedWriter(self, path, append), mode="w")
 
 
-def _make_root(root: str) -> Callable[[AgentClient], ray.ObjectRef[None]]:
-    return lambda a: a.fs_create_dir(root, root, True)
-
-
-def _list_top(root: str) -> Callable[[AgentClient], Any]:
-    return lambda a: a.fs_list(root, root, False, True)
+def _claim(
+    root: str, key: str, node: str, members: list[str], taken: list[str], adopt: bool
+) -> Callable[[AgentClient], ray.ObjectRef[bool]]:
+    return lambda a: a.claim_copy(root, key, node, members, taken, adopt)

@@ -39,7 +39,7 @@ from air_transfer.core.confine import (
     oserror,
     storage_path,
 )
-from air_transfer.core.staging import is_internal
+from air_transfer.core.staging import REPLICA_MARK, is_internal
 from air_transfer.storage.server.tree import (
     NOT_FOUND,
     STAGING_MARK,
@@ -134,11 +134,12 @@ class DiskStorage:
             try:
                 with os.scandir(fd) as it:
                     # A trash entry is a directory another caller is already
-                    # deleting: renaming it again would only make its name grow.
+                    # deleting: renaming it again would only make its name grow. A
+                    # replica's marker says what the directory is, not what it holds.
                     names = [
                         (d.name, d.is_dir(follow_symlinks=False))
                         for d in it
-                        if TRASH_MARK not in d.name
+                        if TRASH_MARK not in d.name and not d.name.startswith(REPLICA_MARK)
                     ]
                 for name, is_dir in names:
                     if is_dir:

@@ -1,13 +1,17 @@
 """Node storage replicas, repair: re-make the copies a storage is short of, in the
 background, at a bounded rate.
 
-Runs in the replica registry's actor (``replica_host``), one storage and one copy
-at a time. Bytes never pass through it: the target's agent writes the chunks the
-source's agent packs (``file_chunks``, verified by ``fs_write``), and each file is
-published whole (``fs_commit``). A copy being re-made is emptied first, then takes
-every write (``ReplicaRegistry.begin``) while the tree is copied; what was written
-meanwhile is copied again from the source until a pass finds nothing new, and only
-then is it fresh. A copy that fails part-way stays stale and is tried again later.
+Runs in the replica registry's actor (``replica_host``, every ``POLL_S``), one
+storage and one copy at a time. Bytes never pass through it: the target's agent
+writes the chunks the source's agent packs (``file_chunks``, verified by
+``fs_write``), and each file is published whole (``fs_commit``). A copy being
+re-made is claimed (``replica_marker``: never a directory that holds what the
+storage did not write, or another copy's) and emptied first, then takes every write
+(``ReplicaRegistry.begin``) while the tree is copied; what was written meanwhile is
+copied again from the source until a pass finds nothing new, and only then is it
+fresh. A copy that fails part-way stays stale and is tried again later, up to
+``MAX_ATTEMPTS`` times in a row; then it is given up on, loudly (an error logged, a
+metric, its state in ``replica_status``), and made on another node.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,18 +29,16 @@ import ray
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.fetch import get as _ray_get
 from air_transfer.cluster.fetch import raise_own
-from air_transfer.cluster.nodes import live_node_ids
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.observe import replica_metrics
+from air_transfer.storage.server.replica_record import MAX_ATTEMPTS
 from air_transfer.storage.server.replica_registry import Copy, ReplicaRegistry
 
 logger = logging.getLogger(__name__)
 
 #: Repair's bandwidth bound, per registry (MiB/s of file bytes copied).
 RATE_ENV = "AIR_TRANSFER_REPAIR_MIB_S"
-#: How often the registry looks for storages short of copies (seconds).
-POLL_S = 0.5
 
 
 class Pace:
@@ -150,13 +151,19 @@ class Copier:
 
 
 def repair_one(registry: ReplicaRegistry, key: str, live: set[str], pace: Pace) -> bool:
-    """Re-make one copy of storage ``key`` (True if one was made fresh)."""
+    """Re-make one copy of storage ``key`` (True if one was made fresh). Its root is
+    claimed first (``replica_marker``: refused if it is another copy's directory or
+    holds files the storage did not write, which emptying it would destroy)."""
     plan = registry.plan_repair(key, live)
     if plan is None:
         return False
     source, target = plan
     try:
         copier = Copier(source, target, pace)
+        view = registry.view(key)
+        members = [n for n, _ in view[0]] if view else []
+        claim = copier.t.claim_copy(target[1], key, target[0], members, registry.keys(), False)
+        get(claim)
         copier.empty_target()
         total = copier.sync("")
         registry.note_bytes(key, total)
@@ -172,17 +179,38 @@ def repair_one(registry: ReplicaRegistry, key: str, live: set[str], pace: Pace) 
             if busy and not touched:
                 time.sleep(0.05)  # a write in flight: its end names what it touched
     except Exception as e:
-        registry.abandon_sync(key, target[0])
-        logger.warning(
-            "air-transfer: repair of the copy of %s on node %s failed (%s: %s); tried again later",
-            key,
-            target[0][:12],
-            type(e).__name__,
-            e,
-        )
+        failed(registry, key, target[0], e)
         return False
     logger.info("air-transfer: storage %s has a complete copy again on node %s", key, target[0])
     return True
+
+
+def failed(registry: ReplicaRegistry, key: str, node: str, error: BaseException) -> None:
+    """Repair of the copy on ``node`` failed: recorded (``replica_status`` reads it),
+    counted (``air_transfer_replica_repair_failures``), logged; given up on after
+    ``MAX_ATTEMPTS`` in a row, loudly."""
+    f = registry.repair_failed(key, node, f"{type(error).__name__}: {error}")
+    replica_metrics.repair_failed()
+    if f.given_up:
+        logger.error(
+            "air-transfer: gave up repairing the copy of %s on node %s after %d failures "
+            "(last: %s); it stays out of the storage (replica_status says so), and a copy "
+            "is made on another node if one is free",
+            key,
+            node[:12],
+            f.attempts,
+            f.error,
+        )
+    else:
+        logger.warning(
+            "air-transfer: repair of the copy of %s on node %s failed (%s); attempt %d of "
+            "%d, tried again later",
+            key,
+            node[:12],
+            f.error,
+            f.attempts,
+            MAX_ATTEMPTS,
+        )
 
 
 def measure(registry: ReplicaRegistry, key: str, live: set[str]) -> None:
@@ -201,15 +229,10 @@ def measure(registry: ReplicaRegistry, key: str, live: set[str]) -> None:
         return
 
 
-def repair_forever(registry: ReplicaRegistry, stop: threading.Event) -> None:
-    """The registry's background thread: every ``POLL_S``, re-make what is short."""
-    while not stop.wait(POLL_S):
-        try:
-            live = live_node_ids()
-            for key, _, _ in registry.under_replicated(live):
-                measure(registry, key, live)
-            replica_metrics.under_replicated(registry.missing_bytes(live))
-            for key, _, _ in registry.under_replicated(live):
-                repair_one(registry, key, live, Pace(repair_rate()))
-        except Exception as e:  # never let the thread die: log and look again
-            logger.warning("air-transfer: replica repair pass failed: %r", e)
+def repair_pass(registry: ReplicaRegistry, live: set[str]) -> None:
+    """Count what is short of K copies, and re-make it."""
+    for key, _, _ in registry.under_replicated(live):
+        measure(registry, key, live)
+    replica_metrics.under_replicated(registry.missing_bytes(live))
+    for key, _, _ in registry.under_replicated(live):
+        repair_one(registry, key, live, Pace(repair_rate()))

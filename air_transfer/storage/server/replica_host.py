@@ -1,22 +1,30 @@
 """Node storage replicas, the host: the registry of copies (``ReplicaRegistry``)
-as the one actor of the cluster that runs it, on the head node, with repair in a
-background thread (``repair.repair_forever``), its record saved in the cluster's
-GCS key-value store (``GcsStore``), so that a registry started again after this
-one died knows every copy that is stale. Started by the first process that uses a
-replicated storage (``storage.client.replica_set``), by its dotted name.
+as the one actor of the cluster that runs it, on the head node, with background
+threads that resolve the changes whose caller died (``dead_ops``) and repair what
+is short of copies (``repair``), its record saved in the cluster's GCS key-value
+store (``GcsStore``), so that a registry started again after this one died knows
+every copy that is stale. Started by the first process that uses a replicated
+storage (``storage.client.replica_set``), by its dotted name.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable
 
 from air_transfer.cluster import _ray
-from air_transfer.cluster.nodes import NAMESPACE
-from air_transfer.storage.server.repair import repair_forever
+from air_transfer.cluster.nodes import NAMESPACE, live_node_ids
+from air_transfer.storage.server.dead_ops import resolve_dead
+from air_transfer.storage.server.repair import repair_pass
 from air_transfer.storage.server.replica_registry import ReplicaRegistry
+
+logger = logging.getLogger(__name__)
 
 #: The prefix of every record's key in the GCS key-value store.
 PREFIX = "replicas/"
+#: How often the background thread looks (seconds).
+POLL_S = 0.5
 
 
 class GcsStore:
@@ -32,20 +40,42 @@ class GcsStore:
 
 
 class ReplicaHost(ReplicaRegistry):
-    """The registry, repairing what is short of copies until the cluster ends."""
+    """The registry, resolving dead callers' changes and repairing what is short of
+    copies until the cluster ends."""
 
     def __init__(self) -> None:
         super().__init__(GcsStore())
         self._stop = threading.Event()
-        self._repair = threading.Thread(
-            target=repair_forever, args=(self, self._stop), name="air-transfer-repair", daemon=True
-        )
-        self._repair.start()
+        # Two threads: a repair waits while a change is in flight, and the change of a
+        # dead caller is in flight until the other resolves it.
+        self._threads = [
+            threading.Thread(target=self._tend, args=(job,), name=name, daemon=True)
+            for job, name in (
+                (self._resolve, "air-transfer-dead-ops"),
+                (self._repair, "air-transfer-repair"),
+            )
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _resolve(self) -> None:
+        resolve_dead(self, live_node_ids(), _ray.worker_alive)
+
+    def _repair(self) -> None:
+        repair_pass(self, live_node_ids())
+
+    def _tend(self, job: Callable[[], None]) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                job()
+            except Exception as e:  # never let the thread die: log and look again
+                logger.warning("air-transfer: replica registry pass failed: %r", e)
 
     def ready(self) -> bool:
         return True
 
     def stop_repair(self) -> None:
         """Repair no more in this registry (a registry started again repairs): for
-        maintenance, and for tests that need a stale copy to stay stale."""
+        maintenance, and for tests that need a stale copy to stay stale. Changes
+        whose caller died are no longer resolved either."""
         self._stop.set()

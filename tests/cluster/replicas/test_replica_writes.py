@@ -3,6 +3,7 @@ every kind of change on each; bad replica settings are refused clearly."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -11,6 +12,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from air_transfer import storage_filesystem
+from air_transfer.storage.server.replica_marker import Marker, write_marker
 from tests.support.cluster import node_ids
 from tests.support.node_storage import BODY, CONFIG, read
 from tests.support.replicas import copies_identical, replicated, view, workers
@@ -131,14 +133,18 @@ def test_reads_take_the_local_copy_else_the_one_read_order_names(
 
 def test_a_root_used_before_is_made_again_on_every_copy(cluster4: Cluster, tmp_path: Path) -> None:
     """Replicas turned on over a storage root that holds files (an earlier run with
-    one copy, or an earlier cluster), with something else left at a copy's root:
-    only the storage node's copy is fresh, and repair makes the other from it."""
+    one copy, or an earlier cluster), with something else left in a copy of an
+    earlier cluster (its marker names a storage this cluster does not know): only
+    the storage node's copy is fresh, and repair makes the other from it."""
     w = workers()
     ids = node_ids()
     (tmp_path / "copies" / ids[w[0]] / "run").mkdir(parents=True)
     (tmp_path / "copies" / ids[w[0]] / "run" / "kept").write_bytes(BODY)
     (tmp_path / "copies" / ids[w[1]]).mkdir()
     (tmp_path / "copies" / ids[w[1]] / "left").write_bytes(b"from an earlier cluster")
+    fd = os.open(tmp_path / "copies" / ids[w[1]], os.O_RDONLY)
+    write_marker(fd, Marker("gone:/old", "gone"))
+    os.close(fd)
     fs, h = replicated(tmp_path, 2, w[0], named=(w[1],))
     assert view(h)[1] in ([ids[w[0]]], sorted([ids[w[0]], ids[w[1]]]))  # or repaired already
     assert copies_identical(h, 2) == {"run": None, "run/kept": BODY}
