@@ -10,6 +10,7 @@ existing path) run in this process, through ``main``, to keep the tier short."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -196,3 +197,41 @@ def test_clean_removes_what_dead_writers_left(cluster: Cluster, run: Run) -> Non
     assert not staging.exists() and not upload.exists() and not trash.exists()
     assert not Path(f"{staging}.lock").exists()
     assert files_under(run.root) == before
+
+
+def test_ls_and_verify_see_every_copy_of_replicated_storage(
+    cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Node storage kept on 2 nodes: ``ls`` says so, ``verify`` reads the checkpoint
+    from each copy on its own and fails, naming the copy, once one differs."""
+    root = tmp_path / "primary"
+    root.mkdir()
+    fs = air_transfer.storage_filesystem(
+        root=str(root), replicas=2, replica_root=str(tmp_path / "copy-{node_id}")
+    )
+    ckpt = f"{root}/exp/checkpoint_000000"
+    fs.create_dir(ckpt)
+    for name, size in (("model.bin", SIZE), ("empty", 0)):
+        with fs.open_output_stream(f"{ckpt}/{name}") as f:
+            f.write(bytes(range(256)) * (size // 256) + b"x" * (size % 256))
+    assert main(["ls", str(root), "--json"]) == 0
+    [listed] = json.loads(capsys.readouterr().out)["checkpoints"]
+    assert (listed["path"], listed["copies"], listed["tier"]) == (ckpt, 2, "replicated")
+    assert main(["verify", str(root), ckpt, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {(f["copies_read"], f["ok"]) for f in report["files"]} == {(2, True)}
+
+    [other] = [p for p in tmp_path.glob("copy-*") if p.is_dir()]
+    copy = other / "exp" / "checkpoint_000000" / "model.bin"
+    data = copy.read_bytes()
+    copy.write_bytes(data[:-1] + b"y")  # altered at rest on one copy
+    try:
+        assert main(["verify", str(root), ckpt, "--json"]) == 1
+    finally:
+        copy.write_bytes(data)
+    report = json.loads(capsys.readouterr().out)
+    [bad] = [f for f in report["files"] if not f["ok"]]
+    assert bad["path"] == f"{ckpt}/model.bin"
+    assert bad["problems"] == [
+        f"the copy on node {other.name[5:17]} differs from the first copy read"
+    ]
