@@ -235,7 +235,8 @@ def render(report: Report) -> str:
         ]
         for check in report.files
     ]
-    lines = [table(["FILE", "SIZE", "COPIES READ", "DURABLE", "RESULT"], rows, right=("SIZE",))]
+    headers = ["FILE", "SIZE", "COPIES READ", "DURABLE", "RESULT"]
+    lines = [table(headers, rows, right=("SIZE", "COPIES READ"))]
     lines += [f"FAILED: {problem}" for problem in report.problems]
     if report.dcp:
         lines.append(f"torch DCP metadata: {report.dcp}")
