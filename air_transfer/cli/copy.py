@@ -92,8 +92,11 @@ def copy_tree(
 ) -> dict[str, FileSums]:
     """Copy ``tree`` (at ``src``) to ``dst`` (see the module); the sums of what was
     read from each file. ``progress`` counts bytes as they go (from several threads)."""
-    for rel in ("", *tree.dirs) if tree.files.keys() != {""} else ():
+    one_file = tree.files.keys() == {""}
+    for rel in ("", *tree.dirs) if not one_file else ():
         dst_fs.create_dir(join(dst, rel), recursive=True)
+    if one_file and posixpath.dirname(dst) not in ("", "/"):
+        dst_fs.create_dir(posixpath.dirname(dst), recursive=True)
     last = [rel for rel in tree.files if _is_last(rel)]
     first = [rel for rel in tree.files if rel not in last]
     sums: dict[str, FileSums] = {}
