@@ -11,7 +11,6 @@ existing path) run in this process, through ``main``, to keep the tier short."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,13 +132,17 @@ def test_verify_fails_on_a_corrupted_durable_copy_and_a_truncated_dcp_shard(
 
     broken = run.root / "dcp" / "broken"
     save_dcp(run.fs, broken, seed=2)
-    assert main(["verify", str(run.root), "dcp/broken"]) == 0
-    [shard] = broken.glob("*.distcp")
-    with open(shard, "r+b") as f:
-        f.truncate(shard.stat().st_size - 100)
-    assert main(["verify", str(run.root), "dcp/broken"]) == 1
-    out = capsys.readouterr().out
-    assert f"FAILED: {shard.name} holds {shard.stat().st_size} bytes; .metadata names" in out
+    try:
+        assert main(["verify", str(run.root), "dcp/broken"]) == 0
+        [shard] = broken.glob("*.distcp")
+        with open(shard, "r+b") as f:
+            f.truncate(shard.stat().st_size - 100)
+        size = shard.stat().st_size
+        assert main(["verify", str(run.root), "dcp/broken"]) == 1
+        out = capsys.readouterr().out
+    finally:
+        run.fs.delete_dir(str(broken))
+    assert f"FAILED: {shard.name} holds {size} bytes; .metadata names" in out
     assert "torch DCP metadata: checked" in out
 
 
@@ -162,7 +165,7 @@ def test_cp_copies_a_run_out_and_back_verified(
     assert main(["cp", str(backup), f"node://{run.root}/restored/cli-run"]) == 1
     assert "exists; pass --overwrite" in capsys.readouterr().err
     assert main(["cp", str(backup), f"node://{run.root}/restored/cli-run", "--overwrite"]) == 0
-    shutil.rmtree(run.root / "restored")
+    run.fs.delete_dir(str(run.root / "restored"))
 
 
 def test_clean_removes_what_dead_writers_left(cluster: Cluster, run: Run) -> None:

@@ -28,7 +28,7 @@ def make_run(top: Path) -> dict[str, bytes]:
         "checkpoint_000000/__0_0.distcp": os.urandom(3 << 20),
         "checkpoint_000000/__1_0.distcp": os.urandom(1 << 20),
         "checkpoint_000000/.metadata": b"dcp metadata",
-        "checkpoint_000001/model.bin": os.urandom(70 << 20),  # three 32 MiB chunks
+        "checkpoint_000001/model.bin": os.urandom((32 << 20) + 5),  # two 32 MiB chunks
         "checkpoint_000001/empty": b"",
         "checkpoint_manager_snapshot.json": b"{}",
     }
