@@ -47,6 +47,7 @@ from air_transfer.core.locks import (
     claim,
     dead_lock,
     disown,
+    is_dead,
     lock_still_named,
     own,
     process_mutex,
@@ -91,6 +92,27 @@ def internal_name(name: str, mark: str, suffix: str = "") -> str:
 def is_internal(name: str) -> bool:
     """Whether ``name`` is one that ``internal_name`` makes (listings leave it out)."""
     return name.startswith(".") and any(mark in name for mark in _MARKS)
+
+
+def internal_kind(name: str) -> str | None:
+    """What the hidden name ``name`` is, as ``air-transfer clean`` reports it:
+    ``staging`` (a writer's staging directory), ``staging-lock`` (its lock file),
+    ``set-aside`` (a target set aside mid-swap), ``publish-lock``, ``upload`` (node
+    storage: a file being uploaded), ``trash`` (node storage: a directory being
+    deleted); None for a name of the user's."""
+    if not is_internal(name):
+        return None
+    if _STAGED.fullmatch(name):
+        return "staging-lock" if name.endswith(_LOCK_SUFFIX) else "staging"
+    if _SET_ASIDE.fullmatch(name):
+        return "set-aside"
+    if name.endswith(_PUBLISH_LOCK):
+        return "publish-lock"
+    if UPLOAD_MARK in name:
+        return "upload"
+    if TRASH_MARK in name:
+        return "trash"
+    return None
 
 
 class Site:
@@ -181,7 +203,12 @@ class Site:
 
 
 def reclaim_dead(
-    dir_fd: int, where: str, names: Iterable[str], remove: Callable[[str], None]
+    dir_fd: int,
+    where: str,
+    names: Iterable[str],
+    remove: Callable[[str], None],
+    *,
+    dry_run: bool = False,
 ) -> list[str]:
     """Remove what dead writers left, whatever their target, from the open directory
     ``dir_fd`` (at path ``where``) whose entries ``names`` were listed before this
@@ -190,33 +217,47 @@ def reclaim_dead(
     writer's (its lock is held, or it is of this process: ``_OWN``, ``_MUTEXES``),
     nor a staging a swap left half done (an ``air-old`` of the same id: only the
     target's next writer can settle it, ``Site.recover_locked``). ``remove(name)``
-    removes one staging directory. Returns the staging names removed."""
+    removes one staging directory. Returns the names removed: staging directories,
+    their lock files, publish locks. ``dry_run``: judge the same way, remove nothing,
+    and return what would be removed (``air-transfer clean --dry-run``)."""
+    listed = set(names)
     staged: set[tuple[str, str]] = set()
     aside: set[tuple[str, str]] = set()
     publish: list[str] = []
-    for name in names:
+    for name in listed:
         if found := _STAGED.fullmatch(name):
             staged.add((found[1], found[2]))
         elif found := _SET_ASIDE.fullmatch(name):
             aside.add((found[1], found[2]))
         elif name.startswith(".") and name.endswith(_PUBLISH_LOCK):
             publish.append(name)
-    for name in publish:
-        with unused_here(os.path.join(where, name)) as unused:
-            if unused:
-                with dead_lock(name, dir_fd):
-                    pass  # taken (its holder is dead): unlinked on the way out
-    mine = own()  # after the listing: a writer of this process listed there is in it
     removed = []
+    for name in sorted(publish):
+        with unused_here(os.path.join(where, name)) as unused:
+            if not unused:
+                continue
+            if dry_run:
+                if is_dead(name, dir_fd):
+                    removed.append(name)
+                continue
+            with dead_lock(name, dir_fd) as fd:
+                if fd is not None and fd >= 0:  # its holder is dead: unlinked on the way out
+                    removed.append(name)
+    mine = own()  # after the listing: a writer of this process listed there is in it
     for stem, suffix in sorted(staged - aside):
         if suffix in mine:
             continue
         name = f"{stem}{_STAGING}{suffix}"
-        with dead_lock(name + _LOCK_SUFFIX, dir_fd) as fd:
+        lock = name + _LOCK_SUFFIX
+        if dry_run:
+            if is_dead(lock, dir_fd):
+                removed.extend(n for n in (name, lock) if n in listed)
+            continue
+        with dead_lock(lock, dir_fd) as fd:
             if fd is not None:
                 logger.debug("removing the staging of a dead writer: %s", name)
                 remove(name)
-                removed.append(name)
+                removed.extend(n for n in (name, lock) if n in listed)
     return removed
 
 

@@ -227,7 +227,7 @@ def _discard(link: AgentLink, staging: str, file: DirectFileWriter | BinaryIO) -
 
 def _abort(link: AgentLink, staging: str) -> None:
     """Remove the staging file ``staging`` through the storage node's agent; an agent
-    gone meanwhile leaves it hidden, for the next listing of its directory."""
+    gone meanwhile leaves it hidden (``air-transfer clean`` removes it)."""
     try:
         link.call(lambda agent: agent.fs_abort(link.root, staging))
     except (OSError, ConnectionError) as e:

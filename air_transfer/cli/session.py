@@ -1,0 +1,163 @@
+"""The running cluster, as a command sees it: the connection, the node a path names,
+and node storage opened as the run that wrote it opened it.
+
+A command opens node storage with the settings the run used, so that it changes
+nothing the run relies on: a storage the replica registry knows is opened with its
+copies (a write reaches every copy; a read fails over), and a durable tier is used
+only where the storage node's agent already drains that root into it (opening it
+otherwise would start a drain of this root: a command never does).
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+import ray
+
+from air_transfer.cli.address import NodePath, OtherPath, check_node
+from air_transfer.cluster.nodes import NAMESPACE, head_node_id
+from air_transfer.config import TransferConfig
+from air_transfer.storage.client import replica_set
+from air_transfer.storage.client.streams import AgentLink
+from air_transfer.train import storage_filesystem
+
+#: The transfers of a command: no per-file bars (a command draws one for the whole).
+CONFIG = TransferConfig(progress=False)
+
+
+def connect(address: str) -> None:
+    """Join the running Ray cluster at ``address`` (``auto``: the one this machine
+    belongs to) as a driver; ConnectionError naming the address if there is none."""
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    except ConnectionError as e:
+        raise ConnectionError(
+            f"no running Ray cluster at --address {address} ({e}); run the command on a "
+            "node of the cluster, or pass its address (RAY_ADDRESS works too)"
+        ) from e
+
+
+def node_id(spec: str | None) -> str:
+    """The id of the live node ``spec`` names (None or ``head``: the head node)."""
+    if spec is None or spec == "head":
+        return head_node_id()
+    check_node(spec)
+    live = [n for n in ray.nodes() if n.get("Alive")]
+    matches = [n for n in live if spec in (n["NodeID"], n.get("NodeManagerAddress"))]
+    if len(matches) == 1:
+        return str(matches[0]["NodeID"])
+    listing = ", ".join(f"{n['NodeID']} at {n.get('NodeManagerAddress')}" for n in live)
+    if not matches:
+        raise ValueError(f"no live node of this Ray cluster is {spec!r}; live nodes: {listing}")
+    raise ValueError(f"{len(matches)} live nodes are at {spec!r}: name one by its node id")
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Node storage as the run opened it: ``filesystem`` with its storage ``root`` on
+    node ``node``; ``copies``, the (node, root) of each fresh copy of a replicated one
+    (else the one), and ``members``, every copy the registry names (stale ones too);
+    ``durable``, the URI of the durable tier it drains into."""
+
+    node: str
+    root: str
+    filesystem: pafs.FileSystem
+    copies: tuple[tuple[str, str], ...]
+    members: tuple[tuple[str, str], ...]
+    durable: str | None = None
+
+    def copy_filesystem(self, node: str, root: str) -> pafs.FileSystem:
+        """One copy's files alone (a replicated storage's copy on ``node``)."""
+        if (node, root) == (self.node, self.root) and len(self.copies) == 1:
+            return self.filesystem
+        return storage_filesystem(node=node, config=CONFIG, root=root)
+
+
+def open_storage(
+    path: NodePath, default_node: str | None, durable: str | None = None, *, root: str | None = None
+) -> Storage:
+    """Node storage holding ``path``: the registry's replicated storage whose root
+    holds it if there is one, else a storage rooted at ``root`` (default: ``path``
+    itself, which must exist); with ``durable``, the durable tier the storage node's
+    agent drains ``path`` into (see the module)."""
+    node = node_id(path.node or default_node)
+    if durable is not None:
+        _require_draining(node, path.path, durable)
+        fs = storage_filesystem(node=node, config=CONFIG, root=path.path, durable=durable)
+        one = ((node, path.path),)
+        return Storage(node, path.path, fs, one, one, durable)
+    found = _replicated(node, path.path)
+    if found is None:
+        top = root or path.path
+        fs = storage_filesystem(node=node, config=CONFIG, root=top)
+        one = ((node, top),)
+        return Storage(node, top, fs, one, one)
+    replicated, members, fresh, replicas = found
+    fs = storage_filesystem(node=node, config=CONFIG, root=replicated, replicas=replicas)
+    return Storage(node, replicated, fs, fresh, members)
+
+
+def open_other(path: OtherPath) -> tuple[pafs.FileSystem, str]:
+    """A filesystem and path for a URI (pyarrow's, else fsspec's) or a local path."""
+    if not path.is_uri:
+        return pafs.LocalFileSystem(), posixpath.abspath(path.text)
+    try:
+        fs, where = pafs.FileSystem.from_uri(path.text)
+        return fs, str(where)
+    except (ValueError, TypeError, OSError) as e:
+        pyarrow_error = e
+    try:
+        import fsspec.core  # type: ignore[import-untyped]
+    except ImportError:
+        raise ValueError(
+            f"{path.text!r} is not a URI pyarrow opens ({pyarrow_error}); for other "
+            "schemes install fsspec and its backend (pip install fsspec s3fs ...)"
+        ) from pyarrow_error
+    spec_fs, where = fsspec.core.url_to_fs(path.text)
+    return pafs.PyFileSystem(pafs.FSSpecHandler(spec_fs)), str(where)
+
+
+Copies = tuple[tuple[str, str], ...]
+
+
+def _replicated(node: str, path: str) -> tuple[str, Copies, Copies, int] | None:
+    """The root, the copies, the fresh ones and K of the replicated storage on ``node`` whose
+    root holds ``path``, if the cluster's replica registry knows one (asked only if
+    it runs: a command starts no registry)."""
+    try:
+        ray.get_actor(replica_set.REGISTRY_NAME, namespace=NAMESPACE)
+    except ValueError:
+        return None
+    best: str | None = None
+    for key in replica_set.call("keys"):
+        owner, _, root = str(key).partition(":")
+        holds = root == "/" or path == root or path.startswith(root + "/")
+        if owner == node and holds and (best is None or len(root) > len(best)):
+            best = root
+    if best is None:
+        return None
+    view = replica_set.view(f"{node}:{best}")
+    if view is None:
+        return None
+    copies, fresh, _, replicas = view
+    members = tuple((str(n), str(r)) for n, r in copies)
+    return best, tuple(c for c in members if c[0] in fresh), members, int(replicas)
+
+
+def _require_draining(node: str, root: str, durable: str) -> None:
+    """ValueError unless the agent of ``node`` drains node storage ``root`` into a
+    durable tier (which ``storage_filesystem`` then checks is ``durable``)."""
+    link = AgentLink(node, root, CONFIG)
+    try:
+        link.call(lambda agent: agent.durable_status(root))
+    except ValueError as e:
+        raise ValueError(
+            f"the agent of node {node[:12]} drains no durable tier for node storage {root!r}: "
+            f"--durable {durable} is for a root that a run's storage_filesystem(root=..., "
+            "durable=...) drains; give that root exactly"
+        ) from e
