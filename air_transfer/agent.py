@@ -409,8 +409,14 @@ class NodeAgent:
         self._disk.touch(root)
 
     # -- node storage: the durable tier (``storage.server.tiered_disk``) ----------------
-    def durable_attach(self, root: str, target: DurableTarget, settings: DrainSettings) -> str:
-        return self._disk.attach(root, target, settings)
+    def durable_attach(
+        self,
+        root: str,
+        target: DurableTarget,
+        settings: DrainSettings,
+        replica: tuple[str, str] | None = None,
+    ) -> str:
+        return self._disk.attach(root, target, settings, replica)
 
     def durable_request(self, root: str) -> tuple[str, int]:
         return self._disk.request(root)

@@ -28,14 +28,18 @@ from air_transfer.cluster.nodes import head_node_id, live_node_ids, this_node_id
 from air_transfer.config import StorageConfig, TransferConfig
 from air_transfer.core.confine import checked_path, storage_path
 from air_transfer.storage.client import replica_train
-from air_transfer.storage.client.durable_wait import StorageState, wait_until_durable
+from air_transfer.storage.client.durable_wait import (
+    StorageState,
+    durable_now,
+    wait_until_durable,
+)
 from air_transfer.storage.client.handler import NodeStorageHandler, node_storage_handler
 from air_transfer.storage.client.incremental import store_incremental
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.copy import copy_tree
 from air_transfer.storage.durable.settings import DrainSettings
-from air_transfer.storage.durable.target import DurableTarget
+from air_transfer.storage.durable.target import DurableTarget, relative
 from air_transfer.storage.replica_wire import CopyState
 
 logger = logging.getLogger(__name__)
@@ -91,19 +95,15 @@ def storage_filesystem(
                 "the durable tier receives everything under the root"
             )
         target.check()
+    drain = _drain_settings(settings, config) if target is not None else None
     if settings.replicas != 1 or settings.replica_nodes:
-        if target is not None:
-            raise ValueError(
-                "storage_filesystem(durable=...) with replicas > 1 is not supported yet; "
-                "use replicas=1 with a durable tier"
-            )
         handler = ReplicatedTrainHandler(
-            node, root, config, settings.replicas, settings.replica_nodes, settings.replica_root
-        )
+            node, root, config, settings.replicas, settings.replica_nodes, settings.replica_root,
+            target, drain,
+        )  # fmt: skip
         if ray.is_initialized():
             handler.settle()  # the copies are placed (and checked) now, by the maker
         return pafs.PyFileSystem(handler)
-    drain = _drain_settings(settings, config) if target is not None else None
     return pafs.PyFileSystem(TrainStorageHandler(node, root, config, target, drain))
 
 
@@ -167,9 +167,9 @@ def wait_durable(
     ``Trainer.fit()`` and before the cluster goes: the run's last checkpoint then
     outlives it."""
     handler = _durable_handler(filesystem)
-    local = None if path is None else storage_path(handler.root, path)
+    rel = None if path is None else relative(handler.root, path)
     assert handler.durable is not None
-    wait_until_durable(handler.link, handler.root, local, handler.durable.uri, timeout)
+    wait_until_durable(handler.drain_point, rel, handler.durable.uri, timeout)
 
 
 def storage_state(filesystem: pafs.FileSystem, path: str) -> StorageState:
@@ -179,19 +179,14 @@ def storage_state(filesystem: pafs.FileSystem, path: str) -> StorageState:
     handler = node_storage_handler(filesystem)
     if handler is None:
         raise TypeError("storage_state takes a storage_filesystem()")
-    local = storage_path(handler.root, path)
-    if handler.durable is None:
-        [info] = handler.get_file_info([path])
-        if info.type == pafs.FileType.NotFound:
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-        # The fresh copies of a replicated storage, as the registry names them.
-        copies = len(handler.ensure()[1]) if isinstance(handler, ReplicatedHandler) else 1
-        return StorageState(path, copies, None)
-    (ftype, _, _), here = handler.link.call(lambda a: a.durable_locate(handler.root, local))
-    if ftype == pafs.FileType.NotFound:
+    [info] = handler.get_file_info([path])  # node storage, then the durable tier
+    if info.type == pafs.FileType.NotFound:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-    status = handler.link.call(lambda a: a.durable_status(handler.root, local))
-    return StorageState(path, 1 if here else 0, bool(status.durable))
+    copies = handler.copies_holding(path)
+    if handler.durable is None:
+        return StorageState(path, copies, None)
+    durable = durable_now(handler.drain_point, relative(handler.root, path))
+    return StorageState(path, copies, durable)
 
 
 def _durable_handler(filesystem: pafs.FileSystem) -> NodeStorageHandler:

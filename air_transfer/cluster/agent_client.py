@@ -296,10 +296,13 @@ class AgentClient:
         return ref
 
     # -- node storage: the durable tier -------------------------------------------------
-    def durable_attach(self, root: str, target: Any, settings: Any) -> ray.ObjectRef[str]:
+    def durable_attach(
+        self, root: str, target: Any, settings: Any, replica: tuple[str, str] | None = None
+    ) -> ray.ObjectRef[str]:
         """Drain ``root`` into the durable tier ``target`` (a ``DurableTarget``) from
-        this agent with ``settings`` (``DrainSettings``); the drain's epoch."""
-        ref: ray.ObjectRef[str] = self.actor.durable_attach.remote(root, target, settings)
+        this agent with ``settings`` (``DrainSettings``); ``replica``: the replicated
+        storage's key and storage node, whose copy ``root`` is. The drain's epoch."""
+        ref: ray.ObjectRef[str] = self.actor.durable_attach.remote(root, target, settings, replica)
         return ref
 
     def durable_request(self, root: str) -> ray.ObjectRef[tuple[str, int]]:

@@ -8,6 +8,7 @@ typed here, below both, so that neither imports the other.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -43,3 +44,14 @@ class CopyState:
     state: State
     attempts: int = 0  # repairs of it that failed in a row
     error: str | None = None  # the last one's error
+
+
+def drain_leader(fresh: Iterable[str], primary: str) -> str | None:
+    """Which copy's agent drains a replicated storage into its durable tier: the
+    storage node's while its copy is fresh, else the first fresh copy by node id
+    (None: no copy is fresh). Both rooms apply this one rule: the drains, to tell
+    whether they lead, and callers, to ask the leading one."""
+    nodes = set(fresh)
+    if primary in nodes:
+        return primary
+    return min(nodes) if nodes else None

@@ -12,7 +12,9 @@ asked for. Polling starts every 50 ms and backs off to 1 s.
 from __future__ import annotations
 
 import logging
+import posixpath
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,24 +48,51 @@ class StorageState:
         return "replicated" if self.copies > 1 else "local"
 
 
+#: Where a storage's drain runs: ``(node, root of its copy there, link to its agent)``;
+#: asked again while waiting, since the copy that drains may change.
+DrainPoint = tuple[str, str, AgentLink]
+
+
+def _at(root: str, rel: str | None) -> str | None:
+    return None if rel is None else posixpath.join(root, rel) if rel else root
+
+
+def _request(link: AgentLink, root: str) -> tuple[str, int]:
+    """``(epoch, ticket)`` of the drain of ``root`` (``Drainer.request``)."""
+    result: tuple[str, int] = link.call(lambda agent: agent.durable_request(root))
+    return result
+
+
+def _status(link: AgentLink, root: str, at: str | None = None) -> Any:
+    """The drain's ``DrainStatus`` (looking at ``at`` now, if given)."""
+    return link.call(lambda agent: agent.durable_status(root, at))
+
+
 def wait_until_durable(
-    link: AgentLink, root: str, local: str | None, uri: str, timeout: float | None
+    where: Callable[[], DrainPoint], rel: str | None, uri: str, timeout: float | None
 ) -> None:
-    """Return once the drain of node storage ``root`` completed a pass that started
-    after this call (or, for ``local``, once every file under it is there and no
-    delete is pending); TimeoutError after ``timeout`` seconds naming what is still
-    missing."""
+    """Return once the drain of the storage completed a pass that started after
+    this call (or, for ``rel``, a path relative to the root, once every file at or
+    under it is there and no delete is pending); TimeoutError after ``timeout``
+    seconds naming what is still missing. ``where`` says which agent drains: a
+    drain that changed (another copy leads, or its agent restarted) is asked for a
+    new ticket."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    epoch, ticket = link.call(lambda agent: agent.durable_request(root))
+    node, root, link = where()
+    epoch, ticket = _request(link, root)
     delay, bar, shown = POLL_S[0], None, 0
     try:
         while True:
-            status: Any = link.call(lambda agent: agent.durable_status(root, local))
+            now_at = where()
+            if now_at[:2] != (node, root):  # another copy leads the drain now
+                node, root, link = now_at
+                epoch, ticket = _request(link, root)
+            status = _status(link, root, _at(root, rel))
             if status.epoch != epoch:  # the drain started again: its old tickets are void
-                epoch, ticket = link.call(lambda agent: agent.durable_request(root))
+                epoch, ticket = _request(link, root)
                 continue
             if status.completed >= ticket or (
-                local is not None and status.durable and not status.deletes_pending
+                rel is not None and status.durable and not status.deletes_pending
             ):
                 return
             if bar is None and status.lag_bytes >= BAR_BYTES and progress_enabled(None):
@@ -72,7 +101,7 @@ def wait_until_durable(
                 bar.update(shown - status.lag_bytes)
                 shown = status.lag_bytes
             if deadline is not None and time.monotonic() >= deadline:
-                now: Any = link.call(lambda agent: agent.durable_status(root, local or root))
+                now = _status(link, root, _at(root, rel) or root)
                 raise TimeoutError(_missing(uri, root, timeout, now))
             time.sleep(delay if deadline is None else min(delay, deadline - time.monotonic()))
             delay = min(delay * 2, POLL_S[1])
@@ -81,12 +110,20 @@ def wait_until_durable(
             bar.close()
 
 
-def wait_for_lag(link: AgentLink, root: str, limit: int, uri: str) -> None:
-    """Return once at most ``limit`` bytes of node storage ``root`` are not yet in its
-    durable tier (a report's backpressure, ``max_lag_bytes``)."""
+def durable_now(where: Callable[[], DrainPoint], rel: str) -> bool:
+    """Whether every file at or under ``rel`` is in the durable tier as node storage
+    holds it now."""
+    _, root, link = where()
+    return bool(_status(link, root, _at(root, rel)).durable)
+
+
+def wait_for_lag(where: Callable[[], DrainPoint], limit: int, uri: str) -> None:
+    """Return once at most ``limit`` bytes of the storage are not yet in its durable
+    tier (a report's backpressure, ``max_lag_bytes``)."""
     delay, logged = POLL_S[0], False
     while True:
-        status: Any = link.call(lambda agent: agent.durable_status(root))
+        _, root, link = where()
+        status = _status(link, root)
         if status.lag_bytes <= limit:
             if logged:
                 logger.info("air-transfer: the durable tier %s caught up; reports go on", uri)

@@ -24,7 +24,7 @@ from air_transfer.config import TransferConfig
 from air_transfer.core.confine import storage_path
 from air_transfer.core.reader import buffered
 from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
-from air_transfer.storage.client.durable_wait import wait_for_lag
+from air_transfer.storage.client.durable_wait import DrainPoint, wait_for_lag
 from air_transfer.storage.client.incremental_uploads import IncrementalChunkWriter
 from air_transfer.storage.client.same_node import SameNodeWriter, open_native
 from air_transfer.storage.client.streams import AgentLink, open_reader
@@ -82,10 +82,28 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         if self._link is None:
             self._link = AgentLink(self.node_id, self.root, self.config)
         if self.durable is not None and not self._attached:
-            link, durable, drain = self._link, self.durable, self.drain
-            link.call(lambda agent: agent.durable_attach(self.root, durable, drain))
+            self._attach_durable(self._link)
             self._attached = True
         return self._link
+
+    def _attach_durable(self, link: AgentLink) -> None:
+        """Have the storage node's agent drain this storage into its durable tier."""
+        durable, drain = self.durable, self.drain
+        link.call(lambda agent: agent.durable_attach(self.root, durable, drain))
+
+    def copies_holding(self, path: str) -> int:
+        """On how many nodes node storage holds ``path`` now (0: not at all; the
+        durable tier may)."""
+        local = self._path(path)
+        if self.durable is None:
+            [(ftype, _, _)] = self.link.call(lambda agent: agent.fs_info(self.root, [local]))
+            return int(ftype != pafs.FileType.NotFound)
+        _, here = self.link.call(lambda agent: agent.durable_locate(self.root, local))
+        return int(here)
+
+    def drain_point(self) -> DrainPoint:
+        """The agent that drains this storage into its durable tier, and its root."""
+        return self.node_id, self.root, self.link
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Shipped by Ray, it names its node (the sender's if not yet known): a copy
@@ -229,7 +247,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         limit = self.drain.max_lag_bytes if self.drain is not None else None
         if self.durable is None or limit is None:
             return
-        wait_for_lag(self.link, self.root, limit, self.durable.uri)
+        wait_for_lag(self.drain_point, limit, self.durable.uri)
 
     def _open_output(self, path: str, append: bool) -> Any:
         local = self._path(path)

@@ -60,6 +60,8 @@ def download(handler: ReplicatedHandler, path: str, local_path: str) -> bool:
     else one in ``read_order``; the next when one is lost on the way); False for a
     file (Ray copies it)."""
     rel, config = handler.rel(path), handler.config
+    if handler.durable is not None and not handler.copies_holding(path):
+        return False  # only in the durable tier: Ray copies it, file by file, verified
     copies, fresh, _, _ = handler.ensure()
     here = this_node_id()
     lost = []

@@ -27,15 +27,19 @@ import ray
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.config import TransferConfig
-from air_transfer.core.reader import ChunkFileReader
+from air_transfer.core.reader import ChunkFileReader, buffered
 from air_transfer.observe import replica_metrics
 from air_transfer.storage.client import replica_set
+from air_transfer.storage.client.durable_wait import DrainPoint
 from air_transfer.storage.client.handler import NodeStorageHandler
 from air_transfer.storage.client.replica_set import Copy, full, is_lost, on_copy
 from air_transfer.storage.client.replica_writer import ReplicatedWriter
 from air_transfer.storage.client.same_node import open_native
 from air_transfer.storage.client.streams import AgentLink, _chunks, read_chunk_bytes
-from air_transfer.storage.replica_wire import CopyState
+from air_transfer.storage.durable.reads import open_verified
+from air_transfer.storage.durable.settings import DrainSettings
+from air_transfer.storage.durable.target import DurableTarget
+from air_transfer.storage.replica_wire import CopyState, drain_leader
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,8 +63,10 @@ class ReplicatedHandler(NodeStorageHandler):
         replicas: int = 2,
         nodes: tuple[str, ...] = (),
         replica_root: str | None = None,
+        durable: DurableTarget | None = None,
+        drain: DrainSettings | None = None,
     ) -> None:
-        super().__init__(node_id, root, config)
+        super().__init__(node_id, root, config, durable, drain)
         if not isinstance(replicas, int) or replicas < 1:
             raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
         self.replicas, self.nodes = replicas, tuple(nodes)
@@ -69,11 +75,12 @@ class ReplicatedHandler(NodeStorageHandler):
             raise ValueError(f"replica_root must be absolute, got {replica_root!r}")
         replica_set.check_roots(self.root, self.replica_root, replicas)
         self._links: dict[str, AgentLink] = {}
+        self._draining: set[tuple[str, str]] = set()  # copies attached to the durable tier
 
     def __reduce__(self) -> tuple[Any, ...]:
         node = self.node_id if ray.is_initialized() else self._node_id
         args = (node, self.root, self.config, self.replicas, self.nodes, self.replica_root)
-        return (type(self), args)
+        return (type(self), (*args, self.durable, self.drain))
 
     def __repr__(self) -> str:
         return f"ReplicatedHandler(node={self.node_id[:12]}, root={self.root!r}, K={self.replicas})"
@@ -112,7 +119,55 @@ class ReplicatedHandler(NodeStorageHandler):
             self.registry("register", self.key, copies, self.replicas, self.replica_root, fresh)
             found = replica_set.view(self.key)
             assert found is not None
+        if self.durable is not None:
+            self._attach_copies(found[0])
         return found
+
+    def _attach_durable(self, link: AgentLink) -> None:
+        """Nothing here: every copy's agent is attached as the copies are known
+        (``_attach_copies``), and the one that leads drains."""
+
+    def _attach_copies(self, copies: list[Copy]) -> None:
+        """Attach every copy's agent to the durable tier (once per process and copy):
+        each notes the deletes it makes, reads fall through on every copy, and the
+        copy that ``drain_leader`` names drains (another takes over when it goes)."""
+        durable, drain, replica = self.durable, self.drain, (self.key, self.node_id)
+        for node, root in copies:
+            if (node, root) in self._draining:
+                continue
+            try:
+                self.link_to(node, root).call(_attach(root, durable, drain, replica))
+            except Exception as e:
+                if not is_lost(e):
+                    raise
+                continue  # a copy that is gone: the registry replaces it
+            self._draining.add((node, root))
+
+    def drain_point(self) -> DrainPoint:
+        """The copy whose agent drains this storage now (``drain_leader``)."""
+        copies, fresh, _, _ = self.ensure()
+        leader = drain_leader(fresh, self.node_id)
+        if leader is None:
+            raise ConnectionError(
+                f"no fresh copy of node storage {self.root!r} drains it into its durable tier"
+            )
+        root = dict(copies)[leader]
+        return leader, root, self.link_to(leader, root)
+
+    def copies_holding(self, path: str) -> int:
+        rel = self.rel(path)
+        _, fresh, _, _ = self.ensure()
+        if self.durable is None:
+            [(ftype, _, _)] = self.read(
+                "answer",
+                lambda link, root: link.call(lambda a: a.fs_info(root, [on_copy(root, rel)])),
+            )
+            return len(fresh) if ftype != pafs.FileType.NotFound else 0
+        _, here = self.read(
+            "answer",
+            lambda link, root: link.call(lambda a: a.durable_locate(root, on_copy(root, rel))),
+        )
+        return len(fresh) if here else 0
 
     def settle(self) -> None:
         """``ensure``, by the maker of the filesystem (``storage_filesystem``): a
@@ -328,10 +383,24 @@ class ReplicatedHandler(NodeStorageHandler):
         here = this_node_id() if ray.is_initialized() else ""
         order = replica_set.read_order(self.key, copies, fresh, here)
         if order and order[0][0] == here:
-            return open_native(order[0][1], on_copy(order[0][1], rel))
-        [(ftype, size, _)] = self.read(
-            "answer", lambda link, root: link.call(lambda a: a.fs_info(root, [on_copy(root, rel)]))
-        )
+            try:
+                return open_native(order[0][1], on_copy(order[0][1], rel))
+            except FileNotFoundError:
+                if self.durable is None:
+                    raise
+        if self.durable is not None:
+            (ftype, size, _), held = self.read(
+                "answer",
+                lambda link, root: link.call(lambda a: a.durable_locate(root, on_copy(root, rel))),
+            )
+            if not held and ftype == pafs.FileType.File and size is not None:
+                reader = open_verified(self.durable, rel, size)  # the durable tier's alone
+                return pa.PythonFile(buffered(reader, self.config.chunk_bytes), mode="r")
+        else:
+            [(ftype, size, _)] = self.read(
+                "answer",
+                lambda link, root: link.call(lambda a: a.fs_info(root, [on_copy(root, rel)])),
+            )
         if ftype == pafs.FileType.NotFound:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
         if ftype != pafs.FileType.File or size is None:
@@ -376,6 +445,12 @@ class ReplicatedHandler(NodeStorageHandler):
 
     def _open_output(self, path: str, append: bool) -> Any:
         return pa.PythonFile(ReplicatedWriter(self, path, append), mode="w")
+
+
+def _attach(
+    root: str, durable: Any, drain: Any, replica: tuple[str, str]
+) -> Callable[[AgentClient], ray.ObjectRef[str]]:
+    return lambda agent: agent.durable_attach(root, durable, drain, replica)
 
 
 def _claim(

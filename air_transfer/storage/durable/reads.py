@@ -34,6 +34,8 @@ def bytes_read() -> int:
     """Bytes this process has read from durable tiers' files so far (each chunk
     read counted once): what a restore that reads through cost."""
     return _bytes_read
+
+
 #: Chunk size of a file read without a record (written there by someone else).
 UNRECORDED_CHUNK_BYTES = 32 * 1024 * 1024
 

@@ -71,11 +71,12 @@ class MemoryTombstones:
 
 class ClusterTombstones:
     """Tombstones in the cluster's GCS, one key each, under a prefix naming the
-    storage (its root and durable tier), so that every process of the cluster sees
-    the same ones and none is lost with the node that noted it."""
+    durable tier (one tier is fed by one storage: every copy of a replicated one
+    notes its deletes there), so that every process of the cluster sees the same
+    ones and none is lost with the node that noted it."""
 
-    def __init__(self, root: str, durable_uri: str) -> None:
-        storage = hashlib.sha256(f"{root}\0{durable_uri}".encode()).hexdigest()[:24]
+    def __init__(self, durable: str) -> None:
+        storage = hashlib.sha256(durable.encode()).hexdigest()[:24]
         self.prefix = f"durable-delete/{storage}/"
 
     def add(self, rel: str) -> str:

@@ -24,6 +24,7 @@ import os
 import posixpath
 import threading
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -40,6 +41,8 @@ from air_transfer.storage.server.drain_upload import RateLimit, upload, upload_b
 logger = logging.getLogger(__name__)
 #: Paths named in a timeout or a status (the first ones).
 SHOWN = 20
+#: How often a copy that does not lead its storage's drain asks again (seconds).
+LEAD_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -82,12 +85,15 @@ class Drainer:
         settings: DrainSettings,
         tombstones: Tombstones,
         deletes: threading.Lock,
+        leads: Callable[[], bool] | None = None,
     ) -> None:
         self.root, self.target, self.settings = root, target, settings
         self.tombstones = tombstones
         #: Held by a delete while it notes its tombstone and deletes (``tiered_disk``),
         #: and here while the pending deletes are read: every one read is done.
         self.deletes = deletes
+        #: Whether this drain leads (a copy of a replicated storage); None: always.
+        self.leads = leads
         self.epoch = uuid.uuid4().hex
         self._cond = threading.Condition()
         self._requested = 0
@@ -175,6 +181,11 @@ class Drainer:
                 if self._stop:
                     return
                 ticket, self._wake = self._requested, False
+            if not self._leading():
+                with self._cond:  # another copy drains: look again soon
+                    self._cond.wait_for(lambda: self._stop, timeout=LEAD_POLL_S)
+                    self._wake = True
+                continue
             try:
                 self._pass()
             except Exception as e:
@@ -186,6 +197,15 @@ class Drainer:
                 self._completed = max(self._completed, ticket)
                 self._passes += 1
                 self._cond.notify_all()
+
+    def _leading(self) -> bool:
+        if self.leads is None:
+            return True
+        try:
+            return self.leads()
+        except Exception as e:  # the record cannot be read now: not leading, for now
+            logger.debug("air-transfer: cannot tell whether %s leads its drain: %r", self.root, e)
+            return False
 
     def _pass(self) -> None:
         last, big = self._read_last()

@@ -30,6 +30,7 @@ from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget, relative
 from air_transfer.storage.durable.tombstones import ClusterTombstones, Tombstones
 from air_transfer.storage.server.drain import Drainer, DrainStatus
+from air_transfer.storage.server.drain_leader import replica_leads
 from air_transfer.storage.server.metadata import DiskStorage
 
 NAMESPACE = "air_transfer"
@@ -62,10 +63,13 @@ class TieredDisk:
         root: str,
         target: DurableTarget,
         settings: DrainSettings,
+        replica: tuple[str, str] | None = None,
         tombstones: Tombstones | None = None,
         save: bool = True,
     ) -> str:
-        """Drain ``root`` into ``target`` from this agent (idempotent); its epoch."""
+        """Drain ``root`` into ``target`` from this agent (idempotent); its epoch.
+        ``replica``: ``(storage key, storage node)`` of a replicated storage whose
+        copy ``root`` is: it drains only while it leads (``drain_leader``)."""
         with self._lock:
             tier = self._tiers.get(root)
             if tier is not None:
@@ -75,12 +79,15 @@ class TieredDisk:
                         f"it cannot also drain into {target.uri}"
                     )
                 return tier.drainer.epoch
-            stones = tombstones or ClusterTombstones(root, target.uri)
+            stones = tombstones or ClusterTombstones(target.uri)
             lock = threading.Lock()
-            drainer = Drainer(root, target, settings, stones, lock).start()
+            leads = None
+            if replica is not None and self.node_id is not None:
+                leads = replica_leads(replica[0], self.node_id, replica[1])
+            drainer = Drainer(root, target, settings, stones, lock, leads).start()
             self._tiers[root] = Tier(target, settings, stones, lock, drainer)
         if save and self.node_id is not None:
-            saved = pickle.dumps((root, target, settings))
+            saved = pickle.dumps((root, target, settings, replica))
             kv_put(NAMESPACE, _attachment_key(self.node_id, root), saved)
         return drainer.epoch
 
@@ -90,8 +97,8 @@ class TieredDisk:
             return
         for key, value in kv_items(NAMESPACE, f"durable-attach/{self.node_id}/").items():
             try:
-                root, target, settings = pickle.loads(value)
-                self.attach(root, target, settings, save=False)
+                root, target, settings, replica = pickle.loads(value)
+                self.attach(root, target, settings, replica, save=False)
             except Exception as e:  # another version's record: its next caller attaches
                 logger.warning("air-transfer: could not resume the drain %s: %r", key, e)
 
