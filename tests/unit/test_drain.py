@@ -20,6 +20,7 @@ from air_transfer.storage.durable.target import DurableTarget, is_staged
 from tests.support.drains import SMALL, assert_same, drained, draining, local_target
 from tests.support.recording_fs import RecordingHandler
 from tests.support.trees import write_file
+from tests.support.waiting import eventually
 
 
 def _checkpoint(root: Path, name: str, seed: int, sizes: tuple[int, ...] = (5000, 200_000)) -> None:
@@ -181,3 +182,37 @@ def test_a_bad_durable_tier_is_refused_at_construction(tmp_path: Path) -> None:
         DurableTarget.parse(f"file://{tmp_path}/missing/parent/base").check()
     with pytest.raises(TypeError, match="URI"):
         DurableTarget.parse(42)
+
+
+def test_a_copy_that_does_not_lead_never_drains_until_it_does(tmp_path: Path) -> None:
+    """A replicated storage's copies each run a drain; only the leading one uploads
+    (a stale copy may lack a change), and another takes over once it leads."""
+    import threading
+
+    from air_transfer.storage.durable.tombstones import MemoryTombstones
+    from air_transfer.storage.replica_wire import drain_leader
+    from air_transfer.storage.server.drain import Drainer
+
+    assert drain_leader({"b", "a"}, "b") == "b"  # the storage node's, while fresh
+    assert drain_leader({"c", "a"}, "b") == "a"  # else the first fresh copy
+    assert drain_leader(set(), "b") is None
+    root, target = tmp_path / "root", local_target(tmp_path / "durable")
+    write_file(root / "a.bin", b"a" * 1000)
+    leading, asked = threading.Event(), []
+
+    def leads() -> bool:
+        asked.append(leading.is_set())
+        return leading.is_set()
+
+    drainer = Drainer(str(root), target, SMALL, MemoryTombstones(), threading.Lock(), leads)
+    drainer.start()
+    try:
+        ticket = drainer.request()
+        eventually(lambda: len(asked) >= 2, "the drain to ask twice whether it leads", 30)
+        assert drainer.status().completed < ticket  # it was asked, and did nothing
+        assert not (tmp_path / "durable" / "a.bin").exists()
+        leading.set()
+        drained(drainer)
+    finally:
+        drainer.stop()
+    assert_same(root, target)
