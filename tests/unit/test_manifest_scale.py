@@ -1,5 +1,7 @@
-"""The manifest's checks at scale: 100,000 entries of any shape validate in near-linear
-time, and deep trees validate without recursion proportional to their depth."""
+"""The manifest's checks at scale: tens of thousands of entries of any shape validate in
+near-linear time (counted, not timed: the count is the same proof at any size, and a
+quadratic walk is ~N times the linear bound), and deep trees validate without
+recursion proportional to their depth."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from air_transfer import Manifest, ManifestError
 from tests.support.complexity import FrameCount
 from tests.support.manifests import chain, directory, doubling_chain, empty_file, entries_dict, link
 
-N = 100_000
+N = 25_000
 
 
 def shape_wide() -> list[dict]:
@@ -21,7 +23,7 @@ def shape_wide() -> list[dict]:
 
 
 def shape_deep() -> list[dict]:
-    """50 directory chains 2,000 levels deep (paths up to 4,000 bytes)."""
+    """Directory chains 2,000 levels deep (paths up to 4,000 bytes)."""
     entries = []
     for c in range(N // 2000):
         path = f"c{c}"
@@ -61,7 +63,7 @@ def shape_through_links() -> list[dict]:
 
 
 def shape_long_chain() -> list[dict]:
-    """``lk -> l(k-1)`` 100,000 long: refused at l40 (ELOOP); the bad link comes last
+    """``lk -> l(k-1)`` N long: refused at l40 (ELOOP); the bad link comes last
     here, so the whole chain is resolved first."""
     return [*reversed(chain(N))]
 
@@ -80,19 +82,18 @@ SHAPES = {
     "deep links": (shape_deep_links, None),
     "link chains of 39": (shape_chains, None),
     "links through links": (shape_through_links, None),
-    "chain of 100k links": (shape_long_chain, "more than 40"),
-    "doubling chain of 100k": (shape_doubling, "more than 40"),
+    "chain of N links": (shape_long_chain, "more than 40"),
+    "doubling chain of N": (shape_doubling, "more than 40"),
     "wide, last link escapes": (shape_wide_then_escape, "outside"),
 }
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_100k_entries_of_any_shape_validate_in_linear_time(
+def test_many_entries_of_any_shape_validate_in_linear_time(
     shape: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The complexity guard, counted rather than timed: every link target is walked
-    a bounded number of times (~1 s per shape here; the doubling chain alone used to
-    take days)."""
+    a bounded number of times (the doubling chain alone used to take days)."""
     make, error = SHAPES[shape]
     d = entries_dict(make())
     count = FrameCount(monkeypatch)

@@ -34,6 +34,9 @@ class DrainSettings:
     max_lag_bytes: int | None = None
     #: Seconds between failed passes: the first, doubling up to the second.
     backoff_s: tuple[float, float] = (1.0, 30.0)
+    #: How often a copy that does not lead a replicated storage's drain asks again
+    #: whether it does (the takeover's delay once the leading copy's node is gone).
+    lead_poll_s: float = 1.0
 
     def __post_init__(self) -> None:
         _positive_int("durable_concurrency", self.concurrency, 256)

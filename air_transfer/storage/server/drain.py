@@ -41,8 +41,7 @@ from air_transfer.storage.server.drain_upload import RateLimit, upload, upload_b
 logger = logging.getLogger(__name__)
 #: Paths named in a timeout or a status (the first ones).
 SHOWN = 20
-#: How often a copy that does not lead its storage's drain asks again (seconds).
-LEAD_POLL_S = 1.0
+
 
 
 @dataclass(frozen=True)
@@ -183,7 +182,7 @@ class Drainer:
                 ticket, self._wake = self._requested, False
             if not self._leading():
                 with self._cond:  # another copy drains: look again soon
-                    self._cond.wait_for(lambda: self._stop, timeout=LEAD_POLL_S)
+                    self._cond.wait_for(lambda: self._stop, timeout=self.settings.lead_poll_s)
                     self._wake = True
                 continue
             try:
