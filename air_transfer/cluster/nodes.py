@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import ipaddress
 import logging
+import re
 from typing import Any
 
 import ray
@@ -57,6 +59,70 @@ def head_node_id() -> str:
         if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
             return str(n["NodeID"])
     raise RuntimeError("no live head node in this Ray cluster; pass node= explicitly")
+
+
+#: A Ray node id as text: 28 bytes in hex (``ray.get_runtime_context().get_node_id()``).
+_NODE_ID = re.compile(r"[0-9a-f]{56}")
+#: What ``node=`` accepts, for error messages.
+NODE_FORMS = (
+    "a Ray node id (56 hex digits: ray.get_runtime_context().get_node_id(), "
+    "ray.nodes()), a node's IP address, or 'head'"
+)
+
+
+def is_node_id(text: str) -> bool:
+    """Whether ``text`` is written as a Ray node id (not an IP address or "head")."""
+    return _NODE_ID.fullmatch(text) is not None
+
+
+def check_node_spec(node: object) -> str:
+    """``node`` if it is written as a node can be named (a node id, an IP address or
+    ``"head"``), else ValueError; Ray need not run (nothing is looked up)."""
+    if isinstance(node, str) and (node == "head" or _NODE_ID.fullmatch(node) or _is_ip(node)):
+        return node
+    hint = ""
+    if isinstance(node, str) and node.startswith("/"):
+        hint = "; a storage path goes in RunConfig(storage_path=...) or root="
+    raise ValueError(f"node must be {NODE_FORMS}, got {node!r}{hint}")
+
+
+def resolve_node(node: str) -> str:
+    """The id of the live node ``node`` names (see ``check_node_spec``); ValueError
+    naming the live nodes when none or several match. Needs Ray."""
+    check_node_spec(node)
+    if node == "head":
+        return head_node_id()
+    live = [n for n in ray.nodes() if n.get("Alive")]
+    if _NODE_ID.fullmatch(node):
+        if any(n["NodeID"] == node for n in live):
+            return node
+        raise ValueError(
+            f"node {node!r} is not a live node of this Ray cluster; live nodes: {_listing(live)}"
+        )
+    matches = [n for n in live if n.get("NodeManagerAddress") == node]
+    if len(matches) == 1:
+        return str(matches[0]["NodeID"])
+    if not matches:
+        raise ValueError(
+            f"no live node of this Ray cluster has the IP address {node!r}; live nodes: "
+            f"{_listing(live)}"
+        )
+    raise ValueError(
+        f"{len(matches)} live nodes share the IP address {node!r} ({_listing(matches)}): "
+        "pass node= one of their node ids"
+    )
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _listing(nodes: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{n['NodeID']} at {n.get('NodeManagerAddress')}" for n in nodes) or "none"
 
 
 @functools.cache

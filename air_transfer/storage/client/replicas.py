@@ -25,7 +25,7 @@ import pyarrow.fs as pafs
 import ray
 
 from air_transfer.cluster.agent_client import AgentClient
-from air_transfer.cluster.nodes import this_node_id
+from air_transfer.cluster.nodes import is_node_id, resolve_node, this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.reader import ChunkFileReader, buffered
 from air_transfer.observe import replica_metrics
@@ -107,8 +107,9 @@ class ReplicatedHandler(NodeStorageHandler):
         did not write; the storage node's own root may hold files, which are kept)."""
         found = replica_set.view(self.key)
         if found is None:
+            named = tuple(n if is_node_id(n) else resolve_node(n) for n in self.nodes)
             copies = replica_set.place(
-                self.node_id, self.root, self.replicas, self.nodes, self.replica_root
+                self.node_id, self.root, self.replicas, named, self.replica_root
             )
             members, taken = [n for n, _ in copies], self.registry("keys")
             empty = {}
