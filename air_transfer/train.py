@@ -32,6 +32,7 @@ from air_transfer.cluster.nodes import (
     this_node_id,
 )
 from air_transfer.config import StorageConfig, TransferConfig
+from air_transfer.core import environ
 from air_transfer.core.confine import checked_path, storage_path
 from air_transfer.core.keywords import positional_at_most
 from air_transfer.storage.client import replica_train
@@ -50,6 +51,11 @@ from air_transfer.storage.durable.target import DurableTarget, relative
 from air_transfer.storage.replica_wire import CopyState
 
 logger = logging.getLogger(__name__)
+
+# The settings a user sets on the driver reach Train's controller and workers with
+# Ray Train's own: this module is imported by the driver (storage_filesystem,
+# checkpoint_upload_fn, air_transfer.dcp) and by the controller (a run's storage).
+_ray.propagate_to_train(environ.SETTINGS)
 
 
 @positional_at_most(

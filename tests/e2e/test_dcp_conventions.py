@@ -7,11 +7,14 @@ the driver's, the run's storage on the driver's node):
   own node: the ranks' shards scattered over two disks);
 - ``air_transfer.dcp.report(metrics, state_dict=..., planner=..., validation=True)``:
   ``ray.train.report``'s order, DCP's planner used for the save, Ray's validation
-  run on the reported checkpoint.
+  run on the reported checkpoint;
+- a setting made on the driver (``AIR_TRANSFER_PROGRESS``) is in force in the
+  workers (Ray Train copied only its own variables to them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +24,16 @@ from ray.train import ValidationConfig
 from ray.train.torch import TorchTrainer
 
 import air_transfer
+from air_transfer.core import environ
 from air_transfer.dcp import NodeStorageReader
 from tests.support.cluster import shared_cluster
 from tests.support.dcp_conventions import DROPPED, conventions_loop, validate
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[ray.train.Result, Path]:
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ray.train.Result, Path]]:
+    """The run, with ``AIR_TRANSFER_PROGRESS=1`` set on the driver; the agents that
+    it started with it are shut down after (the next module's start without it)."""
     shared_cluster()
     storage = tmp_path_factory.mktemp("storage")
     trainer = TorchTrainer(
@@ -43,7 +49,19 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[ray.train.Result, Pat
         ),
         validation_config=ValidationConfig(fn=validate, ray_remote_kwargs={"num_cpus": 0}),
     )
-    return trainer.fit(), storage
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(environ.PROGRESS, "1")
+        result = trainer.fit()
+    yield result, storage
+    air_transfer.shutdown_agents()
+
+
+def test_a_setting_made_on_the_driver_is_in_force_in_every_worker(
+    run: tuple[ray.train.Result, Path],
+) -> None:
+    result, _ = run
+    [(_, metrics)] = result.best_checkpoints  # rank 0's (Train keeps those)
+    assert metrics["progress_setting"] == "1" and metrics["progress_on"] is True
 
 
 def test_dcp_storage_without_a_filesystem_is_the_runs_storage_in_train(

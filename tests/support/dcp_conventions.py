@@ -1,9 +1,11 @@
 """What ``tests/e2e/test_dcp_conventions.py``'s Train run does in its workers and its
-validation task: DCP's storage classes without a filesystem, and
-``air_transfer.dcp.report`` with a DCP planner and Ray's ``validation``."""
+validation task: DCP's storage classes without a filesystem,
+``air_transfer.dcp.report`` with a DCP planner and Ray's ``validation``, and the
+driver's ``AIR_TRANSFER_*`` settings as a worker sees them."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ray.train
@@ -45,8 +47,13 @@ def conventions_loop(config: dict[str, Any]) -> None:
     dcp.save(state, storage_writer=writer)
     loaded = {f"w{rank}": torch.zeros(64, 64), DROPPED: torch.zeros(8), "step": -1}
     dcp.load(loaded, storage_reader=air_transfer.dcp.NodeStorageReader(config["plain_dcp_dir"]))
+    from air_transfer.core import environ
+    from air_transfer.observe.progress import progress_enabled
+
     metrics = {
         "rank": rank,
+        "progress_setting": os.environ.get(environ.PROGRESS),
+        "progress_on": progress_enabled(None),  # stderr is no terminal: the setting's
         "default_is_run_storage": writer.fs.filesystem == run_storage,
         "plain_dcp_round_trip": torch.equal(loaded[f"w{rank}"], state[f"w{rank}"]),
     }

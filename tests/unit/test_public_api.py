@@ -167,3 +167,20 @@ def test_dcp_storage_without_a_filesystem_outside_ray_names_the_fix(cls: str) ->
     dcp = importlib.import_module("air_transfer.dcp")
     with pytest.raises(ValueError, match=rf"storage_filesystem.*{cls}\('/ckpt', fs\)"):
         getattr(dcp, cls)("/ckpt")
+
+
+def test_every_setting_the_package_reads_is_in_the_one_list() -> None:
+    """What is in ``core.environ.SETTINGS`` travels to Train's processes and the
+    agents; a variable read elsewhere would not."""
+    import re
+    from pathlib import Path
+
+    from air_transfer.core import environ
+
+    package = Path(air_transfer.__file__).parent
+    named = {
+        name
+        for path in package.rglob("*.py")
+        for name in re.findall(r"AIR_TRANSFER_[A-Z0-9_]+", path.read_text())
+    }
+    assert named == set(environ.SETTINGS)

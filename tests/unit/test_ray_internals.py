@@ -110,3 +110,18 @@ def test_train_hooks_leave_every_other_filesystem_to_ray(tmp_path: Path) -> None
     )
     assert _run(code) == "True False"
     assert (tmp_path / "out" / "sub" / "f").read_bytes() == b"data"
+
+
+PROPAGATED = """
+from ray.train.v2._internal.constants import get_env_vars_to_propagate
+before = get_env_vars_to_propagate().get("AIR_TRANSFER_PROGRESS")
+import air_transfer.train
+print(before, get_env_vars_to_propagate().get("AIR_TRANSFER_PROGRESS"))
+"""
+
+
+def test_ray_train_copies_the_settings_once_the_library_is_imported() -> None:
+    """What Ray Train copies from the driver to its controller, and from the
+    controller to its workers, is its own list: importing the library adds every
+    ``AIR_TRANSFER_*`` setting to it (the run itself: tests/e2e/test_dcp_conventions.py)."""
+    assert _run(PROPAGATED, AIR_TRANSFER_PROGRESS="1") == "None 1"
