@@ -52,6 +52,7 @@ from air_transfer.storage.replica_wire import CopyState
 
 logger = logging.getLogger(__name__)
 
+_ray.require_train_v2()
 # The settings a user sets on the driver reach Train's controller and workers with
 # Ray Train's own: this module is imported by the driver (storage_filesystem,
 # checkpoint_upload_fn, air_transfer.dcp) and by the controller (a run's storage).

@@ -52,6 +52,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("ray.core.generated.gcs_pb2", "WorkerTableData"),
     ("ray.train.v2._internal.constants", "ENV_VARS_TO_PROPAGATE"),
     ("ray.train.v2._internal.constants", "get_env_vars_to_propagate"),
+    ("ray.train.v2._internal.constants", "is_v2_enabled"),
 )
 #: Keyword of ``.options()`` that bounds how far a streaming generator runs ahead of
 #: its consumer (Ray's own streaming ``DataIterator`` uses it); not in the public docs.
@@ -188,6 +189,22 @@ def checkpoint_uuid(checkpoint: Any) -> uuid.UUID:
     across pickling so copies of a checkpoint share their download directory."""
     value: uuid.UUID = checkpoint._uuid
     return value
+
+
+def require_train_v2() -> None:
+    """ImportError saying what to do when Ray Train v1 is selected
+    (``RAY_TRAIN_V2_ENABLED=0``): the library reports, uploads and hooks through
+    Train v2 (Ray's default), and v1 lacks its names (``CheckpointUploadMode``...),
+    which would otherwise fail an import deep inside with a bare ImportError. Ray
+    decides it by this private function."""
+    from ray.train.v2._internal.constants import is_v2_enabled
+
+    if not is_v2_enabled():
+        raise ImportError(
+            "air-transfer needs Ray Train v2, Ray's default; RAY_TRAIN_V2_ENABLED=0 in "
+            "this process's environment selects Train v1, which it does not support: "
+            "unset RAY_TRAIN_V2_ENABLED (or set it to 1)"
+        )
 
 
 def propagate_to_train(names: Iterable[str]) -> bool:

@@ -24,7 +24,10 @@ planning, file layout (``__<rank>_<n>.distcp``, ``.metadata``), deduplication an
 resharding are DCP's.
 """
 
+from air_transfer.dcp import requires as _requires  # torch and Ray Train v2, first
 from air_transfer.dcp.storage import NodeStorageReader, NodeStorageWriter
 from air_transfer.dcp.train import load, report, wait_for_pending_save
+
+del _requires
 
 __all__ = ["NodeStorageReader", "NodeStorageWriter", "load", "report", "wait_for_pending_save"]
