@@ -192,7 +192,9 @@ def shutdown_agents(timeout: float = 60.0) -> int:
     unreadable (CheckpointLostError), so call it once no reader needs them, e.g. at
     the end of a job that used ``owner="node"``, or to replace agents started by
     another air-transfer version or with other settings. Files in node storage stay.
-    The next call that needs an agent starts one.
+    The next call that needs an agent starts one. A drain into a durable tier stops
+    with its agent and resumes when the node's agent starts again: call
+    ``wait_durable`` first if the cluster is about to go.
     """
     names = [agent_name(node_id) for node_id in live_node_ids()]
     running = [name for name in names if _actor(name) is not None]

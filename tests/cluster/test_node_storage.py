@@ -45,7 +45,7 @@ def fs(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[pafs.FileSystem,
         durable.mkdir()
         root = str(tmp_path)
         fs = storage_filesystem(
-            node_ids()["node_a"], CONFIG, root=root, durable=f"file://{durable}"
+            node=node_ids()["node_a"], config=CONFIG, root=root, durable=f"file://{durable}"
         )
         return fs, str(base)
     node = "node_a" if request.param == "node-storage" else "head"
