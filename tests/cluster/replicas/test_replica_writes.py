@@ -80,7 +80,7 @@ def test_a_copy_unpickled_elsewhere_uses_the_same_copies(cluster4: Cluster, tmp_
 
 def test_bad_replica_settings_are_refused(cluster4: Cluster, tmp_path: Path) -> None:
     node = node_ids()[workers()[0]]
-    with pytest.raises(ValueError, match="replicas = 0 is outside the allowed range"):
+    with pytest.raises(ValueError, match="replicas must be an int >= 1"):
         storage_filesystem(node=node, config=CONFIG, root=str(tmp_path), replicas=0)
     with pytest.raises(
         ValueError, match="replicas=9 needs 9 distinct live nodes; this cluster has 4"
