@@ -74,9 +74,10 @@ NODE_FORMS = (
 )
 
 
-def is_node_id(text: str) -> bool:
-    """Whether ``text`` is written as a Ray node id (not an IP address or "head")."""
-    return _NODE_ID.fullmatch(text) is not None
+def names_a_node_by_role_or_address(text: str) -> bool:
+    """Whether ``text`` is ``"head"`` or an IP address: a node named otherwise than
+    by its id, which ``resolve_node`` turns into one."""
+    return text == "head" or _is_ip(text)
 
 
 def check_node_spec(node: object) -> str:

@@ -27,6 +27,7 @@ USER_API = {
     "TransferFuture",
     "checkpoint_upload_fn",
     "node_agent",
+    "replica_status",
     "shutdown_agents",
     "storage_filesystem",
     "storage_state",

@@ -19,7 +19,11 @@ import pyarrow.fs as pafs
 import ray
 
 from air_transfer.cluster.liveness import this_process
-from air_transfer.cluster.nodes import is_node_id, resolve_node, this_node_id
+from air_transfer.cluster.nodes import (
+    names_a_node_by_role_or_address,
+    resolve_node,
+    this_node_id,
+)
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import storage_path
 from air_transfer.core.reader import buffered
@@ -69,7 +73,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
     def node_id(self) -> str:
         if self._node_id is None:
             self._node_id = this_node_id()
-        elif not is_node_id(self._node_id):
+        elif names_a_node_by_role_or_address(self._node_id):
             self._node_id = resolve_node(self._node_id)
         return self._node_id
 
