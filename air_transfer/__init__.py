@@ -1,6 +1,9 @@
 """air-transfer: move large Ray Train checkpoints through a Ray cluster in chunks:
 linear in size, memory-bounded, verified.
 
+The user API is what ``__all__`` lists; ``air_transfer.dcp`` is torch DCP through
+node storage, ``air_transfer.extend`` the API for new transfer strategies.
+
 ``ChunkedCheckpoint``, ``storage_filesystem`` and ``checkpoint_upload_fn`` are
 imported at first use (PEP 562): they need Ray Train, whose import (pandas, Ray
 Data) costs ~1 s of CPU, and every process that runs the library's code (each
@@ -11,13 +14,12 @@ touching Ray Train.
 from __future__ import annotations
 
 import importlib
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from air_transfer.cluster.nodes import node_agent, shutdown_agents
 from air_transfer.config import StorageConfig, TransferConfig
-from air_transfer.core.entry import Entry
-from air_transfer.core.manifest import Manifest
 from air_transfer.errors import (
     CheckpointLostError,
     ChecksumError,
@@ -25,15 +27,6 @@ from air_transfer.errors import (
     SourceChangedError,
 )
 from air_transfer.transfer.future import TransferFuture
-from air_transfer.transfer.strategies import (
-    Packed,
-    PackRequest,
-    TransferStrategy,
-    get_strategy,
-    register_strategy,
-    select_strategy,
-    strategies,
-)
 
 if TYPE_CHECKING:
     from air_transfer.checkpoint import ChunkedCheckpoint
@@ -54,9 +47,32 @@ _ON_FIRST_USE = {
     "storage_state": "air_transfer.train",
     "wait_durable": "air_transfer.train",
 }
+#: Names of the extension API that this module used to export: still importable
+#: from here, with a DeprecationWarning, until the release after next.
+_MOVED_TO_EXTEND = frozenset(
+    {
+        "Entry",
+        "Manifest",
+        "PackRequest",
+        "Packed",
+        "TransferStrategy",
+        "get_strategy",
+        "register_strategy",
+        "select_strategy",
+        "strategies",
+    }
+)
 
 
 def __getattr__(name: str) -> Any:
+    if name in _MOVED_TO_EXTEND:
+        warnings.warn(
+            f"air_transfer.{name} moved to air_transfer.extend.{name} (the extension "
+            "API); importing it from air_transfer is deprecated",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module("air_transfer.extend"), name)
     module = _ON_FIRST_USE.get(name)
     if module is None:
         raise AttributeError(f"module 'air_transfer' has no attribute {name!r}")
@@ -78,25 +94,16 @@ __all__ = [
     "CheckpointLostError",
     "ChecksumError",
     "ChunkedCheckpoint",
-    "Entry",
-    "Manifest",
     "ManifestError",
-    "PackRequest",
-    "Packed",
     "SourceChangedError",
     "StorageConfig",
     "TransferConfig",
     "TransferFuture",
-    "TransferStrategy",
     "checkpoint_upload_fn",
-    "get_strategy",
     "node_agent",
-    "register_strategy",
     "replica_status",
-    "select_strategy",
     "shutdown_agents",
     "storage_filesystem",
     "storage_state",
-    "strategies",
     "wait_durable",
 ]

@@ -27,6 +27,7 @@ import ray
 
 from air_transfer.cluster import liveness
 from air_transfer.cluster.agent_client import Expect, Info, Listed
+from air_transfer.cluster.identity import Identity, this_process
 from air_transfer.cluster.nodes import HANDOVER_GROUP, PACK_GROUP, RELAY_GROUP
 from air_transfer.config import TransferConfig
 from air_transfer.core import process_locks
@@ -103,6 +104,11 @@ class NodeAgent:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def identity(self) -> Identity:
+        """The air-transfer version and settings this agent runs with (callers
+        refuse an agent of another version: ``cluster.identity``)."""
+        return this_process()
 
     def read_counters(self) -> dict[str, int]:
         """What node storage cost this node: bytes read from disk, served and held

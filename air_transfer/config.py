@@ -178,7 +178,8 @@ class StorageConfig:
 
     Attributes:
         replicas: every file on this many distinct nodes (1: the storage node only).
-        replica_nodes: nodes to hold the copies first (Ray node ids).
+        replica_nodes: nodes to hold the copies first (node ids, IP addresses or
+            "head", as ``storage_filesystem(node=)`` takes them).
         replica_root: each copy's root, ``{node_id}`` formatted in (nodes sharing one
             disk); default: ``root`` on every node.
         incremental: a checkpoint stored there sends and stores only the chunks that

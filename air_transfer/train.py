@@ -24,9 +24,17 @@ from ray.train import Checkpoint
 
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.cluster import _ray
-from air_transfer.cluster.nodes import head_node_id, live_node_ids, this_node_id
+from air_transfer.cluster.nodes import (
+    NODE_FORMS,
+    check_node_spec,
+    head_node_id,
+    resolve_node,
+    this_node_id,
+)
 from air_transfer.config import StorageConfig, TransferConfig
+from air_transfer.core import environ
 from air_transfer.core.confine import checked_path, storage_path
+from air_transfer.core.keywords import positional_at_most
 from air_transfer.storage.client import replica_train
 from air_transfer.storage.client.durable_wait import (
     StorageState,
@@ -44,11 +52,23 @@ from air_transfer.storage.replica_wire import CopyState
 
 logger = logging.getLogger(__name__)
 
+_ray.require_train_v2()
+# The settings a user sets on the driver reach Train's controller and workers with
+# Ray Train's own: this module is imported by the driver (storage_filesystem,
+# checkpoint_upload_fn, air_transfer.dcp) and by the controller (a run's storage).
+_ray.propagate_to_train(environ.SETTINGS)
 
+
+@positional_at_most(
+    0,
+    "storage_filesystem() takes keyword arguments only: storage_filesystem(node=..., "
+    "config=..., root=...), node being " + NODE_FORMS + "; the storage path goes in "
+    "RunConfig(storage_path=...)",
+)
 def storage_filesystem(
+    *,
     node: str | None = None,
     config: TransferConfig | None = None,
-    *,
     root: str = "/",
     replicas: int = 1,
     replica_nodes: tuple[str, ...] = (),
@@ -56,17 +76,22 @@ def storage_filesystem(
     durable: Any = None,
     storage: StorageConfig | None = None,
 ) -> pafs.PyFileSystem:
-    """A ``pyarrow`` filesystem whose files live on the disk of ``node`` (a Ray node
-    id; default: the driver's node) and that every node of the cluster can use.
+    """A ``pyarrow`` filesystem whose files live on the disk of one node and that
+    every node of the cluster can use: give it to ``RunConfig(storage_filesystem=)``.
+
+    ``node``: a Ray node id, a node's IP address, or ``"head"`` (default: the node of
+    the process that makes it, the driver's; made before ``ray.init``, the node of
+    the process that first uses it). An IP or ``"head"`` is resolved to its node id
+    at once when Ray is running, else at first use; a node that is not live, an IP
+    that no live node or several have, or any other text raises ValueError.
 
     Paths are that node's absolute paths; ``root`` confines them (a path leaving it
-    is refused). ``config`` sets the chunk size and window of the transfers. Made
-    before ``ray.init``, the default node is that of the process that first uses it.
+    is refused). ``config`` sets the chunk size and window of the transfers.
 
     ``replicas=K`` keeps every file on K distinct nodes (``node``, the
-    ``replica_nodes`` named, then others picked), under the same root on each or
-    ``replica_root.format(node_id=...)``; reads and writes fail over to a live
-    copy (``storage.client.replicas``, README "Replicas").
+    ``replica_nodes`` named, in the same forms, then others picked), under the same
+    root on each or ``replica_root.format(node_id=...)``; reads and writes fail over
+    to a live copy.
 
     ``durable``: a durable tier beyond the cluster (a URI ``pyarrow.fs.FileSystem
     .from_uri`` accepts, or a ``(filesystem, path)`` pair) that the storage node's
@@ -79,12 +104,14 @@ def storage_filesystem(
     config = _with_storage(config, storage)
     if config is not None and not isinstance(config, TransferConfig):
         raise TypeError(f"config must be a TransferConfig, got {type(config).__name__}")
-    if node is None and ray.is_initialized():
-        node = this_node_id()
-    if node is not None and ray.is_initialized() and node not in live_node_ids():
-        raise ValueError(
-            f"node {node!r} is not a live node of this Ray cluster; pass a node id "
-            "from ray.nodes() (or None for the driver's node)"
+    if node is not None:
+        check_node_spec(node)
+    for named in settings.replica_nodes:
+        check_node_spec(named)
+    if ray.is_initialized():
+        node = this_node_id() if node is None else resolve_node(node)
+        settings = settings.replace(
+            replica_nodes=tuple(resolve_node(named) for named in settings.replica_nodes)
         )
     target = None
     if settings.durable is not None:
@@ -223,14 +250,29 @@ def checkpoint_upload_fn(
     it is stored. Pass it to ``ray.train.report``; set ``node`` or ``config`` with
     ``functools.partial``.
 
-    ``node`` defaults to the storage's node for a ``storage_filesystem()``, else the
-    head node; into a ``storage_filesystem(replicas=K)`` the checkpoint is stored on
-    every live copy, as a report is (``upload_checkpoint``). On a local filesystem
-    the checkpoint appears whole and verified.
+    ``node`` (a node id, IP address or ``"head"``, as for ``storage_filesystem``)
+    defaults to the storage's node for a ``storage_filesystem()``, else the head
+    node; into a ``storage_filesystem(replicas=K)`` the checkpoint is stored on every
+    live copy, as a report is (``upload_checkpoint``). On a local filesystem the
+    checkpoint appears whole and verified.
     """
+    if node is not None:
+        node = resolve_node(node)
     storage = ray.train.get_context().get_storage()
     dest = storage.build_checkpoint_path_from_name(checkpoint_dir_name)
     return upload_checkpoint(storage.storage_filesystem, dest, checkpoint, node, config)
+
+
+def run_storage_filesystem() -> pafs.FileSystem | None:
+    """The storage filesystem of the Ray Train run this process is a worker of
+    (``RunConfig(storage_filesystem=)``, or the one Train made for its storage path);
+    None outside a Train worker."""
+    try:
+        storage = ray.train.get_context().get_storage()
+    except (RuntimeError, NotImplementedError, DeprecationWarning):
+        return None  # not a Train worker; Train's local mode; a Tune trial
+    filesystem: pafs.FileSystem = storage.storage_filesystem
+    return filesystem
 
 
 def upload_checkpoint(

@@ -29,15 +29,8 @@ from typing import Any
 
 import ray
 
-from air_transfer import (
-    ChunkedCheckpoint,
-    Manifest,
-    Packed,
-    PackRequest,
-    TransferConfig,
-    TransferStrategy,
-    register_strategy,
-)
+from air_transfer import ChunkedCheckpoint, TransferConfig
+from air_transfer.extend import Manifest, Packed, PackRequest, TransferStrategy, register_strategy
 
 MiB = 1024 * 1024
 

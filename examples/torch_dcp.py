@@ -8,7 +8,7 @@ storage (``air_transfer.storage_filesystem()``: one node's disk, reachable from
 every node), the checkpoint is reported where it already is, and a restarted rank
 reads only the bytes it needs:
 
-    air_transfer.dcp.report({"model": ..., "optim": ..., "step": step}, metrics)
+    air_transfer.dcp.report(metrics, state_dict={"model": ..., "optim": ..., "step": step})
     air_transfer.dcp.load(state)  # False when there is no checkpoint yet
 
 Here training fails once, right after the checkpoint of step 1 is committed; Ray
@@ -98,7 +98,8 @@ def train_func(config: dict[str, Any]) -> None:
             "node": ray.get_runtime_context().get_node_id(),
         }
         # Every rank saves its part; returns once the checkpoint is in storage.
-        air_transfer.dcp.report({"model": model_sd, "optim": optim_sd, "step": step}, metrics)
+        state = {"model": model_sd, "optim": optim_sd, "step": step}
+        air_transfer.dcp.report(metrics, state_dict=state)
         if resumed_from is None and step == 1:
             ray.train.get_all_reported_checkpoints(  # let Train commit it first
                 consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED

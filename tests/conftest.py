@@ -15,8 +15,8 @@ import pytest
 import ray
 import ray.cloudpickle
 
-from air_transfer import register_strategy
 from air_transfer.core import proven_read
+from air_transfer.extend import register_strategy
 from air_transfer.transfer.strategies import registry
 from tests.support import shared_ray, strategies_for_tests
 from tests.support.procs import REPO_ROOT

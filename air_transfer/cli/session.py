@@ -18,7 +18,7 @@ import pyarrow.fs as pafs
 import ray
 
 from air_transfer.cli.address import NodePath, OtherPath, check_node
-from air_transfer.cluster.nodes import NAMESPACE, head_node_id
+from air_transfer.cluster.nodes import NAMESPACE, REGISTRY_NAME, head_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.streams import AgentLink
@@ -130,7 +130,7 @@ def _replicated(node: str, path: str) -> tuple[str, Copies, Copies, int] | None:
     root holds ``path``, if the cluster's replica registry knows one (asked only if
     it runs: a command starts no registry)."""
     try:
-        ray.get_actor(replica_set.REGISTRY_NAME, namespace=NAMESPACE)
+        ray.get_actor(REGISTRY_NAME, namespace=NAMESPACE)
     except ValueError:
         return None
     best: str | None = None

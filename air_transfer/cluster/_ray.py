@@ -16,10 +16,12 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import ray
+
+from air_transfer.core import environ
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,9 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("ray._private.state", "GlobalState._connect_and_get_accessor"),
     ("ray._raylet", "GlobalStateAccessor.get_worker_info"),
     ("ray.core.generated.gcs_pb2", "WorkerTableData"),
+    ("ray.train.v2._internal.constants", "ENV_VARS_TO_PROPAGATE"),
+    ("ray.train.v2._internal.constants", "get_env_vars_to_propagate"),
+    ("ray.train.v2._internal.constants", "is_v2_enabled"),
 )
 #: Keyword of ``.options()`` that bounds how far a streaming generator runs ahead of
 #: its consumer (Ray's own streaming ``DataIterator`` uses it); not in the public docs.
@@ -186,8 +191,47 @@ def checkpoint_uuid(checkpoint: Any) -> uuid.UUID:
     return value
 
 
+def require_train_v2() -> None:
+    """ImportError saying what to do when Ray Train v1 is selected
+    (``RAY_TRAIN_V2_ENABLED=0``): the library reports, uploads and hooks through
+    Train v2 (Ray's default), and v1 lacks its names (``CheckpointUploadMode``...),
+    which would otherwise fail an import deep inside with a bare ImportError. Ray
+    decides it by this private function."""
+    from ray.train.v2._internal.constants import is_v2_enabled
+
+    if not is_v2_enabled():
+        raise ImportError(
+            "air-transfer needs Ray Train v2, Ray's default; RAY_TRAIN_V2_ENABLED=0 in "
+            "this process's environment selects Train v1, which it does not support: "
+            "unset RAY_TRAIN_V2_ENABLED (or set it to 1)"
+        )
+
+
+def propagate_to_train(names: Iterable[str]) -> bool:
+    """Have Ray Train copy the environment variables ``names`` (those set) from the
+    driver to its controller and from the controller to its workers, as it copies
+    its own ``RAY_TRAIN_*`` settings: the one list it copies
+    (``ENV_VARS_TO_PROPAGATE``, read when a run starts its controller and its
+    workers) is private. True if added; a Ray without it is logged."""
+    names = list(names)
+    try:
+        from ray.train.v2._internal import constants
+
+        propagated: Any = constants.ENV_VARS_TO_PROPAGATE  # private, a set
+        propagated.update(names)
+    except (ImportError, AttributeError) as e:
+        logger.warning(
+            "air-transfer: Ray Train will not copy air-transfer's settings (%s) to its "
+            "controller and workers (%s); set them in the job's runtime_env instead",
+            ", ".join(names),
+            e,
+        )
+        return False
+    return True
+
+
 #: Set to 0 to keep Ray Train's own pyarrow copies for node storage (see below).
-TRAIN_HOOKS_ENV = "AIR_TRANSFER_TRAIN_HOOKS"
+TRAIN_HOOKS_ENV = environ.TRAIN_HOOKS
 _train_hooks_installed = False
 #: Whether this thread's last checkpoint persist went through ``upload`` (a ``SYNC``
 #: report persists in the thread that reports).

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import functools
 import importlib
+import ipaddress
 import logging
+import re
+import time
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from air_transfer.cluster import identity
 from air_transfer.core.knobs import KNOBS
 
 logger = logging.getLogger(__name__)
@@ -27,6 +31,8 @@ NAMESPACE = "air_transfer"
 #: Where the agent class lives: imported on first start, by name (see above).
 AGENT_CLASS = "air_transfer.agent:NodeAgent"
 _NAME_PREFIX = "air-transfer-agent-"
+#: The replica registry's actor name (``storage.client.replica_set``).
+REGISTRY_NAME = "air-transfer-replicas"
 #: The agent's concurrency group for packing tasks (``KNOBS.pack_threads`` threads).
 PACK_GROUP = "pack"
 #: The agent's concurrency groups for relays: the waits (``KNOBS.relay_threads``
@@ -59,6 +65,71 @@ def head_node_id() -> str:
     raise RuntimeError("no live head node in this Ray cluster; pass node= explicitly")
 
 
+#: A Ray node id as text: 28 bytes in hex (``ray.get_runtime_context().get_node_id()``).
+_NODE_ID = re.compile(r"[0-9a-f]{56}")
+#: What ``node=`` accepts, for error messages.
+NODE_FORMS = (
+    "a Ray node id (56 hex digits: ray.get_runtime_context().get_node_id(), "
+    "ray.nodes()), a node's IP address, or 'head'"
+)
+
+
+def names_a_node_by_role_or_address(text: str) -> bool:
+    """Whether ``text`` is ``"head"`` or an IP address: a node named otherwise than
+    by its id, which ``resolve_node`` turns into one."""
+    return text == "head" or _is_ip(text)
+
+
+def check_node_spec(node: object) -> str:
+    """``node`` if it is written as a node can be named (a node id, an IP address or
+    ``"head"``), else ValueError; Ray need not run (nothing is looked up)."""
+    if isinstance(node, str) and (node == "head" or _NODE_ID.fullmatch(node) or _is_ip(node)):
+        return node
+    hint = ""
+    if isinstance(node, str) and node.startswith("/"):
+        hint = "; a storage path goes in RunConfig(storage_path=...) or root="
+    raise ValueError(f"node must be {NODE_FORMS}, got {node!r}{hint}")
+
+
+def resolve_node(node: str) -> str:
+    """The id of the live node ``node`` names (see ``check_node_spec``); ValueError
+    naming the live nodes when none or several match. Needs Ray."""
+    check_node_spec(node)
+    if node == "head":
+        return head_node_id()
+    live = [n for n in ray.nodes() if n.get("Alive")]
+    if _NODE_ID.fullmatch(node):
+        if any(n["NodeID"] == node for n in live):
+            return node
+        raise ValueError(
+            f"node {node!r} is not a live node of this Ray cluster; live nodes: {_listing(live)}"
+        )
+    matches = [n for n in live if n.get("NodeManagerAddress") == node]
+    if len(matches) == 1:
+        return str(matches[0]["NodeID"])
+    if not matches:
+        raise ValueError(
+            f"no live node of this Ray cluster has the IP address {node!r}; live nodes: "
+            f"{_listing(live)}"
+        )
+    raise ValueError(
+        f"{len(matches)} live nodes share the IP address {node!r} ({_listing(matches)}): "
+        "pass node= one of their node ids"
+    )
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _listing(nodes: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{n['NodeID']} at {n.get('NodeManagerAddress')}" for n in nodes) or "none"
+
+
 @functools.cache
 def _remote_agent_class() -> Any:
     # ray.remote at first use, not at import (Ray Tune's file_transfer does the
@@ -73,9 +144,12 @@ def _remote_agent_class() -> Any:
 
 def node_agent(node_id: str | None = None) -> Any:
     """The agent actor of ``node_id`` (default: this process's node), started if
-    needed. Concurrent callers get the same actor (``get_if_exists``)."""
+    needed, with this process's ``AIR_TRANSFER_*`` settings. Concurrent callers get
+    the same actor (``get_if_exists``). RuntimeError if the agent running there was
+    started by another air-transfer version (``cluster.identity``)."""
     node_id = node_id or this_node_id()
-    return (
+    name = agent_name(node_id)
+    handle = (
         _remote_agent_class()
         .options(
             name=agent_name(node_id),
@@ -89,9 +163,13 @@ def node_agent(node_id: str | None = None) -> Any:
             max_restarts=0,
             max_task_retries=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            **identity.runtime_env(),
         )
         .remote()
     )
+    if running_in_agent() and (ray.get_runtime_context().get_actor_name() == name):
+        return handle  # itself: it runs this code
+    return identity.checked(handle, name)
 
 
 def running_in_agent() -> bool:
@@ -100,19 +178,55 @@ def running_in_agent() -> bool:
     return bool(ctx.get_actor_id()) and (ctx.get_actor_name() or "").startswith(_NAME_PREFIX)
 
 
-def shutdown_agents() -> int:
-    """Kill every node agent of the cluster; returns how many were running.
+def shutdown_agents(timeout: float = 60.0) -> int:
+    """End every node agent of the cluster, and the replica registry; return how many
+    agents were running, once none runs (TimeoutError after ``timeout`` seconds).
 
-    Checkpoints they own become unreadable (CheckpointLostError), so call this once
-    no reader needs them, e.g. at the end of a job that used ``owner="node"``.
+    The agents and the registry are detached: they outlive the job that started them
+    and serve later ones, keeping what they hold. An agent keeps the checkpoints it
+    owns (``owner="node"``) while their requesters live, and those of a requester
+    that died holding them until it ends; the chunks of recently read node-storage
+    files and directories (up to ``TransferConfig.cache_bytes``); the index of stored
+    chunks for incremental checkpoints; and its process (memory, one per node). The
+    registry keeps only what it also saved in Ray's GCS (it is started again from
+    that record). This frees all of it: checkpoints the agents own become
+    unreadable (CheckpointLostError), so call it once no reader needs them, e.g. at
+    the end of a job that used ``owner="node"``, or to replace agents started by
+    another air-transfer version or with other settings. Files in node storage stay.
+    The next call that needs an agent starts one. A drain into a durable tier stops
+    with its agent and resumes when the node's agent starts again: call
+    ``wait_durable`` first if the cluster is about to go.
     """
-    killed = 0
-    for node_id in live_node_ids():
-        try:
-            actor = ray.get_actor(agent_name(node_id), namespace=NAMESPACE)
-        except ValueError:
-            continue
-        ray.kill(actor)
-        killed += 1
-    logger.debug("air-transfer: shut down %d node agents", killed)
-    return killed
+    names = [agent_name(node_id) for node_id in live_node_ids()]
+    running = [name for name in names if _actor(name) is not None]
+    for name in [*running, REGISTRY_NAME]:
+        actor = _actor(name)
+        if actor is not None:
+            ray.kill(actor)
+    deadline = time.monotonic() + timeout
+    while any(_actor(name) is not None for name in [*running, REGISTRY_NAME]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"air-transfer agents still running {timeout} s after kill")
+        time.sleep(0.05)  # Ray frees a killed actor's name once its death is recorded
+    global _generation
+    _generation += 1
+    identity.forget()
+    logger.debug("air-transfer: shut down %d node agents", len(running))
+    return len(running)
+
+
+_generation = 0
+
+
+def agents_generation() -> int:
+    """How many times this process ended the agents (``shutdown_agents``): a
+    connection made before the last time asks for the agent again."""
+    return _generation
+
+
+def _actor(name: str) -> Any:
+    """The live actor named ``name`` in the library's namespace, or None."""
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return None

@@ -28,6 +28,7 @@ class Entry:
     target: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """This entry as plain data (``from_dict`` reads it back)."""
         d: dict[str, Any] = {
             "path": self.path,
             "kind": self.kind,
@@ -41,6 +42,8 @@ class Entry:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Entry:
+        """The entry ``to_dict`` wrote; ManifestError for an unknown key or kind, or a
+        field of the wrong type."""
         if not isinstance(d, Mapping):
             raise ManifestError(f"manifest entry must be a mapping, got {d!r}")
         unknown = set(d) - {"path", "kind", "size", "mode", "mtime_ns", "target"}

@@ -70,6 +70,7 @@ class Manifest:
 
     @property
     def num_chunks(self) -> int:
+        """How many ``chunk_bytes`` chunks the stream of all files is cut into."""
         return -(-self._total // self.chunk_bytes)
 
     @property
@@ -120,6 +121,7 @@ class Manifest:
 
     # -- (de)serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """This manifest as plain data, with its schema version (``from_dict``)."""
         return {
             "schema_version": self.schema_version,
             "checksum": self.checksum,

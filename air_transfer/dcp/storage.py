@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from typing import IO, Any, TypeVar
 
 import pyarrow.fs as pafs
+import ray
 import torch
 from torch.distributed.checkpoint.filesystem import (
     FileSystemBase,
@@ -46,11 +47,12 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
+from air_transfer.cluster.nodes import live_node_ids
 from air_transfer.core.confine import storage_path
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.location import node_storage_location
-from air_transfer.train import storage_filesystem
+from air_transfer.train import run_storage_filesystem, storage_filesystem
 
 #: DCP's metadata file, written last: a checkpoint without it is incomplete.
 METADATA = ".metadata"
@@ -176,9 +178,37 @@ class Upload(io.RawIOBase):
         self.abort()  # dropped unclosed: never published
 
 
+def default_filesystem(what: str, path: str) -> pafs.FileSystem:
+    """Where ``what`` (a writer or a reader of ``path``) works without a filesystem:
+    the Train run's storage in a Ray Train worker; node storage of this node in a
+    one-node cluster. Anywhere else it would be a guess (each rank's own node, so
+    shards scatter and only a restore fails): ValueError naming the fix."""
+    run = run_storage_filesystem()
+    if run is not None:
+        return run
+    fix = (
+        f"make one filesystem on the driver, e.g. fs = air_transfer.storage_filesystem"
+        f'(node="head"), hand it to every rank and pass it: {what}({path!r}, fs) '
+        "(inside Ray Train the run's storage is the default)"
+    )
+    if not ray.is_initialized():
+        raise ValueError(f"{what}({path!r}) without a filesystem needs Ray running; {fix}")
+    nodes = len(live_node_ids())
+    if nodes > 1:
+        raise ValueError(
+            f"{what}({path!r}) needs a filesystem outside Ray Train: this Ray cluster has "
+            f"{nodes} live nodes and each rank would write to, or read from, its own "
+            f"node's disk; {fix}"
+        )
+    return storage_filesystem()
+
+
 class NodeStorageWriter(FileSystemWriter):
-    """A DCP ``StorageWriter`` into directory ``path`` of ``filesystem`` (default:
-    ``storage_filesystem()``, this process's node). Every rank streams its files
+    """A DCP ``StorageWriter`` into directory ``path`` of ``filesystem``. Without
+    one: in a Ray Train worker, the run's storage (``RunConfig``); in a one-node Ray
+    cluster, node storage of this node; elsewhere ValueError (which node's disk
+    would be a guess: pass ``filesystem=storage_filesystem(node=...)``, made once on
+    the driver and handed to every rank). Every rank streams its files
     there as DCP produces them; the coordinator writes ``.metadata`` in ``finish``,
     once every rank's files are whole. Usable with ``dcp.save`` and
     ``dcp.async_save`` (it stages the state dict to CPU, as FileSystemWriter does).
@@ -191,11 +221,13 @@ class NodeStorageWriter(FileSystemWriter):
     def __init__(self, path: str, filesystem: pafs.FileSystem | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("sync_files", False)
         super().__init__(path, **kwargs)
-        self.fs = ArrowFiles(filesystem or storage_filesystem())  # type: ignore[assignment]
+        chosen = filesystem or default_filesystem(type(self).__name__, path)
+        self.fs = ArrowFiles(chosen)  # type: ignore[assignment]
         self.path = self.fs.init_path(path)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """Whether DCP may use this writer for ``checkpoint_id``: a path, not a URL."""
         return ArrowFiles.validate_checkpoint_id(checkpoint_id)
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
@@ -287,7 +319,8 @@ def report_writer(path: str, filesystem: pafs.FileSystem, worker: str) -> NodeSt
 
 class NodeStorageReader(FileSystemReader):
     """A DCP ``StorageReader`` of checkpoint directory ``path`` on ``filesystem``
-    (default: ``storage_filesystem()``, this process's node).
+    (without one: as for ``NodeStorageWriter``, the run's storage in a Ray Train
+    worker, else ValueError unless the cluster has one node).
 
     Each file is opened once and only the byte ranges of this rank's ``ReadItem``s
     are read from it, in offset order (node storage fetches the chunks that hold
@@ -298,12 +331,14 @@ class NodeStorageReader(FileSystemReader):
 
     def __init__(self, path: str, filesystem: pafs.FileSystem | None = None) -> None:
         super().__init__(path)
+        chosen = filesystem or default_filesystem(type(self).__name__, path)
         # torch's FsspecWriter/Reader swap their FileSystemBase in the same way.
-        self.fs = ArrowFiles(filesystem or storage_filesystem())  # type: ignore[assignment]
+        self.fs = ArrowFiles(chosen)  # type: ignore[assignment]
         self.path = self.fs.init_path(path)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """Whether DCP may use this reader for ``checkpoint_id``: a path, not a URL."""
         return ArrowFiles.validate_checkpoint_id(checkpoint_id)
 
     def check_complete(self) -> None:
@@ -313,6 +348,8 @@ class NodeStorageReader(FileSystemReader):
             raise _incomplete(posixpath.join(self.path, METADATA))
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """DCP's metadata of the checkpoint; FileNotFoundError saying the checkpoint
+        is incomplete when there is none."""
         try:
             metadata: Metadata = super().read_metadata(*args, **kwargs)
         except FileNotFoundError as e:
@@ -320,6 +357,8 @@ class NodeStorageReader(FileSystemReader):
         return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> TorchFuture[None]:
+        """Read this rank's items of ``plan``: each file once, its ranges in offset
+        order; the state dict is written only once every item is read and decoded."""
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             relative = self.storage_data[item.storage_index].relative_path

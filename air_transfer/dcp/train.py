@@ -1,5 +1,6 @@
-"""The Ray Train recipe in one call each way: ``report`` saves this report's
-checkpoint from every rank straight into the run's storage and reports it in-band;
+"""The Ray Train recipe in one call each way: ``report`` (``ray.train.report``'s
+arguments, with the state dict for the checkpoint) saves this report's checkpoint
+from every rank straight into the run's storage and reports it in-band;
 ``load`` loads this rank's part of the latest one in place. Errors are the rank's own
 (``ChecksumError``, ``PermissionError``), not DCP's ``CheckpointException``.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -17,12 +19,14 @@ import ray
 import ray.train
 import ray.train.collective
 import torch.distributed as dist
-from ray.train import Checkpoint, CheckpointUploadMode
+from ray.train import Checkpoint, CheckpointUploadMode, ValidationTaskConfig
 from torch.distributed.checkpoint import state_dict_saver
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.planner import LoadPlanner, SavePlanner
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+from air_transfer.core.keywords import positional_at_most
 from air_transfer.dcp.storage import NodeStorageReader, report_writer
 
 T = TypeVar("T")
@@ -47,24 +51,39 @@ _pending: Future[Any] | None = None  # this worker's async save still running
 _async_group: Any = None  # the process group async saves run their collectives on
 
 
+@positional_at_most(
+    1,
+    "air_transfer.dcp.report takes ray.train.report's order: report(metrics, "
+    "state_dict=state_dict, ...), the metrics first and the state dict by keyword "
+    "(the state dict used to come first)",
+)
 def report(
-    state_dict: dict[str, Any],
     metrics: dict[str, Any],
     *,
-    async_save: bool = False,
+    state_dict: dict[str, Any],
+    planner: SavePlanner | None = None,
     checkpoint_dir_name: str | None = None,
+    checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
+    validation: bool | ValidationTaskConfig = False,
+    async_save: bool | None = None,
 ) -> None:
-    """In a Ray Train worker (every rank calls it): DCP-save ``state_dict`` into this
-    report's checkpoint directory of the run's storage and report it with
-    ``metrics``. The checkpoint is written where Train keeps it, so it is reported
-    as it is (``NO_UPLOAD``): no local copy, no upload.
+    """``ray.train.report(metrics, checkpoint=...)`` for a torch DCP checkpoint: in a
+    Ray Train worker (every rank calls it), DCP-save ``state_dict`` straight into
+    this report's checkpoint directory of the run's storage and report it with
+    ``metrics``: no local copy, no upload.
 
-    ``async_save``: block only while the state dict is staged (copied to CPU); the
-    save goes on in the background, on a process group of its own (training's
-    collectives go on meanwhile), and the report follows once it is complete. A
-    later save waits for this one first.
+    ``planner``: DCP's ``SavePlanner`` (default: DCP's own), as ``dcp.save`` takes it.
+    ``checkpoint_dir_name`` and ``validation`` are passed on to ``ray.train.report``.
+    ``checkpoint_upload_mode`` says when the call returns, as for Ray: ``SYNC`` once
+    the checkpoint is saved and reported; ``ASYNC`` once the state dict is staged
+    (copied to CPU), the save going on in the background on a process group of its
+    own (training's collectives go on meanwhile) and the report following once it is
+    complete; a later save waits for this one first (``wait_for_pending_save``).
+    ``NO_UPLOAD`` is refused: the save is the upload. ``async_save=True`` is the
+    former spelling of ``ASYNC`` (deprecated).
     """
     global _pending
+    mode = _upload_mode(checkpoint_upload_mode, async_save)
     wait_for_pending_save()
     storage = ray.train.get_context().get_storage()
     name = checkpoint_dir_name or ray.train.collective.broadcast_from_rank_zero(
@@ -74,18 +93,21 @@ def report(
     checkpoint = Checkpoint(path, filesystem=storage.storage_filesystem)
     worker = ray.get_runtime_context().get_actor_id() or ""
     writer = report_writer(path, storage.storage_filesystem, worker)
-    if not async_save:
-        _unwrapped(lambda: state_dict_saver.save(state_dict, storage_writer=writer))
+    if mode == CheckpointUploadMode.SYNC:
+        _unwrapped(
+            lambda: state_dict_saver.save(state_dict, storage_writer=writer, planner=planner)
+        )
         ray.train.report(
             metrics,
             checkpoint=checkpoint,
             checkpoint_dir_name=name,
             checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
+            validation=validation,
         )
         return
     started = _unwrapped(
         lambda: state_dict_saver.async_save(
-            state_dict, storage_writer=writer, process_group=_save_group()
+            state_dict, storage_writer=writer, planner=planner, process_group=_save_group()
         )
     )
     future = started.upload_completion if isinstance(started, AsyncSaveResponse) else started
@@ -103,7 +125,33 @@ def report(
         checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
         checkpoint_upload_fn=saved,
         delete_local_checkpoint_after_upload=False,  # it is the stored checkpoint
+        validation=validation,
     )
+
+
+def _upload_mode(mode: CheckpointUploadMode, async_save: bool | None) -> CheckpointUploadMode:
+    """``report``'s ``checkpoint_upload_mode``, the deprecated ``async_save`` folded in."""
+    if not isinstance(mode, CheckpointUploadMode):
+        raise TypeError(
+            f"checkpoint_upload_mode must be a ray.train.CheckpointUploadMode, got {mode!r}"
+        )
+    if mode == CheckpointUploadMode.NO_UPLOAD:
+        raise ValueError(
+            "checkpoint_upload_mode=NO_UPLOAD: air_transfer.dcp.report saves the state "
+            "dict straight into the run's storage, so the save is the upload; use SYNC "
+            "(the default: return once saved) or ASYNC (return once staged)"
+        )
+    if async_save is not None:
+        warnings.warn(
+            "air_transfer.dcp.report(async_save=...) is deprecated: pass "
+            "checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC (or SYNC), "
+            "as to ray.train.report",
+            DeprecationWarning,
+            stacklevel=4,  # the caller of report (through positional_at_most)
+        )
+        if async_save and mode == CheckpointUploadMode.SYNC:
+            return CheckpointUploadMode.ASYNC
+    return mode
 
 
 def wait_for_pending_save() -> None:
@@ -128,17 +176,23 @@ def _save_group() -> Any:
     return _async_group
 
 
-def load(state_dict: dict[str, Any], checkpoint: Checkpoint | None = None) -> bool:
+def load(
+    state_dict: dict[str, Any],
+    checkpoint: Checkpoint | None = None,
+    *,
+    planner: LoadPlanner | None = None,
+) -> bool:
     """Load this rank's part of ``checkpoint`` (default: the latest reported one,
     ``ray.train.get_checkpoint()``) into ``state_dict`` in place, tensors and other
-    values alike; False when there is none. Raises FileNotFoundError for a
-    checkpoint without its metadata file, and what reading raised (ChecksumError,
-    truncated shard...) with ``state_dict`` untouched."""
+    values alike; False when there is none. ``planner``: DCP's ``LoadPlanner``, as
+    ``dcp.load`` takes it. Raises FileNotFoundError for a checkpoint without its
+    metadata file, and what reading raised (ChecksumError, truncated shard...) with
+    ``state_dict`` untouched."""
     if checkpoint is None:
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is None:
             return False
     reader = NodeStorageReader(checkpoint.path, checkpoint.filesystem)
     reader.check_complete()
-    _unwrapped(lambda: dcp_load(state_dict, storage_reader=reader))
+    _unwrapped(lambda: dcp_load(state_dict, storage_reader=reader, planner=planner))
     return True

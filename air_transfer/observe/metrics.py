@@ -47,10 +47,12 @@ from typing import Literal
 
 import ray
 
+from air_transfer.core import environ
+
 logger = logging.getLogger(__name__)
 
 #: ``0`` (or ``false``, ``no``, ``off``) turns metric recording off in a process.
-ENV_VAR = "AIR_TRANSFER_METRICS"
+ENV_VAR = environ.METRICS
 PREFIX = "air_transfer_"
 #: Seconds: from a small checkpoint's tens of milliseconds to a large one's minutes.
 DURATION_BOUNDARIES = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000]

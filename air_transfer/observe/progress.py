@@ -32,11 +32,13 @@ from typing import Any, Protocol
 
 import ray
 
+from air_transfer.core import environ
+
 logger = logging.getLogger(__name__)
 
 #: The environment variable that turns progress bars on (``1``, ``true``, ``yes``,
 #: ``on``) or off (``0``, ``false``, ``no``, ``off``) where the config leaves it open.
-ENV_VAR = "AIR_TRANSFER_PROGRESS"
+ENV_VAR = environ.PROGRESS
 _ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")
 #: A description longer than this is cut (Ray Data cuts its names at 100).

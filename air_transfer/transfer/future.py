@@ -4,14 +4,14 @@
 scanned and checked (the packing tasks are submitted by a background thread:
 ``transfer.submit``): ``ref`` is usable at once by any reader anywhere (a reader
 waits for a chunk not yet packed), and the future itself says when the source
-directory is no longer needed. It behaves as a
-``concurrent.futures.Future`` whose result is ``ref``, fed by Ray's own future of
-the transfer's completion object.
+directory is no longer needed. It is a ``concurrent.futures.Future`` whose result is
+``ref``, completed from Ray's own future of the transfer's completion object, so
+``concurrent.futures.wait`` and ``as_completed`` take it with any other future.
 
 Ray's future of an object whose session ended (``ray.shutdown()``) never completes,
-and neither would a wait on it: this future checks its session while it waits (and,
-while it has callbacks, on a watcher thread), and fails with CheckpointLostError
-once the session is over, for the chunks went with it.
+and neither would a wait on it: while any such future is pending, one watcher thread
+checks its session every ``KNOBS.session_poll_s`` and fails it with
+CheckpointLostError once the session is over, for the chunks went with it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import concurrent.futures
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -30,9 +31,16 @@ from air_transfer.errors import CheckpointLostError
 from air_transfer.transfer.handle import RAY_ERRORS, fresh, raise_transfer_error
 
 
-class TransferFuture:
-    """The packing of one checkpoint: ``ref`` now, ``result()`` when the source is
-    free (every chunk packed and checksummed), or the error packing raised."""
+class TransferFuture(concurrent.futures.Future[ray.ObjectRef[Any]]):
+    """The packing of one checkpoint, as a ``concurrent.futures.Future``: ``ref``
+    now, ``result()`` (``ref`` again) once the source is free (every chunk packed and
+    checksummed), or the error packing raised.
+
+    It is running from the start: the scan is done and readers of ``ref`` may
+    already be waiting for its chunks, so it cannot be cancelled (``cancel()``
+    returns False, ``cancelled()`` is False, as for a ``Future`` whose work has
+    begun). Only the library completes it: do not call ``set_result`` and the like.
+    """
 
     def __init__(
         self,
@@ -41,20 +49,20 @@ class TransferFuture:
     ) -> None:
         """``done``: the completion ref (None: packed), or the future of it while
         the packing tasks are being submitted (which fails if submitting does)."""
+        super().__init__()
+        self.set_running_or_notify_cancel()  # packing has started: no cancel()
         self._ref = ref
         self._session = session()
-        # Completed from Ray's future (its outcome as Ray gives it: errors are turned
-        # into ours when raised), or by the end of the session.
-        self._future: concurrent.futures.Future[None] = concurrent.futures.Future()
         if isinstance(done, concurrent.futures.Future):
             done.add_done_callback(self._submitted)
         else:
             self._follow(done)
+        if not super().done():
+            _watch(self, hold=False)
 
     def _follow(self, done: ray.ObjectRef[Any] | None) -> None:
         if done is None:  # packed already (or by a strategy that packs in the caller)
-            with contextlib.suppress(concurrent.futures.InvalidStateError):  # session over
-                self._future.set_result(None)
+            self._complete(None)
         else:
             done.future().add_done_callback(self._settle)
 
@@ -64,9 +72,17 @@ class TransferFuture:
         error = submitted.exception()
         if error is None:
             self._follow(submitted.result())
-            return
-        with contextlib.suppress(concurrent.futures.InvalidStateError):  # session over
-            self._future.set_exception(error)
+        else:
+            self._complete(error)
+
+    def _complete(self, error: BaseException | None) -> None:
+        """Set the outcome (``ref``, or ``error`` as Ray or packing gave it: turned
+        into ours when raised), unless the session's end set it first."""
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            if error is None:
+                super().set_result(self._ref)
+            else:
+                super().set_exception(error)
 
     @property
     def ref(self) -> ray.ObjectRef[Any]:
@@ -78,7 +94,11 @@ class TransferFuture:
         """Whether packing has finished, successfully or not (a session that ended
         first finishes it, with CheckpointLostError)."""
         self._check_session()
-        return self._future.done()
+        return super().done()
+
+    def cancel(self) -> bool:
+        """False: packing has started when the future exists (see the class)."""
+        return super().cancel()
 
     def result(self, timeout: float | None = None) -> ray.ObjectRef[Any]:
         """Wait until every chunk is packed (the source directory may then change or
@@ -88,7 +108,7 @@ class TransferFuture:
         self._wait(timeout)
         # The outcome without raising the stored error (raised, its traceback would
         # hold this frame, and so this future and the error each other): a copy.
-        error = self._future.exception(0)
+        error = super().exception(0)
         if error is None:
             return self._ref
         if isinstance(error, RAY_ERRORS):
@@ -113,10 +133,18 @@ class TransferFuture:
         # this future would make a cycle (future -> callbacks -> future) that keeps
         # the checkpoint's chunks in the store until the cyclic GC runs, which in an
         # idle process can be many seconds. It holds a box, emptied as it runs.
-        box = [self]
-        self._future.add_done_callback(lambda _: _run_once(box, fn))
-        if not self._future.done():
-            _watch(self)
+        box = [fn]
+        super().add_done_callback(lambda future: _run_once(box, future))
+        if not super().done():
+            _watch(self, hold=True)  # its callbacks run even if nobody keeps it
+
+    def set_result(self, result: ray.ObjectRef[Any]) -> None:
+        """Refused: the transfer's completion sets it."""
+        raise RuntimeError(f"{self!r} is completed by its transfer, not by set_result")
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        """Refused: the transfer's completion sets it."""
+        raise RuntimeError(f"{self!r} is completed by its transfer, not by set_exception")
 
     def _settle(self, ray_future: concurrent.futures.Future[Any]) -> None:
         """Ray's future completed (in a thread of Ray's): the same outcome here."""
@@ -124,11 +152,7 @@ class TransferFuture:
             error = ray_future.exception()
         except concurrent.futures.CancelledError as e:  # not by us: say so
             error = CheckpointLostError(f"the completion of {self!r} was cancelled: {e!r}")
-        with contextlib.suppress(concurrent.futures.InvalidStateError):  # session over
-            if error is None:
-                self._future.set_result(None)
-            else:
-                self._future.set_exception(error)
+        self._complete(error)
 
     def _wait(self, timeout: float | None) -> None:
         """Return once done, checking the session every ``KNOBS.session_poll_s``;
@@ -142,19 +166,19 @@ class TransferFuture:
                     "again to keep waiting"
                 )
             poll = KNOBS.session_poll_s if left is None else min(left, KNOBS.session_poll_s)
-            concurrent.futures.wait([self._future], timeout=poll)
+            concurrent.futures.wait([self], timeout=poll)
 
     def _check_session(self) -> None:
         """Fail the future if the Ray session it was started in has ended."""
-        if self._future.done() or session() == self._session:
+        if super().done() or session() == self._session:
             return
-        lost = CheckpointLostError(
-            "the Ray session this checkpoint was being packed in ended (ray.shutdown()) "
-            "before packing finished, and its chunks went with it: transfer the "
-            "checkpoint again in the current session"
+        self._complete(
+            CheckpointLostError(
+                "the Ray session this checkpoint was being packed in ended "
+                "(ray.shutdown()) before packing finished, and its chunks went with it: "
+                "transfer the checkpoint again in the current session"
+            )
         )
-        with contextlib.suppress(concurrent.futures.InvalidStateError):  # done meanwhile
-            self._future.set_exception(lost)
 
     def __reduce__(self) -> Any:
         # Its completion lives in this process (a concurrent.futures.Future); what
@@ -165,7 +189,7 @@ class TransferFuture:
         )
 
     def __repr__(self) -> str:
-        state = "done" if self._future.done() else "packing"
+        state = "done" if super().done() else "packing"
         # The whole id: the first 16 hex digits are the same for every ray.put.
         return f"TransferFuture({state}, ref={self._ref.hex()})"
 
@@ -182,24 +206,29 @@ def session() -> tuple[str, str] | None:
         return None
 
 
-def _run_once(box: list[TransferFuture], fn: Callable[[TransferFuture], object]) -> None:
-    """Call ``fn`` with the future in ``box`` and empty it (see ``add_done_callback``)."""
+def _run_once(box: list[Callable[[TransferFuture], object]], future: Any) -> None:
+    """Call the callback in ``box`` with ``future`` and empty it (see
+    ``add_done_callback``)."""
     if box:
-        fn(box.pop())
+        box.pop()(future)
 
 
-_watched: set[TransferFuture] = set()
+#: Pending futures whose sessions the watcher checks: held (they have callbacks to
+#: run), or only while someone else holds them (a waiter: dropped, nobody waits).
+_held: set[TransferFuture] = set()
+_watched: weakref.WeakSet[TransferFuture] = weakref.WeakSet()
 _watched_lock = threading.Lock()
 _watcher: threading.Thread | None = None
 
 
-def _watch(future: TransferFuture) -> None:
+def _watch(future: TransferFuture, hold: bool) -> None:
     """Check ``future``'s session every ``KNOBS.session_poll_s`` until it is done, on
-    one daemon thread for all such futures, so that its callbacks run even when the
-    session ends first and nobody waits."""
+    one daemon thread for all such futures, so that waiters (``concurrent.futures.wait``
+    reads a future's state without asking it) and callbacks see the end of a session
+    even when nobody calls the future. ``hold``: keep it alive until then."""
     global _watcher
     with _watched_lock:
-        _watched.add(future)
+        (_held if hold else _watched).add(future)
         if _watcher is None:
             _watcher = threading.Thread(target=_run_watch, name="air-transfer-futures", daemon=True)
             _watcher.start()
@@ -210,11 +239,15 @@ def _run_watch() -> None:
     while True:
         time.sleep(KNOBS.session_poll_s)
         with _watched_lock:
-            pending = list(_watched)
+            pending = [*_held, *_watched]
         for future in pending:
             future.done()  # fails it if its session ended
         with _watched_lock:
-            _watched.difference_update(f for f in pending if f._future.done())
-            if not _watched:
+            finished = [f for f in pending if f.done()]
+            _held.difference_update(finished)
+            for future in finished:
+                _watched.discard(future)
+            del pending, finished  # hold none while sleeping
+            if not _held and not _watched:
                 _watcher = None
                 return

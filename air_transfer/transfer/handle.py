@@ -178,6 +178,8 @@ class TransferHandle:
         return [*_refs_in(self.payload), *_refs_in(self.pending)]
 
     def describe(self) -> str:
+        """One line for people: strategy, files, bytes, chunks, whether packing may
+        still be running."""
         m = self.manifest
         n_files = sum(1 for _ in m.files())
         state = "" if self.pending is None else ", packing may be running"

@@ -11,7 +11,7 @@ from typing import Any
 
 import ray
 
-from air_transfer import strategies as registered_strategies
+from air_transfer.extend import strategies as registered_strategies
 from benchmarks.bench import tune
 from benchmarks.bench.endpoint import Ends
 

@@ -53,7 +53,7 @@ def second_save(
     before = ray.get(agent.incremental_counters.remote())
     dist.barrier()
     start = time.perf_counter()
-    air_transfer.dcp.report(changed, {"step": changed["step"]})
+    air_transfer.dcp.report({"step": changed["step"]}, state_dict=changed)
     out["second_save_s"] = time.perf_counter() - start
     dist.barrier()
     after = ray.get(agent.incremental_counters.remote())

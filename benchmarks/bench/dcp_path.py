@@ -117,7 +117,7 @@ def dcp_loop(config: dict[str, Any]) -> None:
     dist.barrier()
     start = time.perf_counter()
     if ours:
-        air_transfer.dcp.report(state, {"step": 1})
+        air_transfer.dcp.report({"step": 1}, state_dict=state)
         out["local_temp_bytes"] = 0
     else:
         with tempfile.TemporaryDirectory() as tmp:
@@ -183,7 +183,11 @@ def run_contender(
     ours = contender != RAY_RECIPE
     if contender == INCREMENTAL:
         config = config.replace(incremental=True)
-    fs = air_transfer.storage_filesystem(storage_node, config, root=storage_dir) if ours else None
+    fs = (
+        air_transfer.storage_filesystem(node=storage_node, config=config, root=storage_dir)
+        if ours
+        else None
+    )
     trainer = TorchTrainer(
         dcp_loop,
         train_loop_config={

@@ -113,7 +113,7 @@ def run_contender(
 ) -> dict[str, Any]:
     """One Train run of ``contender``; its row."""
     storage_dir = tempfile.mkdtemp(prefix="incremental-", dir=data_dir)
-    fs = storage_filesystem(storage_node, config, root=storage_dir)
+    fs = storage_filesystem(node=storage_node, config=config, root=storage_dir)
     agent = node_agent(storage_node)
     before = ray.get(agent.incremental_counters.remote())
     log: Any = ray.remote(num_cpus=0)(_Log).remote()

@@ -6,7 +6,7 @@ bytes pushed per node (``pushed``) show how the readers spread over the copies.
 A mock cluster of the storage node (the head, the driver's) and N reader nodes, one
 warmed-up ``Endpoint`` actor on each. The checkpoint is the bench's own on the
 storage node's disk; each reader runs ``Checkpoint(path,
-filesystem=storage_filesystem(storage node)).to_directory()``. Each repeat, with
+filesystem=storage_filesystem(node=storage node)).to_directory()``. Each repeat, with
 the storage agent's read cache emptied first each time: one reader alone (the
 first), then all N at once. Reported: the wall time of the N together (driver,
 submit to last done) against the one alone in the same repeat, every reader's own
@@ -197,12 +197,12 @@ def stored_checkpoint(
     directory to delete after."""
     storage = str(ray.get_runtime_context().get_node_id())
     if not copies:
-        fs = storage_filesystem(storage, config, root=os.path.dirname(src))
+        fs = storage_filesystem(node=storage, config=config, root=os.path.dirname(src))
         return ray.train.Checkpoint(src, filesystem=fs), fs, None
     base = os.path.join(opts.data_dir, "replicas")
     fs = storage_filesystem(
-        storage,
-        config,
+        node=storage,
+        config=config,
         root=os.path.join(base, storage),
         replicas=1 + len(copies),
         replica_nodes=tuple(copies),

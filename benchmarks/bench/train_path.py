@@ -164,10 +164,10 @@ class TrainBench:
         """The run's node storage on ``node``, with ``--replicas`` copies (the others
         under ``train-storage-copies/<node id>``: the mock nodes share this disk)."""
         if self.opts.replicas == 1:
-            return storage_filesystem(node, self.setup.config, root=self.storage_dir)
+            return storage_filesystem(node=node, config=self.setup.config, root=self.storage_dir)
         return storage_filesystem(
-            node,
-            self.setup.config,
+            node=node,
+            config=self.setup.config,
             root=self.storage_dir,
             replicas=self.opts.replicas,
             replica_root=self.storage_dir + "-copies/{node_id}",

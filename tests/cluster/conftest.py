@@ -37,4 +37,4 @@ def node_fs(tmp_path: Path) -> tuple[pafs.FileSystem, Path]:
     (root / "d" / "f").write_bytes(b"inside")
     (tmp_path / "secret").write_bytes(b"outside")
     (root / "link").symlink_to(tmp_path)
-    return storage_filesystem(node_ids()["node_a"], CONFIG, root=str(root)), root
+    return storage_filesystem(node=node_ids()["node_a"], config=CONFIG, root=str(root)), root

@@ -96,9 +96,18 @@ def test_the_ref_is_usable_before_packing_is_done(tmp_path: Path, held: Any) -> 
 
 
 def test_future_api_matches_concurrent_futures(tmp_path: Path, held: Any) -> None:
+    """A ``concurrent.futures.Future``: running from the start, never cancelled,
+    waited for by ``concurrent.futures.wait`` and ``as_completed`` beside a plain
+    future, its callbacks called with it."""
     src = make_checkpoint(tmp_path / "src", 8 * MiB)
     future = ChunkedCheckpoint.from_directory(src).to_object_ref_async(CONFIG)
     wait_until_held(held)
+    assert isinstance(future, concurrent.futures.Future)
+    assert future.running() and not future.cancel() and not future.cancelled()
+    plain: concurrent.futures.Future[str] = concurrent.futures.Future()
+    plain.set_result("other")
+    done, pending = concurrent.futures.wait([future, plain], timeout=0.2)
+    assert done == {plain} and pending == {future}
     called = threading.Event()
     seen: list[TransferFuture] = []
     future.add_done_callback(lambda f: (seen.append(f), called.set()))
@@ -106,6 +115,8 @@ def test_future_api_matches_concurrent_futures(tmp_path: Path, held: Any) -> Non
     ray.get(held.open.remote())
     assert called.wait(timeout=60) and seen == [future]
     assert future.done() and future.exception() is None and "done" in repr(future)
+    assert list(concurrent.futures.as_completed([future], timeout=5)) == [future]
+    assert not future.cancel() and not future.running()
     late: concurrent.futures.Future[TransferFuture] = concurrent.futures.Future()
     future.add_done_callback(late.set_result)  # already done: called at once
     assert late.result(timeout=5) is future
@@ -216,6 +227,9 @@ def test_a_future_whose_ray_session_ended_fails_instead_of_hanging(
         wait_until_held(gate)
         future.add_done_callback(lambda _: called.set())
         ray.shutdown()  # the gate goes with this job: packing fails in the agent
+        # A waiter that never asks the future sees the session's end too.
+        done, _ = concurrent.futures.wait([future], timeout=30)
+        assert done == {future}
         error = within(30, future.result)
         assert isinstance(error, CheckpointLostError), error
         assert "ray.shutdown()" in str(error)

@@ -49,7 +49,7 @@ GATED = "part2"
 def fs() -> pafs.FileSystem:
     """Node storage on the driver's node, where no rank runs (made anew for each
     test: a test kills the storage agent, and a link to a dead agent fails once)."""
-    return air_transfer.storage_filesystem(node_ids()["head"], CONFIG)
+    return air_transfer.storage_filesystem(node=node_ids()["head"], config=CONFIG)
 
 
 @pytest.fixture

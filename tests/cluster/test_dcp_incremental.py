@@ -54,7 +54,9 @@ def rank() -> Iterator[Any]:
 @pytest.fixture
 def fs(tmp_path: Path) -> pafs.FileSystem:
     """Incremental node storage on the driver's node, its own root (and index)."""
-    return air_transfer.storage_filesystem(node_ids()["head"], CONFIG, root=str(tmp_path))
+    return air_transfer.storage_filesystem(
+        node=node_ids()["head"], config=CONFIG, root=str(tmp_path)
+    )
 
 
 def state(frozen: int, head: int) -> dict[str, Any]:

@@ -45,7 +45,9 @@ def _storage(s3: S3Server, tmp_path: Path, prefix: str, **settings: Any) -> pafs
     root.mkdir(exist_ok=True)
     durable = (s3.filesystem(attempts=1), f"tier/{prefix}")
     config = StorageConfig(durable=durable, **settings)
-    return air_transfer.storage_filesystem(node_ids()["node_a"], root=str(root), storage=config)
+    return air_transfer.storage_filesystem(
+        node=node_ids()["node_a"], root=str(root), storage=config
+    )
 
 
 def _bucket(s3: S3Server, prefix: str) -> dict[str, bytes]:

@@ -72,8 +72,8 @@ def test_each_rank_restores_its_share_from_the_durable_tier_alone(
     root = tmp_path / "root"
     root.mkdir()
     fs = air_transfer.storage_filesystem(
-        node_ids()["head"],
-        TransferConfig(chunk_bytes=CHUNK),
+        node=node_ids()["head"],
+        config=TransferConfig(chunk_bytes=CHUNK),
         root=str(root),
         storage=StorageConfig(durable=(s3.filesystem(), "tier/dcp")),
     )

@@ -14,13 +14,8 @@ import pytest
 import ray
 from ray.train import Checkpoint
 
-from air_transfer import (
-    CheckpointLostError,
-    ChunkedCheckpoint,
-    TransferConfig,
-    register_strategy,
-    storage_filesystem,
-)
+from air_transfer import CheckpointLostError, ChunkedCheckpoint, TransferConfig, storage_filesystem
+from air_transfer.extend import register_strategy
 from tests.support.checkpoints import (
     Consumer,
     MiB,
@@ -119,7 +114,7 @@ def report_to_node_storage(src: str, storage_node: str, dest: str) -> tuple[str,
     from air_transfer import storage_filesystem
     from air_transfer.train import upload_directory
 
-    fs = storage_filesystem(storage_node, CONFIG)
+    fs = storage_filesystem(node=storage_node, config=CONFIG)
     try:
         upload_directory(fs, dest, Checkpoint(src))
     except Exception as e:
@@ -182,7 +177,7 @@ def test_a_report_whose_checkpoint_is_lost_before_its_handover_is_a_checkpoint_l
     root = tmp_path / "storage"
     root.mkdir()
     ids = node_ids()
-    fs = storage_filesystem(ids["node_a"], CONFIG.replace(strategy=GatedSubmit.name))
+    fs = storage_filesystem(node=ids["node_a"], config=CONFIG.replace(strategy=GatedSubmit.name))
     outcome: list[BaseException | None] = []
 
     def report() -> None:

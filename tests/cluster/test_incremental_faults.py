@@ -63,7 +63,7 @@ def test_successive_reports_send_only_what_changed(tmp_path: Path) -> None:
     assert cost["bytes_linked"] + cost["bytes_cloned"] == TOTAL - FILE_BYTES
     assert digest_tree(root / "run/c1") == first
     assert digest_tree(root / "run/c2") == digest_tree(src)
-    fs = storage_filesystem(node_ids()["node_a"], INCREMENTAL_CONFIG, root=str(root))
+    fs = storage_filesystem(node=node_ids()["node_a"], config=INCREMENTAL_CONFIG, root=str(root))
     assert read(fs, f"{root}/run/c2/f1") == (src / "f1").read_bytes()
 
     # A corrupted stored chunk (both checkpoints hold it: f2 is linked or cloned).
@@ -96,7 +96,7 @@ def test_a_stopped_groups_incremental_report_is_reclaimed(tmp_path: Path) -> Non
     (root / "run").mkdir(parents=True)
     ray.get(report_to.options(**on("node_b")).remote(str(src), str(root), f"{root}/run/c1", "w1"))
     ray.get(report_to.options(**on("node_b")).remote(str(src), str(root), f"{root}/run/c2", "w2"))
-    fs = storage_filesystem(node_ids()["node_a"], INCREMENTAL_CONFIG, root=str(root))
+    fs = storage_filesystem(node=node_ids()["node_a"], config=INCREMENTAL_CONFIG, root=str(root))
     reclaim_reports(fs, ["w2"], [f"{root}/run/c1"])
     assert os.listdir(root / "run") == ["c1"]
     assert digest_tree(root / "run/c1") == digest_tree(src) and len(digest_tree(src)) == FILES + 1

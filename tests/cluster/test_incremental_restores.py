@@ -53,7 +53,9 @@ class Storage:
 
     def __init__(self, root: Path, save: Callable[[pafs.FileSystem, str], None]) -> None:
         self.root = root
-        self.fs = air_transfer.storage_filesystem(node_ids()["head"], CONFIG, root=str(root))
+        self.fs = air_transfer.storage_filesystem(
+            node=node_ids()["head"], config=CONFIG, root=str(root)
+        )
         # From node b, as a worker there reports: not through the storage agent's
         # packing thread, which a test holds mid-read.
         self.save = lambda path: ray.get(call.options(**on("node_b")).remote(save, self.fs, path))

@@ -45,11 +45,11 @@ def fs(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[pafs.FileSystem,
         durable.mkdir()
         root = str(tmp_path)
         fs = storage_filesystem(
-            node_ids()["node_a"], CONFIG, root=root, durable=f"file://{durable}"
+            node=node_ids()["node_a"], config=CONFIG, root=root, durable=f"file://{durable}"
         )
         return fs, str(base)
     node = "node_a" if request.param == "node-storage" else "head"
-    return storage_filesystem(node_ids()[node], CONFIG, root=str(tmp_path)), str(base)
+    return storage_filesystem(node=node_ids()[node], config=CONFIG, root=str(tmp_path)), str(base)
 
 
 # -- info and listings --------------------------------------------------------------
@@ -278,4 +278,4 @@ def node_fs(tmp_path: Path) -> tuple[pafs.FileSystem, Path]:
     (root / "d" / "f").write_bytes(b"inside")
     (tmp_path / "secret").write_bytes(b"outside")
     (root / "link").symlink_to(tmp_path)
-    return storage_filesystem(node_ids()["node_a"], CONFIG, root=str(root)), root
+    return storage_filesystem(node=node_ids()["node_a"], config=CONFIG, root=str(root)), root

@@ -239,7 +239,7 @@ def test_on_the_storage_node_a_failed_copy_leaves_nothing(tmp_path: Path) -> Non
     src.mkdir()
     for name in ("a", "b"):
         (src / name).write_bytes(BODY * 2)
-    here = storage_filesystem(node_ids()["head"], CONFIG, root=str(root))
+    here = storage_filesystem(node=node_ids()["head"], config=CONFIG, root=str(root))
     gc.disable()
     try:
         with pytest.raises(OSError):
@@ -272,7 +272,7 @@ def test_n_readers_on_other_nodes_read_the_file_from_disk_once(tmp_path: Path) -
 
     body = os.urandom(9 * MiB + 5)
     (tmp_path / "ckpt.bin").write_bytes(body)
-    f = storage_filesystem(node_ids()["node_a"], CONFIG, root=str(tmp_path))
+    f = storage_filesystem(node=node_ids()["node_a"], config=CONFIG, root=str(tmp_path))
     before = read_counters("node_a")
     readers = [
         read_digest.options(**on(node)).remote(f, str(tmp_path / "ckpt.bin"))
@@ -287,7 +287,9 @@ def test_n_readers_on_other_nodes_read_the_file_from_disk_once(tmp_path: Path) -
 def test_without_a_cache_budget_every_reader_reads_the_disk(tmp_path: Path) -> None:
     body = os.urandom(5 * MiB)
     (tmp_path / "ckpt.bin").write_bytes(body)
-    f = storage_filesystem(node_ids()["node_a"], CONFIG.replace(cache_bytes=0), root=str(tmp_path))
+    f = storage_filesystem(
+        node=node_ids()["node_a"], config=CONFIG.replace(cache_bytes=0), root=str(tmp_path)
+    )
     before = read_counters("node_a")
     for _ in range(2):
         assert read(f, str(tmp_path / "ckpt.bin")) == body
@@ -312,7 +314,7 @@ def test_a_storage_agent_killed_mid_report_leaves_nothing_listed_or_on_disk(
     exp.mkdir()
     ref = ChunkedCheckpoint.from_directory(str(src)).to_object_ref(config=CONFIG)
     gate = Gate.options(**on("head")).remote()
-    f = storage_filesystem(node_ids()["node_a"], CONFIG, root=str(tmp_path))
+    f = storage_filesystem(node=node_ids()["node_a"], config=CONFIG, root=str(tmp_path))
     agent = node_agent(node_ids()["node_a"])
     pid = ray.get(agent.pid.remote())
     checkpoint = gated(ChunkedCheckpoint.from_object_ref(ref), gate)

@@ -56,7 +56,7 @@ def test_paths_escaping_the_root_are_refused(node_fs: tuple[pafs.FileSystem, Pat
     assert read(f, "d/f") == b"inside"
     f.delete_dir_contents("/", accept_root_dir=True)
     assert os.listdir(root) == [] and (root.parent / "secret").exists()
-    whole_disk = storage_filesystem(node_ids()["node_a"])
+    whole_disk = storage_filesystem(node=node_ids()["node_a"])
     raises(PermissionError, lambda: whole_disk.delete_dir_contents("/", accept_root_dir=True))
     raises(PermissionError, lambda: whole_disk.delete_dir("/"))
 
@@ -71,15 +71,15 @@ def test_pickles_and_compares_equal_to_its_copies(node_fs: tuple[pafs.FileSystem
     ids = node_ids()
     copy = pickle.loads(pickle.dumps(f))
     assert copy == f and copy.handler == f.handler and hash(copy.handler) == hash(f.handler)
-    assert f != storage_filesystem(ids["node_b"], CONFIG, root=str(root))
-    assert f != storage_filesystem(ids["node_a"], CONFIG, root=str(root / "d"))
+    assert f != storage_filesystem(node=ids["node_b"], config=CONFIG, root=str(root))
+    assert f != storage_filesystem(node=ids["node_a"], config=CONFIG, root=str(root / "d"))
     assert f != pafs.LocalFileSystem()
     same, body = ray.get(use_remotely.options(**on("node_b")).remote(f, f"{root}/d/f", f))
     assert same and body == b"inside"
     # Made before it knows its node: the node of the process that ships it.
     unresolved = pafs.PyFileSystem(NodeStorageHandler(None, str(root)))
     assert pickle.loads(pickle.dumps(unresolved)).handler.node_id == ids["head"]
-    raises(ValueError, lambda: storage_filesystem("ab" * 28))
+    raises(ValueError, lambda: storage_filesystem(node="ab" * 28))
     raises(ValueError, lambda: storage_filesystem(root="relative"))
 
 
@@ -114,7 +114,7 @@ def test_large_chunks_are_stored_exactly_with_or_without_direct_io(
     """Chunks large enough for the agent's ``O_DIRECT`` writes, and an unaligned tail
     that goes through the page cache: the stored file is the bytes written."""
     config = TransferConfig(chunk_bytes=MIN_DIRECT_FILE_BYTES, window=2, direct_io=direct_io)
-    f = storage_filesystem(node_ids()["node_a"], config, root=str(tmp_path))
+    f = storage_filesystem(node=node_ids()["node_a"], config=config, root=str(tmp_path))
     body = os.urandom(2 * MIN_DIRECT_FILE_BYTES + 4097)
     with f.open_output_stream(f"{tmp_path}/model.bin") as s:
         s.write(body[:5])
@@ -155,8 +155,8 @@ def test_an_agent_stores_a_transferred_checkpoint(tmp_path: Path, storage: str) 
     handle = ChunkedCheckpoint.from_directory(src).pack(CONFIG)
     ids = node_ids()
     target = {
-        "node-storage-here": lambda: storage_filesystem(ids["node_a"], CONFIG),
-        "node-storage-elsewhere": lambda: storage_filesystem(ids["node_b"], CONFIG),
+        "node-storage-here": lambda: storage_filesystem(node=ids["node_a"], config=CONFIG),
+        "node-storage-elsewhere": lambda: storage_filesystem(node=ids["node_b"], config=CONFIG),
         "local": pafs.LocalFileSystem,
     }[storage]()
     dest = str(tmp_path / "exp" / "checkpoint_0")
@@ -215,7 +215,7 @@ def test_memory_stays_within_a_few_chunks_on_both_ends(tmp_path: Path) -> None:
         for _ in range(size // (16 * MiB)):
             out.write(os.urandom(16 * MiB))
     ids = node_ids()
-    f = storage_filesystem(ids["node_a"], config, root=str(tmp_path))
+    f = storage_filesystem(node=ids["node_a"], config=config, root=str(tmp_path))
     agent_pid = ray.get(node_agent(ids["node_a"]).pid.remote())
     growth = ray.get(
         write_then_read.options(**on("node_b")).remote(
@@ -244,7 +244,7 @@ def test_restores_at_the_same_time_share_one_pack_larger_than_the_budget(tmp_pat
     src = make_checkpoint(tmp_path / "ckpt", 6 * MiB)
     size = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
     f = storage_filesystem(
-        node_ids()["node_a"], CONFIG.replace(cache_bytes=MiB), root=str(tmp_path)
+        node=node_ids()["node_a"], config=CONFIG.replace(cache_bytes=MiB), root=str(tmp_path)
     )
     agent = node_agent(node_ids()["node_a"])
     before = read_counters("node_a")

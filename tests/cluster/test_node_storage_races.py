@@ -283,7 +283,7 @@ def test_concurrent_callers_get_what_some_serial_order_gives(tmp_path: Path, rac
     setup(local)
     outcomes, values = run_serially(race.calls(pafs.LocalFileSystem(), str(local)))
     assert race.check(outcomes, values, local), f"local, one by one: {dict(outcomes)}"
-    f = storage_filesystem(node_ids()["node_a"], CONFIG, root=str(tmp_path))
+    f = storage_filesystem(node=node_ids()["node_a"], config=CONFIG, root=str(tmp_path))
     for r in range(ROUNDS):
         base = tmp_path / f"node-storage-{r}"
         setup(base)
@@ -320,7 +320,7 @@ def race_here(race: str, f: pafs.FileSystem, base: str, gate: Any) -> dict[str, 
 def test_concurrent_processes_on_several_nodes(tmp_path: Path, race: str, check: Check) -> None:
     """Processes on three nodes (four threads each) call one operation of one
     storage at once, as the workers of a Ray Train run do."""
-    f = storage_filesystem(node_ids()["node_a"], CONFIG, root=str(tmp_path))
+    f = storage_filesystem(node=node_ids()["node_a"], config=CONFIG, root=str(tmp_path))
     nodes = ("head", "node_a", "node_b")
     for r in range(3):
         base = tmp_path / f"round-{r}"

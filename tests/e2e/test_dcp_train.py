@@ -108,7 +108,7 @@ def test_a_failed_run_resumes_bit_identical_with_async_saves(
         tmp_path,
         "resumed",
         fs,
-        async_save=True,
+        upload_mode=ray.train.CheckpointUploadMode.ASYNC,
         fail_after=1,
         fail_marker=str(marker),
     )

@@ -51,8 +51,8 @@ def test_the_storage_node_is_removed_mid_run(cluster: Cluster, tmp_path: Path) -
     ids = node_ids()
     copies = tmp_path / "copies"
     fs = storage_filesystem(
-        ids["node_b"],
-        CONFIG,
+        node=ids["node_b"],
+        config=CONFIG,
         root=str(copies / ids["node_b"]),
         replicas=2,
         replica_nodes=(ids["head"],),

@@ -18,18 +18,14 @@ from air_transfer import (
     CheckpointLostError,
     ChecksumError,
     ChunkedCheckpoint,
-    Manifest,
     ManifestError,
-    PackRequest,
     SourceChangedError,
     TransferConfig,
-    get_strategy,
-    register_strategy,
-    strategies,
 )
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.config import KiB
 from air_transfer.core.scan import Source, scan
+from air_transfer.extend import Manifest, PackRequest, get_strategy, register_strategy, strategies
 from air_transfer.transfer.strategies.base import Packed
 from air_transfer.transfer.strategies.chunked import ChunkedStrategy
 from tests.support.trees import assert_same_tree, rich_tree
@@ -145,7 +141,7 @@ class Producer:
     def __init__(self) -> None:
         # A custom strategy must be registered in the process that packs, as a user
         # would do at import of their own module.
-        from air_transfer import register_strategy
+        from air_transfer.extend import register_strategy
         from tests.support import strategies_for_tests
 
         register_strategy(strategies_for_tests.BytesChunksStrategy)

@@ -192,3 +192,22 @@ def test_a_path_outside_the_storage_root_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointException, match="PermissionError"):
         dcp.save(trained(1), storage_writer=writer, no_dist=True)
     assert not os.path.exists(outside)
+
+
+def test_without_a_filesystem_a_one_node_cluster_is_its_node_storage(
+    ray_local: None, tmp_path: Path
+) -> None:
+    """With one node there is no guess: a writer and a reader without a filesystem
+    use node storage of it; and the node's IP address names it."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    writer = NodeStorageWriter(str(tmp_path / "ckpt"))
+    assert writer.fs.filesystem.handler.node_id == here  # type: ignore[attr-defined]
+    state = trained(1)
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    restored = trained(2)
+    dcp.load(restored, storage_reader=NodeStorageReader(str(tmp_path / "ckpt")), no_dist=True)
+    assert same(flat(restored), flat(state))
+    by_ip = air_transfer.storage_filesystem(node=ray.util.get_node_ip_address())
+    assert by_ip.handler.node_id == here

@@ -17,13 +17,13 @@ from air_transfer import (
     CheckpointLostError,
     ChecksumError,
     ChunkedCheckpoint,
-    Manifest,
     SourceChangedError,
     TransferConfig,
     storage_filesystem,
 )
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.config import KiB
+from air_transfer.extend import Manifest
 from air_transfer.observe import metrics, telemetry
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.same_node import SameNodeWriter

@@ -21,8 +21,9 @@ import pytest
 import ray
 from ray.train import Checkpoint
 
-from air_transfer import ChunkedCheckpoint, TransferConfig, register_strategy
+from air_transfer import ChunkedCheckpoint, TransferConfig
 from air_transfer.config import KiB
+from air_transfer.extend import register_strategy
 from tests.support.gates import GatedSubmit
 
 pytestmark = pytest.mark.usefixtures("ray_local")

@@ -13,8 +13,9 @@ import pytest
 import ray
 from ray.train import Checkpoint
 
-from air_transfer import ChunkedCheckpoint, TransferConfig, strategies
+from air_transfer import ChunkedCheckpoint, TransferConfig
 from air_transfer.config import KiB
+from air_transfer.extend import strategies
 from tests.support.direct import direct_writers, skip_unless_o_direct
 from tests.support.trees import assert_same_tree, rich_tree, tree_listing
 

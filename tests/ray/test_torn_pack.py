@@ -22,12 +22,13 @@ import pytest
 import ray
 import ray.cloudpickle
 
-from air_transfer import ChunkedCheckpoint, SourceChangedError, TransferConfig, strategies
+from air_transfer import ChunkedCheckpoint, SourceChangedError, TransferConfig
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.config import KiB
 from air_transfer.core.plan import ChunkPlan, plan_chunks
 from air_transfer.core.proven_read import fill_chunk
 from air_transfer.core.scan import Source
+from air_transfer.extend import strategies
 from tests.support import live_chunks, rewriters
 from tests.support.rewriters import (
     CHANGED,

@@ -13,8 +13,9 @@ import numpy as np
 import psutil
 import ray
 
-from air_transfer import ChunkedCheckpoint, Packed, PackRequest, TransferConfig, TransferStrategy
+from air_transfer import ChunkedCheckpoint, TransferConfig
 from air_transfer.core.manifest import Manifest
+from air_transfer.extend import Packed, PackRequest, TransferStrategy
 from tests.support.waiting import eventually
 
 MiB = 1024 * 1024
@@ -166,8 +167,8 @@ def hand_over_then_hang(path: str, config: TransferConfig, holder: Any, register
     which Ray frees once the agent has counted this worker's refs as gone), and waits
     to be killed. ``register``: register ``PutWherePacked`` here first, selected for
     any size."""
-    from air_transfer import register_strategy
     from air_transfer.cluster.nodes import node_agent
+    from air_transfer.extend import register_strategy
 
     if register:
         register_strategy(PutWherePacked, select_above_bytes=0)

@@ -186,9 +186,14 @@ def dcp_train_loop(config: dict[str, Any]) -> None:
             **restored,
         }
         air_transfer.dcp.report(
-            {"model": model_sd, "optim": optim_sd, "step": step, **_failing_save(config, step)},
             metrics,
-            async_save=config.get("async_save", False),
+            state_dict={
+                "model": model_sd,
+                "optim": optim_sd,
+                "step": step,
+                **_failing_save(config, step),
+            },
+            checkpoint_upload_mode=config.get("upload_mode", ray.train.CheckpointUploadMode.SYNC),
         )
         restored = {}
         _fail_once(config, step)

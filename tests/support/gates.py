@@ -12,8 +12,9 @@ from typing import Any
 
 import ray
 
-from air_transfer import ChunkedCheckpoint, PackRequest, TransferConfig, TransferStrategy
+from air_transfer import ChunkedCheckpoint, TransferConfig
 from air_transfer.core.manifest import Manifest
+from air_transfer.extend import PackRequest, TransferStrategy
 from air_transfer.transfer.strategies.base import Packed
 from air_transfer.transfer.strategies.chunked import ChunkedStrategy
 

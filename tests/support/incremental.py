@@ -93,7 +93,7 @@ def report_to(src: str, root: str, dest: str, worker: str = "") -> None:
 
     from air_transfer.train import upload_directory
 
-    fs = storage_filesystem(node_ids()["node_a"], INCREMENTAL_CONFIG, root=root)
+    fs = storage_filesystem(node=node_ids()["node_a"], config=INCREMENTAL_CONFIG, root=root)
     upload_directory(fs, dest, Checkpoint(src), worker)
 
 
@@ -138,7 +138,7 @@ def report_outcome(src: str, root: str, dest: str) -> tuple[str, str, str]:
 
     from air_transfer.train import upload_directory
 
-    fs = storage_filesystem(node_ids()["node_a"], INCREMENTAL_CONFIG, root=root)
+    fs = storage_filesystem(node=node_ids()["node_a"], config=INCREMENTAL_CONFIG, root=root)
     try:
         upload_directory(fs, dest, Checkpoint(src))
     except Exception as e:

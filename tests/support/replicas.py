@@ -34,8 +34,8 @@ def replicated(
     ids = node_ids()
     primary = ids[node]
     fs = storage_filesystem(
-        primary,
-        config,
+        node=primary,
+        config=config,
         root=str(tmp / "copies" / primary),
         replicas=k,
         replica_nodes=tuple(ids[n] for n in named),

@@ -8,8 +8,9 @@ from typing import Any
 
 import ray
 
-from air_transfer import Packed, PackRequest, TransferConfig, TransferStrategy
+from air_transfer import TransferConfig
 from air_transfer.core.manifest import Manifest
+from air_transfer.extend import Packed, PackRequest, TransferStrategy
 
 
 class BytesChunksStrategy(TransferStrategy):

@@ -9,8 +9,10 @@ import inspect
 from air_transfer.agent import NodeAgent
 from air_transfer.cluster.agent_client import AgentClient
 
-#: Agent methods that only tests and tools call on the actor handle directly.
-NOT_IN_CLIENT = {"node_id", "disk_read"}
+#: Agent methods that only tests and tools call on the actor handle directly, and
+#: ``identity``, which ``cluster.identity`` asks of the handle before any client uses it
+#: (of any version's agent, and of the replica registry alike).
+NOT_IN_CLIENT = {"node_id", "disk_read", "identity"}
 #: Client arguments the agent does not take: how the call is made, not what it does.
 CALL_OPTIONS = {"window"}
 #: What Ray adds to every actor method's signature once the class has been made an

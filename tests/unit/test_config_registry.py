@@ -6,15 +6,15 @@ from types import MappingProxyType
 
 import pytest
 
-from air_transfer import (
-    TransferConfig,
+from air_transfer import TransferConfig
+from air_transfer.config import DEFAULT_INLINE_MAX_BYTES, MiB
+from air_transfer.extend import (
     TransferStrategy,
     get_strategy,
     register_strategy,
     select_strategy,
     strategies,
 )
-from air_transfer.config import DEFAULT_INLINE_MAX_BYTES, MiB
 from air_transfer.transfer.strategies import (
     ChunkedStrategy,
     InlineStrategy,

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from air_transfer import Entry, Manifest, ManifestError
+from air_transfer import ManifestError
 from air_transfer.config import MAX_CHUNK_BYTES, MIN_CHUNK_BYTES
 from air_transfer.core.checks import SCHEMA_VERSION
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.writer import write_tree
+from air_transfer.extend import Entry, Manifest
 from tests.support.manifests import directory, empty_file, entries_dict, link
 
 GOOD_SUM = chunk_checksum(b"x" * 1024)

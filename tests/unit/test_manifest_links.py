@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from air_transfer import Manifest, ManifestError
+from air_transfer import ManifestError
 from air_transfer.core.links import LinkResolver, TreeEntry, check_links
+from air_transfer.extend import Manifest
 from tests.support.manifests import chain, directory, doubling_chain, empty_file, entries_dict, link
 
 

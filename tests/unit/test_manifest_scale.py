@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
-from air_transfer import Manifest, ManifestError
+from air_transfer import ManifestError
+from air_transfer.extend import Manifest
 from tests.support.complexity import FrameCount
 from tests.support.manifests import chain, directory, doubling_chain, empty_file, entries_dict, link
 

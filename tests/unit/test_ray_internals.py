@@ -1,6 +1,9 @@
-"""Ray's private API lives in one module, ``air_transfer.cluster._ray``: every private
-name it uses still exists in the installed Ray, and no other module of the package
-reaches for one (no Ray instance: the Train hooks are installed in fresh interpreters)."""
+"""The Ray compatibility gate. Ray's private API lives in one module,
+``air_transfer.cluster._ray``: every private name it uses still exists in the
+installed Ray, and no other module of the package reaches for one (no Ray instance:
+the Train hooks are installed in fresh interpreters). ``pyproject.toml`` pins Ray to
+the minor versions this passes on; to support the next one, install it and run this
+module: a name that moved fails here, by name."""
 
 from __future__ import annotations
 
@@ -110,3 +113,38 @@ def test_train_hooks_leave_every_other_filesystem_to_ray(tmp_path: Path) -> None
     )
     assert _run(code) == "True False"
     assert (tmp_path / "out" / "sub" / "f").read_bytes() == b"data"
+
+
+PROPAGATED = """
+from ray.train.v2._internal.constants import get_env_vars_to_propagate
+before = get_env_vars_to_propagate().get("AIR_TRANSFER_PROGRESS")
+import air_transfer.train
+print(before, get_env_vars_to_propagate().get("AIR_TRANSFER_PROGRESS"))
+"""
+
+
+def test_ray_train_copies_the_settings_once_the_library_is_imported() -> None:
+    """What Ray Train copies from the driver to its controller, and from the
+    controller to its workers, is its own list: importing the library adds every
+    ``AIR_TRANSFER_*`` setting to it (the run itself: tests/e2e/test_dcp_conventions.py)."""
+    assert _run(PROPAGATED, AIR_TRANSFER_PROGRESS="1") == "None 1"
+
+
+@pytest.mark.parametrize("module", ["air_transfer.dcp", "air_transfer.train"])
+def test_train_v1_is_refused_at_import_saying_what_to_do(module: str) -> None:
+    """Defect: with Train v1 selected, ``air_transfer.dcp`` failed deep inside with
+    "cannot import name 'CheckpointUploadMode'"."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {module}"],
+        env=child_env(RAY_TRAIN_V2_ENABLED="0"),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "ImportError: air-transfer needs Ray Train v2" in done.stderr, done.stderr
+    assert "unset RAY_TRAIN_V2_ENABLED" in done.stderr

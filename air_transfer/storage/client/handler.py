@@ -19,7 +19,11 @@ import pyarrow.fs as pafs
 import ray
 
 from air_transfer.cluster.liveness import this_process
-from air_transfer.cluster.nodes import this_node_id
+from air_transfer.cluster.nodes import (
+    names_a_node_by_role_or_address,
+    resolve_node,
+    this_node_id,
+)
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import storage_path
 from air_transfer.core.reader import buffered
@@ -41,7 +45,8 @@ class NodeStorageHandler(pafs.FileSystemHandler):
     Paths are the node's own absolute paths (a relative one is taken under ``root``);
     one leaving ``root`` is refused with PermissionError. ``node_id=None`` means the
     node of the process that first uses or ships the filesystem (the driver's, when
-    made there). Copies compare equal: same node, same root.
+    made there); an IP address or ``"head"`` (``nodes.resolve_node``) is resolved to
+    its node id there too. Copies compare equal: same node, same root.
     """
 
     def __init__(
@@ -68,6 +73,8 @@ class NodeStorageHandler(pafs.FileSystemHandler):
     def node_id(self) -> str:
         if self._node_id is None:
             self._node_id = this_node_id()
+        elif names_a_node_by_role_or_address(self._node_id):
+            self._node_id = resolve_node(self._node_id)
         return self._node_id
 
     @property

@@ -35,14 +35,20 @@ import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from air_transfer.cluster import identity
 from air_transfer.cluster.fetch import get
-from air_transfer.cluster.nodes import NAMESPACE, head_node_id, live_node_ids, this_node_id
+from air_transfer.cluster.nodes import (
+    NAMESPACE,
+    REGISTRY_NAME,
+    head_node_id,
+    live_node_ids,
+    this_node_id,
+)
 from air_transfer.errors import CheckpointLostError
 from air_transfer.storage.replica_wire import Owner
 
 #: The registry's class, imported on first start by name (see above).
 REGISTRY_CLASS = "air_transfer.storage.server.replica_host:ReplicaHost"
-REGISTRY_NAME = "air-transfer-replicas"
 #: How long a call keeps trying registries started again before it gives up.
 RETRY_S = 60.0
 #: The longest pause between two asks of a change waiting for its paths (seconds).
@@ -64,7 +70,8 @@ def _remote_class() -> Any:
 
 
 def registry() -> Any:
-    """The registry actor, started on the head node if none runs."""
+    """The registry actor, started on the head node (with this process's settings)
+    if none runs; RuntimeError if one of another air-transfer version runs."""
     return _start()
 
 
@@ -85,7 +92,7 @@ def _registry_here() -> Any:
 
 
 def _start() -> Any:
-    return (
+    handle = (
         _remote_class()
         .options(
             name=REGISTRY_NAME,
@@ -96,9 +103,11 @@ def _start() -> Any:
             max_concurrency=32,
             max_restarts=0,  # a dead one is started again by the next caller
             scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id(), soft=False),
+            **identity.runtime_env(),
         )
         .remote()
     )
+    return identity.checked(handle, REGISTRY_NAME)
 
 
 def call(method: str, *args: Any) -> Any:

@@ -25,7 +25,11 @@ import pyarrow.fs as pafs
 import ray
 
 from air_transfer.cluster.agent_client import AgentClient
-from air_transfer.cluster.nodes import this_node_id
+from air_transfer.cluster.nodes import (
+    names_a_node_by_role_or_address,
+    resolve_node,
+    this_node_id,
+)
 from air_transfer.config import TransferConfig
 from air_transfer.core.reader import ChunkFileReader, buffered
 from air_transfer.observe import replica_metrics
@@ -107,8 +111,11 @@ class ReplicatedHandler(NodeStorageHandler):
         did not write; the storage node's own root may hold files, which are kept)."""
         found = replica_set.view(self.key)
         if found is None:
+            named = tuple(
+                resolve_node(n) if names_a_node_by_role_or_address(n) else n for n in self.nodes
+            )
             copies = replica_set.place(
-                self.node_id, self.root, self.replicas, self.nodes, self.replica_root
+                self.node_id, self.root, self.replicas, named, self.replica_root
             )
             members, taken = [n for n, _ in copies], self.registry("keys")
             empty = {}

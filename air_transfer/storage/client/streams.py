@@ -25,7 +25,7 @@ from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.fetch import fetch_in_order, get, innermost, raise_own
-from air_transfer.cluster.nodes import live_node_ids
+from air_transfer.cluster.nodes import agents_generation, live_node_ids
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.knobs import KNOBS
@@ -47,10 +47,14 @@ class AgentLink:
     def __init__(self, node_id: str, root: str, config: TransferConfig) -> None:
         self.node_id, self.root, self.config = node_id, root, config
         self._agent: AgentClient | None = None
+        self._generation = agents_generation()
         self._lost = False
 
     def agent(self) -> AgentClient:
-        """The storage node's agent, started if needed."""
+        """The storage node's agent, started if needed (again, after this process
+        ended the agents with ``shutdown_agents()``)."""
+        if self._generation != agents_generation():
+            self._agent, self._generation = None, agents_generation()
         if self._agent is None:
             if self.node_id not in live_node_ids():
                 raise ConnectionError(

@@ -30,6 +30,7 @@ from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.fetch import get as _ray_get
 from air_transfer.cluster.fetch import raise_own
 from air_transfer.config import TransferConfig
+from air_transfer.core import environ
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.observe import replica_metrics
 from air_transfer.storage.server.replica_record import MAX_ATTEMPTS
@@ -38,7 +39,7 @@ from air_transfer.storage.server.replica_registry import Copy, ReplicaRegistry
 logger = logging.getLogger(__name__)
 
 #: Repair's bandwidth bound, per registry (MiB/s of file bytes copied).
-RATE_ENV = "AIR_TRANSFER_REPAIR_MIB_S"
+RATE_ENV = environ.REPAIR_MIB_S
 
 
 class Pace:

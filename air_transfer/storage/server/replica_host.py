@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 
 from air_transfer.cluster import _ray
+from air_transfer.cluster.identity import Identity, this_process
 from air_transfer.cluster.nodes import NAMESPACE, live_node_ids
 from air_transfer.storage.server.dead_ops import resolve_dead
 from air_transfer.storage.server.repair import repair_pass
@@ -73,6 +74,10 @@ class ReplicaHost(ReplicaRegistry):
 
     def ready(self) -> bool:
         return True
+
+    def identity(self) -> Identity:
+        """The air-transfer version and settings this registry runs with."""
+        return this_process()
 
     def stop_repair(self) -> None:
         """Repair no more in this registry (a registry started again repairs): for

@@ -29,10 +29,12 @@ class PackRequest:
 
     @property
     def total_bytes(self) -> int:
+        """Bytes in all the request's files together."""
         return sum(f.size for f in self.files)
 
     @property
     def chunk_bytes(self) -> int:
+        """The size of every chunk but the last (``config.chunk_bytes``)."""
         return self.config.chunk_bytes
 
     def chunks(self) -> Iterator[tuple[int, memoryview, str]]:

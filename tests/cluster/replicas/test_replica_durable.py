@@ -61,7 +61,7 @@ def test_a_surviving_copy_finishes_the_drain_when_the_storage_node_goes(
         durable_bytes_per_s=4 * MiB,  # slow enough to remove the node mid-upload
     )
     fs = air_transfer.storage_filesystem(
-        primary, CONFIG, root=str(tmp_path / "copies" / primary), storage=storage
+        node=primary, config=CONFIG, root=str(tmp_path / "copies" / primary), storage=storage
     )
     handler = node_storage_handler(fs)
     assert isinstance(handler, ReplicatedHandler)

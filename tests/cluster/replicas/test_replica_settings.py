@@ -27,16 +27,18 @@ pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the ord
 def test_roots_that_cannot_keep_copies_are_refused(cluster4: Cluster, tmp_path: Path) -> None:
     node, other = (node_ids()[w] for w in workers()[:2])
     with pytest.raises(ValueError, match=r"replicas=2 needs a dedicated root: root='/'"):
-        storage_filesystem(node, CONFIG, replicas=2)  # the default root
+        storage_filesystem(node=node, config=CONFIG, replicas=2)  # the default root
     with pytest.raises(ValueError, match="replica_root='/' is a node's whole disk"):
-        storage_filesystem(node, CONFIG, root=str(tmp_path / "s"), replicas=2, replica_root="/")
+        storage_filesystem(
+            node=node, config=CONFIG, root=str(tmp_path / "s"), replicas=2, replica_root="/"
+        )
     # A copy's root holding the user's files: refused, and nothing there is touched.
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_bytes(b"the user's")
     with pytest.raises(ValueError, match=r"holds files this storage did not write \('notes.txt'"):
         storage_filesystem(
-            node,
-            CONFIG,
+            node=node,
+            config=CONFIG,
             root=str(tmp_path / "s"),
             replicas=2,
             replica_nodes=(other,),
@@ -55,11 +57,13 @@ def test_copies_sharing_a_directory_are_refused(cluster4: Cluster, tmp_path: Pat
     root.mkdir()
     (root / "kept").write_bytes(b"stored before")
     with pytest.raises(ValueError, match=r"are one directory, .*'/path/\{node_id\}'"):
-        storage_filesystem(node, CONFIG, root=str(root), replicas=2, replica_nodes=named[:1])
+        storage_filesystem(
+            node=node, config=CONFIG, root=str(root), replicas=2, replica_nodes=named[:1]
+        )
     with pytest.raises(ValueError, match="are one directory"):  # no {node_id}
         storage_filesystem(
-            node,
-            CONFIG,
+            node=node,
+            config=CONFIG,
             root=str(root),
             replicas=3,
             replica_nodes=named,
@@ -73,8 +77,8 @@ def test_settings_that_collide_are_refused_or_honoured(cluster4: Cluster, tmp_pa
     node = node_ids()[workers()[0]]
     with pytest.raises(ValueError, match="lies inside root"):
         storage_filesystem(
-            node,
-            CONFIG,
+            node=node,
+            config=CONFIG,
             root=str(tmp_path / "s"),
             replicas=2,
             replica_root=str(tmp_path / "s" / "copies" / "{node_id}"),
@@ -84,12 +88,18 @@ def test_settings_that_collide_are_refused_or_honoured(cluster4: Cluster, tmp_pa
         out.write(b"kept on two")
     again = dict(root=h.root, replica_root=h.replica_root)
     with pytest.raises(ValueError, match="replicas=1 would drop copies"):
-        storage_filesystem(node, CONFIG, replicas=1, replica_nodes=(node_ids()["head"],), **again)
+        storage_filesystem(
+            node=node, config=CONFIG, replicas=1, replica_nodes=(node_ids()["head"],), **again
+        )
     with pytest.raises(ValueError, match="kept already with replica_root="):
         storage_filesystem(
-            node, CONFIG, root=h.root, replicas=2, replica_root=str(tmp_path / "o/{node_id}")
+            node=node,
+            config=CONFIG,
+            root=h.root,
+            replicas=2,
+            replica_root=str(tmp_path / "o/{node_id}"),
         )
-    storage_filesystem(node, CONFIG, replicas=3, **again)  # honoured: a third copy
+    storage_filesystem(node=node, config=CONFIG, replicas=3, **again)  # honoured: a third copy
     assert view(h)[0].keys() >= {node} and ray.get(registry().view.remote(h.key))[3] == 3
     assert copies_identical(h, 3) == {"f": b"kept on two"}
 

@@ -81,18 +81,26 @@ def test_a_copy_unpickled_elsewhere_uses_the_same_copies(cluster4: Cluster, tmp_
 def test_bad_replica_settings_are_refused(cluster4: Cluster, tmp_path: Path) -> None:
     node = node_ids()[workers()[0]]
     with pytest.raises(ValueError, match="replicas must be an int >= 1"):
-        storage_filesystem(node, CONFIG, root=str(tmp_path), replicas=0)
+        storage_filesystem(node=node, config=CONFIG, root=str(tmp_path), replicas=0)
     with pytest.raises(
         ValueError, match="replicas=9 needs 9 distinct live nodes; this cluster has 4"
     ):
-        storage_filesystem(node, CONFIG, root=str(tmp_path), replicas=9)
+        storage_filesystem(node=node, config=CONFIG, root=str(tmp_path), replicas=9)
     with pytest.raises(ValueError, match="is not a live node"):
-        storage_filesystem(node, CONFIG, root=str(tmp_path), replicas=2, replica_nodes=("nope",))
+        storage_filesystem(
+            node=node, config=CONFIG, root=str(tmp_path), replicas=2, replica_nodes=("ab" * 28,)
+        )
+    with pytest.raises(ValueError, match="node must be a Ray node id"):
+        storage_filesystem(
+            node=node, config=CONFIG, root=str(tmp_path), replicas=2, replica_nodes=("nope",)
+        )
     with pytest.raises(ValueError, match="must be distinct"):
-        storage_filesystem(node, CONFIG, root=str(tmp_path), replicas=2, replica_nodes=(node,))
+        storage_filesystem(
+            node=node, config=CONFIG, root=str(tmp_path), replicas=2, replica_nodes=(node,)
+        )
     with pytest.raises(ValueError, match="replica_root must be absolute"):
         storage_filesystem(
-            node, CONFIG, root=str(tmp_path), replicas=2, replica_root="rel/{node_id}"
+            node=node, config=CONFIG, root=str(tmp_path), replicas=2, replica_root="rel/{node_id}"
         )
 
 

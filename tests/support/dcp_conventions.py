@@ -1,0 +1,75 @@
+"""What ``tests/e2e/test_dcp_conventions.py``'s Train run does in its workers and its
+validation task: DCP's storage classes without a filesystem,
+``air_transfer.dcp.report`` with a DCP planner and Ray's ``validation``, and the
+driver's ``AIR_TRANSFER_*`` settings as a worker sees them."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray.train
+import torch
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+from tests.support.dcp_fns import tensor
+
+#: The key the planner leaves out of every save.
+DROPPED = "scratch"
+
+
+class DroppingPlanner(DefaultSavePlanner):
+    """DCP's default planner, saving the state dict without ``DROPPED``: a
+    checkpoint that lacks it was planned by this planner."""
+
+    def set_up_planner(self, state_dict: Any, *args: Any, **kwargs: Any) -> None:
+        kept = {k: v for k, v in state_dict.items() if k != DROPPED}
+        super().set_up_planner(kept, *args, **kwargs)
+
+
+def rank_state(rank: int, step: int) -> dict[str, Any]:
+    return {f"w{rank}": tensor(10 * step + rank, (64, 64)), DROPPED: torch.ones(8), "step": step}
+
+
+def conventions_loop(config: dict[str, Any]) -> None:
+    """Each rank: a DCP save and load without a filesystem (the run's storage, by
+    default, inside Train), then one ``air_transfer.dcp.report`` with a planner and
+    ``validation=True``; the metrics say what the rank saw."""
+    import torch.distributed.checkpoint as dcp
+
+    import air_transfer.dcp
+
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
+    run_storage = context.get_storage().storage_filesystem
+    writer = air_transfer.dcp.NodeStorageWriter(config["plain_dcp_dir"])
+    state = rank_state(rank, 0)
+    dcp.save(state, storage_writer=writer)
+    loaded = {f"w{rank}": torch.zeros(64, 64), DROPPED: torch.zeros(8), "step": -1}
+    dcp.load(loaded, storage_reader=air_transfer.dcp.NodeStorageReader(config["plain_dcp_dir"]))
+    from air_transfer.core import environ
+    from air_transfer.observe.progress import progress_enabled
+
+    metrics = {
+        "rank": rank,
+        "progress_setting": os.environ.get(environ.PROGRESS),
+        "progress_on": progress_enabled(None),  # stderr is no terminal: the setting's
+        "default_is_run_storage": writer.fs.filesystem == run_storage,
+        "plain_dcp_round_trip": torch.equal(loaded[f"w{rank}"], state[f"w{rank}"]),
+    }
+    air_transfer.dcp.report(
+        metrics, state_dict=rank_state(rank, 1), planner=DroppingPlanner(), validation=True
+    )
+
+
+def validate(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
+    """Ray's validation task: the reported DCP checkpoint, loaded whole here."""
+    import air_transfer.dcp
+
+    expected = {**rank_state(0, 1), **rank_state(1, 1)}
+    state: dict[str, Any] = {k: torch.zeros_like(v) for k, v in expected.items() if k != "step"}
+    state["step"] = -1
+    del state[DROPPED]
+    air_transfer.dcp.load(state, checkpoint)
+    same = all(torch.equal(state[k], expected[k]) for k in ("w0", "w1"))
+    return {"validated_step": state["step"], "validated_tensors": same}
