@@ -98,7 +98,11 @@ def open_storage(
         one = ((node, top),)
         return Storage(node, top, fs, one, one)
     replicated, members, fresh, replicas = found
-    fs = storage_filesystem(node=node, config=CONFIG, root=replicated, replicas=replicas)
+    # As the run made it: the registry keeps where its copies live (replica_root).
+    template = replica_set.call("template", f"{node}:{replicated}")
+    fs = storage_filesystem(
+        node=node, config=CONFIG, root=replicated, replicas=replicas, replica_root=template
+    )
     return Storage(node, replicated, fs, fresh, members)
 
 
