@@ -139,6 +139,22 @@ def test_a_file_the_tier_holds_under_another_name_is_copied_there(tmp_path: Path
     assert_same(root, target)
 
 
+def test_identical_files_new_in_one_pass_are_sent_once(tmp_path: Path) -> None:
+    """Reports made faster than the tier takes them reach one pass together: their
+    shared bytes still travel once (each file hashed first, one of each content sent,
+    the others copied inside the tier)."""
+    root, target = tmp_path / "root", local_target(tmp_path / "durable")
+    frozen = random.Random(9).randbytes(300_000)
+    for report in range(3):
+        write_file(root / f"ckpt_{report}" / "frozen.bin", frozen)
+        write_file(root / f"ckpt_{report}" / "head.bin", bytes([report]) * 1000)
+    with draining(root, target) as drainer:
+        status = drained(drainer)
+    assert status.uploaded_bytes == len(frozen) + 3 * 1000
+    assert status.copied_bytes == 2 * len(frozen)
+    assert_same(root, target)
+
+
 def test_a_file_replaced_after_the_scan_is_uploaded_as_it_is_now(tmp_path: Path) -> None:
     root, target = tmp_path / "root", local_target(tmp_path / "durable")
     write_file(root / "a.bin", b"1" * 100_000)

@@ -19,6 +19,7 @@ without Ray (the tombstones are handed in).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import posixpath
@@ -36,11 +37,13 @@ from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.tombstones import Tombstones
 from air_transfer.storage.server.drain_deletes import apply_delete
 from air_transfer.storage.server.drain_scan import Seen, exists, scan
-from air_transfer.storage.server.drain_upload import RateLimit, upload, upload_bytes
+from air_transfer.storage.server.drain_upload import RateLimit, measure, upload, upload_bytes
 
 logger = logging.getLogger(__name__)
 #: Paths named in a timeout or a status (the first ones).
 SHOWN = 20
+#: How much nicer than the agent the drain's threads run (hashing and sending).
+BACKGROUND_NICE = 10
 
 
 
@@ -163,6 +166,7 @@ class Drainer:
 
     # -- passes -------------------------------------------------------------------------
     def _run(self) -> None:
+        _background()
         failures = 0
         while True:
             with self._cond:
@@ -237,20 +241,45 @@ class Drainer:
         durable_metrics.lag(0)
 
     def _upload_all(self, todo: list[Seen]) -> None:
+        """Upload ``todo``: every file's checksums first, then one file of each
+        content, then the others of the same content (copied inside the tier from
+        the first: a frozen file in every report is sent once), ``concurrency`` at
+        a time, at a lower CPU priority than training."""
         if not todo:
             return
-        with ThreadPoolExecutor(self.settings.concurrency, "air-transfer-upload") as pool:
-            results = list(pool.map(self._upload_one, todo))
-        failed = [e for e in results if e is not None]
-        if failed:
-            raise failed[0]
+        with ThreadPoolExecutor(
+            self.settings.concurrency, "air-transfer-upload", initializer=_background
+        ) as pool:
+            measured = list(pool.map(self._measure_one, todo))
+            failed = [r for r in measured if isinstance(r, Exception)]
+            if failed:
+                raise failed[0]
+            firsts: dict[str, tuple[Seen, FileRecord]] = {}
+            rest: list[tuple[Seen, FileRecord]] = []
+            for seen, record in zip(todo, measured, strict=True):
+                if not isinstance(record, FileRecord):
+                    continue  # replaced or deleted since the scan
+                if record.digest in firsts:
+                    rest.append((seen, record))
+                else:
+                    firsts[record.digest] = (seen, record)
+            for batch in (list(firsts.values()), rest):
+                errors = [e for e in pool.map(self._upload_one, batch) if e is not None]
+                if errors:
+                    raise errors[0]
 
-    def _upload_one(self, seen: Seen) -> Exception | None:
+    def _measure_one(self, seen: Seen) -> FileRecord | Exception | None:
         try:
-            done = upload(
-                self.root, self.target, seen, self.settings.chunk_bytes, self._limit,
-                self._holding,
-            )  # fmt: skip
+            return measure(self.root, seen, self.settings.chunk_bytes)
+        except FileNotFoundError:
+            return None  # deleted since the scan: its tombstone tells the tier
+        except Exception as e:
+            return e
+
+    def _upload_one(self, item: tuple[Seen, FileRecord]) -> Exception | None:
+        seen, record = item
+        try:
+            done = upload(self.root, self.target, seen, record, self._limit, self._holding)
         except FileNotFoundError:
             return None  # deleted since the scan: its tombstone tells the tier
         except Exception as e:
@@ -368,6 +397,13 @@ class Drainer:
                 "environment). Logged once per kind of error.",
                 self.target.uri, self.root, kind,
             )  # fmt: skip
+
+
+def _background() -> None:
+    """This thread at a lower CPU priority than training (Linux: nice is per thread):
+    the drain is behind the training loop, never in its way."""
+    with contextlib.suppress(AttributeError, OSError):  # elsewhere: as it is
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
 
 
 def _under(path: str, top: str) -> bool:

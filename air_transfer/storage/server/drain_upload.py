@@ -1,8 +1,8 @@
 """One file of node storage put into the durable tier, verified, whole or not at all.
 
-The file is read twice from the descriptor opened at the start: once to take its
-chunk checksums (a read error or a change then fails before anything is written
-there), once to send the bytes, whose checksums must come out the same. A file
+The file is read twice: once to take its chunk checksums (``measure``: a read error
+or a change then fails before anything is written there), once to send the bytes
+(``upload``), whose checksums must come out the same. A file
 whose bytes the durable tier already holds under another name (a checkpoint that
 kept a frozen file) is copied there instead (``copy_file``: server-side on S3 and
 GCS, no byte leaves the cluster). On an object store the upload appears only when
@@ -63,17 +63,10 @@ class Uploaded:
     sent: int
 
 
-def upload(
-    root: str,
-    target: DurableTarget,
-    seen: Seen,
-    chunk_bytes: int,
-    limit: RateLimit,
-    holding: Callable[[FileRecord], str | None],
-) -> Uploaded | None:
-    """Put node storage's file ``seen`` at the same path in the durable tier; None if
-    it was replaced since the scan (the next pass takes the new one). ``holding``
-    names a path of the durable tier that holds the same bytes, if any."""
+def measure(root: str, seen: Seen, chunk_bytes: int) -> FileRecord | None:
+    """The record of node storage's file ``seen``: its chunk checksums, read now (a
+    read error fails here, before anything is sent); None if it was replaced since
+    the scan (the next pass takes the new one)."""
     fd, st = open_regular(root, storage_path(root, seen.rel))
     try:
         if Seen.of(seen.rel, st).version != seen.version:
@@ -83,6 +76,26 @@ def upload(
             tuple(file_sums(fd, st.st_size, chunk_bytes)),
         )  # fmt: skip
         _unchanged(fd, seen)
+        return record
+    finally:
+        os.close(fd)
+
+
+def upload(
+    root: str,
+    target: DurableTarget,
+    seen: Seen,
+    record: FileRecord,
+    limit: RateLimit,
+    holding: Callable[[FileRecord], str | None],
+) -> Uploaded | None:
+    """Put node storage's file ``seen``, whose checksums ``measure`` took, at the same
+    path in the durable tier; None if it was replaced since. ``holding`` names a path
+    of the durable tier that holds the same bytes, if any."""
+    fd, st = open_regular(root, storage_path(root, seen.rel))
+    try:
+        if Seen.of(seen.rel, st).version != seen.version:
+            return None
         same = holding(record)
         if same == seen.rel:
             sent = 0  # there already (a drain that took over, or a restarted agent)
