@@ -77,27 +77,45 @@ def check_contents(wheel: Path, sdist: Path, version: str) -> None:
         assert name in members, f"{sdist.name} lacks {name}"
 
 
-def main() -> None:
+def build(work: Path) -> tuple[Path, Path]:
+    """The wheel and the sdist of this checkout, built in ``work`` (from a copy: the
+    build writes its egg-info and build/ into the source tree), their contents
+    checked."""
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    source = work / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*LEFT_OUT))
+    builder = venv(work / "build")
+    run(builder, "-m", "pip", "install", "--quiet", "build")
+    run(builder, "-m", "build", "--outdir", work / "dist", source)
+    [wheel] = (work / "dist").glob("*.whl")
+    [sdist] = (work / "dist").glob("*.tar.gz")
+    check_contents(wheel, sdist, version)
+    return wheel, sdist
+
+
+def check_installed(python: Path, work: Path, sdist: Path | None = None) -> None:
+    """What an installed copy must do, run by ``python`` (a fresh environment holding
+    the wheel and its dependencies, no torch) from outside the checkout; then the
+    same with the sdist installed over it, if given."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    script = work / "imports.py"
+    script.write_text(IMPORTS)
+    run(python, script, version, ROOT, cwd=work)
+    if sdist is not None:
+        run(python, "-m", "pip", "uninstall", "--quiet", "--yes", "air-transfer")
+        run(python, "-m", "pip", "install", "--quiet", "--no-deps", sdist)
+        run(python, script, version, ROOT, cwd=work)
+
+
+def main() -> None:
+    """Standalone (CI does the same within ``readme_commands.py others``, in the
+    environment of the README's ``pip install air-transfer``)."""
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        # A copy, as the build writes its egg-info and build/ into the source tree.
-        source = work / "source"
-        shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*LEFT_OUT))
-        builder = venv(work / "build")
-        run(builder, "-m", "pip", "install", "--quiet", "build")
-        run(builder, "-m", "build", "--outdir", work / "dist", source)
-        [wheel] = (work / "dist").glob("*.whl")
-        [sdist] = (work / "dist").glob("*.tar.gz")
-        check_contents(wheel, sdist, version)
+        wheel, sdist = build(work)
         user = venv(work / "user")
-        script = work / "imports.py"
-        script.write_text(IMPORTS)
         run(user, "-m", "pip", "install", "--quiet", wheel)
-        run(user, script, version, ROOT, cwd=work)
-        run(user, "-m", "pip", "uninstall", "--quiet", "--yes", "air-transfer")
-        run(user, "-m", "pip", "install", "--quiet", "--no-deps", sdist)
-        run(user, script, version, ROOT, cwd=work)
+        check_installed(user, work, sdist)
     print("dist ok: wheel and sdist install and import in a fresh environment")
 
 

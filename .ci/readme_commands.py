@@ -5,7 +5,10 @@ so that a missing install step fails CI instead of hiding behind CI's own instal
 The README's shell blocks (```bash) are the commands. Each is one command line of
 steps joined by ``&&``; the steps that start with ``pip install`` are its install
 line. ``pip install air-transfer[...]`` (what a user types for the released package)
-installs this checkout instead (``.[...]``): CI tests the tree it is given.
+installs the wheel ``python -m build`` makes of this checkout (``.ci/check_dist.py``:
+its contents checked), and the environment of the plain ``pip install air-transfer``
+then checks what an installed copy must do, with the wheel and then with the sdist
+over it: the package as a user gets it.
 
     python .ci/readme_commands.py tests   # print the test command's steps (for .ci/run)
     python .ci/readme_commands.py others  # run every other command in a fresh venv
@@ -13,14 +16,17 @@ installs this checkout instead (``.[...]``): CI tests the tree it is given.
 The test command is run by ``.ci/run`` itself, in the fresh environment the linters
 use too. Every other command runs here at a small size (``SMALL``: the same command
 with flags that shrink its work, never ones that skip a step), and a command that
-names output files (``--json``, ``--plot``) must have written them. The main job is
-also run with ``--dcp`` after the README's torch install line is added to its
-environment, over a CPU build of torch installed first (as a PyTorch user has one:
-an unpinned torch would download a multi-GB CUDA build).
+names output files (``--json``, ``--plot``) must have written them; a JSON report's
+every row must be measured and verified (or skipped, with its reason). The main job
+is also run with ``--dcp`` after the repository's torch extra is added to its
+environment. Wherever a torch extra is installed, a CPU build of torch is installed
+first (as a PyTorch user has one: an unpinned torch would download a multi-GB CUDA
+build).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -31,6 +37,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / ".ci"))
+import check_dist  # noqa: E402  (beside this script)
+
 #: Flags appended to a command that starts with the key, so that CI runs it small.
 SMALL = {
     "python -m benchmarks bench": ["--sizes", "0.02", "--repeats", "1"],
@@ -39,38 +48,46 @@ SMALL = {
 #: The DCP variant of the main job, and what its environment gets first.
 DCP_FLAGS = ["--dcp", "--dcp-mib", "4", "--repeats", "1"]
 TORCH_CPU = "torch==2.13.0"
-TORCH_EXTRA = "pip install -e '.[torch]'"
+TORCH_EXTRA = "pip install -q -e '.[torch]'"
 
 
-def blocks(readme: Path = ROOT / "README.md") -> list[list[str]]:
-    """The README's shell commands, each as its ``&&`` steps."""
+def blocks(readme: Path = ROOT / "README.md") -> list[list[list[str]]]:
+    """The README's shell blocks: each a list of command lines (run in order, in one
+    environment, as a user runs a block), each line its ``&&`` steps."""
     found = re.findall(r"^```(?:bash|sh)\n(.*?)^```", readme.read_text(), re.M | re.S)
-    commands = []
+    out = []
     for body in found:
-        line = re.sub(r"\\\n\s*", " ", body).strip()
-        for command in filter(None, (c.strip() for c in line.splitlines())):
-            if command.startswith("#"):
-                continue
-            commands.append([s.strip() for s in command.split("&&")])
-    return commands
+        text = re.sub(r"\\\n\s*", " ", body).strip()
+        lines = [
+            c.strip() for c in text.splitlines() if c.strip() and not c.strip().startswith("#")
+        ]
+        out.append([[s.strip() for s in line.split("&&")] for line in lines])
+    return out
 
 
-def local(step: str) -> str:
-    """``pip install air-transfer[x]`` as this checkout (``.[x]``)."""
-    return re.sub(r"""(['"]?)air-transfer(\[[^\]'"]*\])?\1""", r"'.\2'", step)
+def commands() -> list[list[str]]:
+    """Every command line of the README, in order."""
+    return [line for block in blocks() for line in block]
+
+
+def local(step: str, wheel: Path | None = None) -> str:
+    """``pip install air-transfer[x]`` as the wheel of this checkout (``.[x]`` without
+    one)."""
+    where = str(wheel) if wheel is not None else "."
+    return re.sub(r"""(['"]?)air-transfer(\[[^\]'"]*\])?\1""", rf"'{where}\2'", step)
 
 
 def is_install(step: str) -> bool:
     return step.startswith("pip install") or step.startswith("python -m pip install")
 
 
-def split(command: list[str]) -> tuple[list[str], list[str]]:
-    installs = [local(s) for s in command if is_install(s)]
+def split(command: list[str], wheel: Path | None = None) -> tuple[list[str], list[str]]:
+    installs = [local(s, wheel) for s in command if is_install(s)]
     return installs, [s for s in command if not is_install(s)]
 
 
 def test_command() -> list[str]:
-    tests = [c for c in blocks() if any("pytest" in s for s in c)]
+    tests = [c for c in commands() if any("pytest" in s for s in c)]
     if len(tests) != 1:
         sys.exit(f"the README must show exactly one test command; found {len(tests)}")
     return tests[0]
@@ -106,26 +123,73 @@ def check_outputs(step: str) -> None:
             out = ROOT / words[words.index(flag) + 1]
             if not out.is_file() or out.stat().st_size == 0:
                 sys.exit(f"{step!r} did not write {out}")
+            if flag == "--json":
+                check_report(step, json.loads(out.read_text()))
             out.unlink()
+
+
+def check_report(step: str, report: dict[str, object]) -> None:
+    """Every row of a bench's JSON report measured and verified, or skipped with its
+    reason."""
+    rows = report.get("results")
+    if not isinstance(rows, list) or not rows:
+        sys.exit(f"{step!r} wrote a report without results")
+    for row in rows:
+        status, verified = row.get("status"), row.get("verified")
+        if (
+            status not in ("ok", "skipped")
+            or verified is False
+            or (status == "skipped" and not row.get("reason"))
+        ):
+            sys.exit(f"{step!r}: a row is not measured and verified: {row}")
 
 
 def run_others() -> None:
     test = test_command()
-    others = [c for c in blocks() if c != test]
-    for command in others:
-        installs, steps = split(command)
-        with tempfile.TemporaryDirectory(prefix="readme-venv-") as tmp:
-            env = fresh_env(Path(tmp) / "venv")
-            for step in installs:
-                run(step, env)
-            for step in steps:
-                run(small(step), env)
-                check_outputs(step)
-                if step.startswith("python -m benchmarks bench"):
-                    run(f"pip install -q {TORCH_CPU}", env)
-                    run(TORCH_EXTRA, env)
-                    run(f"{step} {shlex.join(DCP_FLAGS)}", env)
-                    check_outputs(step)
+    with tempfile.TemporaryDirectory(prefix="readme-dist-") as tmp:
+        wheel, sdist = check_dist.build(Path(tmp))
+        for block in blocks():
+            lines = [line for line in block if line != test]
+            if not lines:
+                continue
+            with tempfile.TemporaryDirectory(prefix="readme-venv-") as venv_dir:
+                env = fresh_env(Path(venv_dir) / "venv")
+                python = Path(venv_dir) / "venv" / "bin" / "python"
+                for line in lines:
+                    run_line(line, env, python, wheel, sdist, Path(tmp))
+
+
+def run_line(
+    line: list[str], env: dict[str, str], python: Path, wheel: Path, sdist: Path, work: Path
+) -> None:
+    installs, steps = split(line, wheel)
+    if any("[torch]" in step for step in installs):
+        run(f"pip install -q {TORCH_CPU}", env)
+    for step in installs:
+        run(step, env)
+    if not steps:  # an install line alone: what the installed copy does
+        check_install(installs, python, work, sdist, wheel)
+    for step in steps:
+        run(small(step), env)
+        check_outputs(step)
+        if step.startswith("python -m benchmarks bench"):
+            run(f"pip install -q {TORCH_CPU}", env)
+            run(TORCH_EXTRA, env)
+            run(f"{step} {shlex.join(DCP_FLAGS)}", env)
+            check_outputs(step)
+
+
+def check_install(installs: list[str], python: Path, work: Path, sdist: Path, wheel: Path) -> None:
+    """The package a user installed: with torch, its DCP integration imports; without,
+    what ``check_dist`` checks of an installed copy (wheel, then sdist over it)."""
+    if any("[torch]" in step for step in installs):
+        code = "import air_transfer, air_transfer.dcp; print('dcp ok')"
+        subprocess.run([str(python), "-c", code], cwd=work, check=True)
+    else:
+        check_dist.check_installed(python, work, sdist)
+        # The sdist stays installed (no dependencies of its own): the wheel again.
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--force-reinstall",
+                        "--no-deps", str(wheel)], check=True)  # fmt: skip
 
 
 def main() -> None:

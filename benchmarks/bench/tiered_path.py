@@ -126,7 +126,7 @@ def run_contender(
             air_transfer.wait_durable(fs)
         durable_s = time.perf_counter() - ended
         seconds: list[float] = ray.get(log.get.remote())
-        sent = _sent(contender, fs, sources)
+        sent, copied = _sent(contender, fs, sources)
         restores = _restores(contender, result, fs, root, sources[-1], data_dir)
     finally:
         ray.kill(log)
@@ -140,19 +140,21 @@ def run_contender(
         "report_median_s": statistics.median(seconds) if seconds else None,
         "durable_after_end_s": durable_s,
         "sent_bytes": sent,
+        "copied_in_bucket_bytes": copied,
         "restore_s": restores,
     }
 
 
-def _sent(contender: str, fs: pafs.FileSystem, sources: list[str]) -> int:
-    """Bytes sent to the endpoint: every report's bytes for Ray's path (each report
-    uploads its files), what the drain uploaded for ours (server-side copies send
-    nothing)."""
+def _sent(contender: str, fs: pafs.FileSystem, sources: list[str]) -> tuple[int, int]:
+    """Bytes sent to the endpoint, and bytes copied inside it (server-side, none of
+    them sent): Ray's path sends every report's bytes (each report uploads its
+    files); ours, what its drain uploaded, copying what the bucket held already."""
     if contender != TIERED:
-        return sum(_size(source) for source in sources)
+        return sum(_size(source) for source in sources), 0
     handler = node_storage_handler(fs)
     assert handler is not None
-    return int(handler.link.call(lambda a: a.durable_status(handler.root)).uploaded_bytes)
+    status = handler.link.call(lambda a: a.durable_status(handler.root))
+    return int(status.uploaded_bytes), int(status.copied_bytes)
 
 
 def _size(directory: str) -> int:

@@ -4,8 +4,9 @@ HTTP): the run's checkpoints and run state are drained into the bucket bit-ident
 (a new GCS, new agents, the same ``root`` and ``durable``) resumes the run from the
 bucket alone: Train finds its run state, ``get_checkpoint()`` restores the latest
 checkpoint byte for byte, and the run goes on where it stopped, its new checkpoints
-drained too. A worker fails right after a report in the first run: the restart
-restores that report, as without a durable tier."""
+drained too. A torch DCP run into the same storage resumes the same way, each rank
+loading its state from the bucket bit-identical. A worker fails right after a report
+in the first run: the restart restores that report, as without a durable tier."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from air_transfer.core.staging import is_internal
 from tests.support import shared_ray
 from tests.support.checkpoints import MiB
 from tests.support.cluster import shared_cluster
+from tests.support.dcp_fns import dcp_train_loop
 from tests.support.s3 import S3Server, s3_server
 from tests.support.train_fns import train_loop
 
@@ -68,6 +70,22 @@ def _bucket_files(s3: S3Server, prefix: str) -> dict[str, bytes]:
     return out
 
 
+def _fit_dcp(root: Path, fs: pafs.FileSystem, steps: int) -> ray.train.Result:
+    """A torch DCP run (DDP, 2 ranks on the worker nodes) into the same storage."""
+    from ray.train.torch import TorchTrainer
+
+    return TorchTrainer(
+        dcp_train_loop,
+        train_loop_config={"steps": steps},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=2, resources_per_worker={"CPU": 1, "trainer": 1}
+        ),
+        run_config=ray.train.RunConfig(
+            name="durable-dcp", storage_path=str(root / "experiments"), storage_filesystem=fs
+        ),
+    ).fit()
+
+
 def _checkpoint_dirs(files: dict[str, bytes]) -> list[str]:
     parts = (rel.split("/") for rel in files)
     return sorted({p[2] for p in parts if len(p) > 3 and p[2].startswith("checkpoint_")})
@@ -98,10 +116,13 @@ def test_a_new_cluster_resumes_the_run_from_the_durable_tier_alone(
     assert restarted[0]["restored_step"] == 1  # the restart restored the last report
     assert restarted[0]["restored_digests"] == reported[1]
 
+    saved = _fit_dcp(root, fs, steps=2)  # torch DCP too: each rank's shard, .metadata last
+    dcp_digests = {m["step"]: m["digest"] for _, m in saved.best_checkpoints}
+
     air_transfer.wait_durable(fs, timeout=120)
     kept = _disk_files(root)
     assert _bucket_files(s3, "resume") == kept  # bit-identical, deletes applied
-    checkpoints = _checkpoint_dirs(kept)
+    checkpoints = _checkpoint_dirs({k: v for k, v in kept.items() if "durable-run/" in k})
     assert len(checkpoints) == 3  # num_to_keep=3: step 0's left the bucket too
     latest = first.checkpoint
     assert latest is not None
@@ -120,9 +141,14 @@ def test_a_new_cluster_resumes_the_run_from_the_durable_tier_alone(
     assert resumed["restored_digests"] == reported[3]  # byte for byte, from the bucket
     assert second.metrics["step"] == 5
 
+    dcp = _fit_dcp(root, fs, steps=3)  # each rank restores its shard from the bucket
+    [restart] = [m for _, m in dcp.best_checkpoints if m["step"] == 2]
+    assert restart["restored_step"] == 1
+    assert restart["restored_digests"] == [dcp_digests[1]] * 2  # bit-identical, both ranks
+
     air_transfer.wait_durable(fs, timeout=120)
     bucket = _bucket_files(s3, "resume")
-    steps = _checkpoint_dirs(bucket)
+    steps = _checkpoint_dirs({k: v for k, v in bucket.items() if "durable-run/" in k})
     # Steps 3 to 5 kept: 1 and 2, held only in the bucket, were deleted there.
     assert len(steps) == 3 and set(steps) & set(checkpoints) == {checkpoints[-1]}
     assert {rel: data for rel, data in bucket.items() if rel in _disk_files(root)} == (
