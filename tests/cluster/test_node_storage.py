@@ -26,28 +26,18 @@ from tests.support.node_storage import BODY, CONFIG, raises, read
 pytestmark = pytest.mark.usefixtures("cluster")
 
 
-@pytest.fixture(params=["local", "node-storage", "node-storage-here", "node-storage-durable"])
+@pytest.fixture(params=["local", "node-storage", "node-storage-here"])
 def fs(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[pafs.FileSystem, str]:
     """A filesystem and a fresh base directory on it holding ``dir/sub``, ``dir/a``
     (3 bytes) and ``big`` (``BODY``). ``node-storage`` is on node_a, used from the
     driver (every call crosses nodes); ``node-storage-here`` is on the driver's own
-    node, where files are read natively and written straight into staging;
-    ``node-storage-durable`` is node_a's with a durable tier (a local directory)
-    draining it meanwhile, whose fall-through must not change what a caller sees."""
+    node, where files are read natively and written straight into staging."""
     base = tmp_path / "base"
     (base / "dir" / "sub").mkdir(parents=True)
     (base / "dir" / "a").write_bytes(b"abc")
     (base / "big").write_bytes(BODY)
     if request.param == "local":
         return pafs.LocalFileSystem(), str(base)
-    if request.param == "node-storage-durable":  # the same contract with a durable tier
-        durable = tmp_path.parent / f"{tmp_path.name}-durable"
-        durable.mkdir()
-        root = str(tmp_path)
-        fs = storage_filesystem(
-            node=node_ids()["node_a"], config=CONFIG, root=root, durable=f"file://{durable}"
-        )
-        return fs, str(base)
     node = "node_a" if request.param == "node-storage" else "head"
     return storage_filesystem(node=node_ids()[node], config=CONFIG, root=str(tmp_path)), str(base)
 
