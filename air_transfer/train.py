@@ -325,15 +325,8 @@ class TrainStorageHandler(NodeStorageHandler):
     chunked transfer, pipelined, written by the verified ``O_DIRECT`` writer and
     published whole; and ``reclaim_reports`` deletes what a stopped round stored."""
 
-    def __init__(
-        self,
-        node_id: str | None,
-        root: str = "/",
-        config: TransferConfig | None = None,
-        durable: DurableTarget | None = None,
-        drain: DrainSettings | None = None,
-    ) -> None:
-        super().__init__(node_id, root, config, durable, drain)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         _ray.install_train_hooks(upload_directory, download_directory, reclaim_reports)
 
 

@@ -85,19 +85,24 @@ def disk_used(root: str) -> int:
 
 
 def report_loop(config: dict[str, Any]) -> None:
-    """The training worker: one timed report per source, times to ``config["log"]``."""
+    """The training worker: one timed report per source (``config["mode"]``: Ray's
+    upload mode, SYNC by default), each report's blocking time to ``config["log"]``."""
+    mode = ray.train.CheckpointUploadMode[config.get("mode", "SYNC")]
     for i, path in enumerate(config["sources"]):
         os.sync()  # the previous report's writes are not flushed on this one's clock
         start = time.perf_counter()
         ray.train.report(
             {"report": i},
             checkpoint=ray.train.Checkpoint.from_directory(path),
+            checkpoint_upload_mode=mode,
             delete_local_checkpoint_after_upload=False,
         )
         ray.get(config["log"].append.remote(time.perf_counter() - start))
 
 
-class _Log:
+class TimeLog:
+    """Where the worker puts each report's seconds (an actor: ``new_time_log``)."""
+
     def __init__(self) -> None:
         self.seconds: list[float] = []
 
@@ -108,6 +113,10 @@ class _Log:
         return self.seconds
 
 
+def new_time_log() -> Any:
+    return ray.remote(num_cpus=0)(TimeLog).remote()
+
+
 def run_contender(
     contender: str, sources: list[str], storage_node: str, config: TransferConfig, data_dir: str
 ) -> dict[str, Any]:
@@ -116,7 +125,7 @@ def run_contender(
     fs = storage_filesystem(node=storage_node, config=config, root=storage_dir)
     agent = node_agent(storage_node)
     before = ray.get(agent.incremental_counters.remote())
-    log: Any = ray.remote(num_cpus=0)(_Log).remote()
+    log: Any = new_time_log()
     first = sources[0]
     checkpoint_bytes = sum(os.path.getsize(os.path.join(first, n)) for n in os.listdir(first))
     try:

@@ -47,7 +47,7 @@ import air_transfer
 from air_transfer import StorageConfig, TransferConfig
 from air_transfer.storage.client.handler import node_storage_handler
 from benchmarks.bench.data import tree_digest
-from benchmarks.bench.incremental_path import REPORTS, make_sources
+from benchmarks.bench.incremental_path import REPORTS, make_sources, new_time_log, report_loop
 from benchmarks.bench.runner import progress
 from benchmarks.bench.s3_endpoint import S3Endpoint
 from benchmarks.bench.session import CROSS_NODES, machine_info, ray_session
@@ -61,31 +61,6 @@ BUCKET = "bench"
 #: Checkpoints each run keeps (the older ones are deleted, from the bucket too): the
 #: endpoint holds its objects in memory.
 KEEP = 2
-
-
-def report_loop(config: dict[str, Any]) -> None:
-    """The training worker: one timed report per source, its blocking time logged."""
-    mode = ray.train.CheckpointUploadMode[config["mode"]]
-    for i, path in enumerate(config["sources"]):
-        start = time.perf_counter()
-        ray.train.report(
-            {"report": i},
-            checkpoint=ray.train.Checkpoint.from_directory(path),
-            checkpoint_upload_mode=mode,
-            delete_local_checkpoint_after_upload=False,
-        )
-        ray.get(config["log"].append.remote(time.perf_counter() - start))
-
-
-class _Log:
-    def __init__(self) -> None:
-        self.seconds: list[float] = []
-
-    def append(self, seconds: float) -> None:
-        self.seconds.append(seconds)
-
-    def get(self) -> list[float]:
-        return self.seconds
 
 
 def run_contender(
@@ -102,7 +77,7 @@ def run_contender(
         storage_path = os.path.join(root, "runs")
     else:
         fs, storage_path = s3, f"{BUCKET}/{contender}"
-    log: Any = ray.remote(num_cpus=0)(_Log).remote()
+    log: Any = new_time_log()
     try:
         result = DataParallelTrainer(
             report_loop,

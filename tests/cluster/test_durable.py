@@ -24,7 +24,7 @@ from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.durable.target import DurableTarget
 from tests.support.checkpoints import MiB
 from tests.support.cluster import node_ids
-from tests.support.s3 import S3Server, s3_server
+from tests.support.s3 import S3Server, bucket_server
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("cluster")
@@ -32,9 +32,7 @@ pytestmark = pytest.mark.usefixtures("cluster")
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    with s3_server(tmp_path_factory.mktemp("moto")) as server:
-        server.create_bucket("tier")
-        yield server
+    yield from bucket_server(tmp_path_factory.mktemp("moto"), "tier")
 
 
 def _storage(s3: S3Server, tmp_path: Path, prefix: str, **settings: Any) -> pafs.FileSystem:

@@ -21,7 +21,7 @@ from air_transfer import StorageConfig, TransferConfig
 from air_transfer.storage.durable import reads
 from tests.support.cluster import node_ids
 from tests.support.dcp_fns import Rank, gang, owned, sharded_state, tensor, zeroed
-from tests.support.s3 import S3Server, s3_server
+from tests.support.s3 import S3Server, bucket_server
 
 pytestmark = [
     pytest.mark.usefixtures("cluster"),
@@ -32,9 +32,7 @@ CHUNK = 256 * 1024
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    with s3_server(tmp_path_factory.mktemp("moto")) as server:
-        server.create_bucket("tier")
-        yield server
+    yield from bucket_server(tmp_path_factory.mktemp("moto"), "tier")
 
 
 @pytest.fixture(scope="module")

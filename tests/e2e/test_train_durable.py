@@ -28,7 +28,7 @@ from tests.support import shared_ray
 from tests.support.checkpoints import MiB
 from tests.support.cluster import shared_cluster
 from tests.support.dcp_fns import dcp_train_loop
-from tests.support.s3 import S3Server, s3_server
+from tests.support.s3 import S3Server, bucket_server
 from tests.support.train_fns import train_loop
 
 SIZE = 2 * MiB + 7
@@ -37,9 +37,7 @@ ON_NODE_A = {"CPU": 1, "node_a": 0.01}
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    with s3_server(tmp_path_factory.mktemp("moto")) as server:
-        server.create_bucket("runs")
-        yield server
+    yield from bucket_server(tmp_path_factory.mktemp("moto"), "runs")
 
 
 def _fit(root: Path, fs: pafs.FileSystem, steps: int, **loop: Any) -> ray.train.Result:

@@ -195,3 +195,10 @@ def s3_server(log_dir: Path) -> Iterator[S3Server]:
         yield server
     finally:
         server.stop()
+
+
+def bucket_server(log_dir: Path, bucket: str) -> Iterator[S3Server]:
+    """The body of a module's ``s3`` fixture: a server holding ``bucket``."""
+    with s3_server(log_dir) as server:
+        server.create_bucket(bucket)
+        yield server

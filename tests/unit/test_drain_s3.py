@@ -22,7 +22,7 @@ from air_transfer.storage.durable import reads
 from air_transfer.storage.durable.target import DurableTarget, is_staged
 from tests.support.drains import assert_same, drained, draining, local_target
 from tests.support.procs import REPO_ROOT, child_env
-from tests.support.s3 import S3Server, s3_server
+from tests.support.s3 import S3Server, bucket_server
 from tests.support.trees import write_file
 from tests.support.waiting import eventually
 
@@ -31,9 +31,7 @@ MiB = 1024 * 1024
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    with s3_server(tmp_path_factory.mktemp("moto")) as server:
-        server.create_bucket("ckpts")
-        yield server
+    yield from bucket_server(tmp_path_factory.mktemp("moto"), "ckpts")
 
 
 def test_drained_into_s3_bit_identical(s3: S3Server, tmp_path: Path) -> None:

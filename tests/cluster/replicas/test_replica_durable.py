@@ -22,15 +22,13 @@ from tests.support.checkpoints import MiB
 from tests.support.cluster import node_ids
 from tests.support.node_storage import CONFIG
 from tests.support.replicas import remove, tree, view, workers
-from tests.support.s3 import S3Server, s3_server
+from tests.support.s3 import S3Server, bucket_server
 from tests.support.waiting import eventually
 
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    with s3_server(tmp_path_factory.mktemp("moto")) as server:
-        server.create_bucket("tier")
-        yield server
+    yield from bucket_server(tmp_path_factory.mktemp("moto"), "tier")
 
 
 def _bucket(s3: S3Server, prefix: str) -> dict[str, bytes | None]:
