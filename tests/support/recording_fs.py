@@ -5,6 +5,7 @@ check the order in which a writer published its files."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -16,11 +17,15 @@ class RecordingHandler(pafs.FileSystemHandler):  # type: ignore[misc]
     def __init__(self) -> None:
         self.fs = pafs.LocalFileSystem()
         self.published: list[str] = []
+        #: Called with each path published, once it is (a test's next move).
+        self.after_publish: Callable[[str], None] | None = None
         self._lock = threading.Lock()
 
     def _note(self, path: str) -> None:
         with self._lock:
             self.published.append(path)
+        if self.after_publish is not None:
+            self.after_publish(path)
 
     def __eq__(self, other: object) -> bool:
         return self is other

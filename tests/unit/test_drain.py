@@ -232,3 +232,34 @@ def test_a_copy_that_does_not_lead_never_drains_until_it_does(tmp_path: Path) ->
     finally:
         drainer.stop()
     assert_same(root, target)
+
+
+def test_a_delete_waits_while_a_newer_file_may_be_copied_from_what_it_deletes(
+    tmp_path: Path,
+) -> None:
+    """Reports faster than the tier, pruned by ``num_to_keep``: the next report (its
+    frozen file the same bytes) lands while the tier uploads the first, and the first
+    is deleted meanwhile. The delete waits a pass, so the newer file is copied inside
+    the tier from the first rather than sent again."""
+    root = tmp_path / "root"
+    frozen = random.Random(10).randbytes(300_000)
+    write_file(root / "ckpt_0" / "frozen.bin", frozen)
+    handler = RecordingHandler()
+    (tmp_path / "durable").mkdir()
+    target = DurableTarget.parse((pafs.PyFileSystem(handler), str(tmp_path / "durable")))
+    with draining(root, target) as drainer:
+
+        def next_report(dest: str) -> None:  # once ckpt_0's file is in the tier
+            if dest.endswith("ckpt_0/frozen.bin") and not (root / "ckpt_1").exists():
+                write_file(root / "ckpt_1" / "frozen.bin", frozen)
+                drainer.tombstones.add("ckpt_0")
+                (root / "ckpt_0" / "frozen.bin").unlink()
+                (root / "ckpt_0").rmdir()
+
+        handler.after_publish = next_report
+        drained(drainer)
+        status = drained(drainer)
+    assert (root / "ckpt_1").exists()
+    assert status.uploaded_bytes == len(frozen) and status.copied_bytes == len(frozen)
+    assert status.deletes_pending == 0
+    assert_same(root, target)

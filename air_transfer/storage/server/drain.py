@@ -42,6 +42,8 @@ from air_transfer.storage.server.drain_upload import RateLimit, measure, upload,
 logger = logging.getLogger(__name__)
 #: Paths named in a timeout or a status (the first ones).
 SHOWN = 20
+#: Passes a delete may wait for newer files that may be copies of what it deletes.
+DEFER_PASSES = 3
 #: How much nicer than the agent the drain's threads run (hashing and sending).
 BACKGROUND_NICE = 10
 
@@ -113,6 +115,8 @@ class Drainer:
         self._last_error: str | None = None
         self._passes = 0
         self._logged: set[str] = set()
+        #: Deletes kept back while a newer file may be copied from what they delete.
+        self._deferred: dict[str, int] = {}
         self._thread = threading.Thread(
             target=self._run, name=f"air-transfer-drain {root}", daemon=True
         )
@@ -337,10 +341,13 @@ class Drainer:
         with self.deletes:  # every delete noted so far is done in node storage
             pending = self.tombstones.pending()
             present = {key: exists(self.root, rel) for key, rel in pending.items()}
+        sizes = self._sizes_behind() if pending else set()
         applied = False
         for key, rel in pending.items():
             if self._named(rel):
                 continue  # a last file still names it: after that file changes
+            if self._source_of_pending(key, rel, sizes):
+                continue  # a file still to upload may be a copy of one under it
             removed = apply_delete(
                 self.root, self.target, rel, present[key], list(self._state.records)
             )
@@ -353,8 +360,32 @@ class Drainer:
                     d for d in self._state.dirs_made if not _under(d, rel) or present[key]
                 }
             self.tombstones.remove(key)
+            self._deferred.pop(key, None)
             applied = True
         return applied
+
+    def _sizes_behind(self) -> set[int]:
+        """The sizes of node storage's files the tier lacks now (written during the
+        pass): files with the bytes of one of them may serve as its copy's source."""
+        files = scan(self.root).files.values()
+        return {s.size for s in files if self._state.versions.get(s.rel) != s.version}
+
+    def _source_of_pending(self, key: str, rel: str, sizes: set[int]) -> bool:
+        """Whether to keep ``rel``'s files in the tier one more pass: a file written
+        since the pass began, not uploaded yet, has the size of one of them (so it may
+        be copied from it inside the tier, rather than sent: reports faster than the
+        tier, pruned by ``num_to_keep``), for at most ``DEFER_PASSES`` passes."""
+        if not sizes:
+            return False
+        with self._cond:
+            held = {r.size for p, r in self._state.records.items() if _under(p, rel)}
+        if not held & sizes:
+            return False
+        deferred = self._deferred.get(key, 0)
+        if deferred >= DEFER_PASSES:
+            return False
+        self._deferred[key] = deferred + 1
+        return True
 
     def _named(self, rel: str) -> bool:
         name = posixpath.basename(rel).encode()
