@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-from prometheus_client.parser import text_string_to_metric_families
 
 METRIC = "ray_object_manager_bytes"
 #: The raylets' metrics report interval of a run that reads these (its system config).
@@ -24,12 +23,26 @@ Bytes = dict[str, dict[str, float]]
 
 def parse(text: str) -> dict[str, float]:
     """``Type -> bytes`` of ``METRIC`` in a Prometheus text page (summed per Type)."""
+    text_string_to_metric_families = prometheus_parser()
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == METRIC and "Type" in s.labels:
                 out[s.labels["Type"]] = out.get(s.labels["Type"], 0.0) + s.value
     return out
+
+
+def prometheus_parser() -> Any:
+    """``prometheus_client``'s page parser; it comes with Ray's metrics agent
+    (``ray[default]``), which ``--readers`` needs to read the raylets' counters."""
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError as e:
+        raise SystemExit(
+            "bench --readers reads the bytes each raylet moved from Ray's metrics agent: "
+            "pip install 'ray[default]==2.60.*' (it brings prometheus_client)"
+        ) from e
+    return text_string_to_metric_families
 
 
 def endpoints() -> dict[str, str]:

@@ -1,6 +1,6 @@
 """An S3 endpoint for ``bench --tiered``: moto's standalone server in a process of its
-own on this machine (``moto[server]``, installed with the bench extra), reached
-through pyarrow's ``S3FileSystem``."""
+own on this machine (``pip install 'moto[server]'``: not in the bench extra, which
+keeps the main job's install small), reached through pyarrow's ``S3FileSystem``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ class S3Endpoint:
             self.port = int(s.getsockname()[1])
         self._log = open(os.path.join(log_dir, "moto-server.log"), "wb")
         moto = os.path.join(os.path.dirname(sys.executable), "moto_server")
+        if not os.path.exists(moto):
+            raise SystemExit("bench --tiered runs moto's S3 server: pip install 'moto[server]'")
         self.process = subprocess.Popen(
             [moto, "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=self._log,
