@@ -181,8 +181,9 @@ def run_line(
         if step.startswith("python -m benchmarks bench"):
             run(f"pip install -q {TORCH_CPU}", env)
             run(TORCH_EXTRA, env)
-            run(f"{without_plot(step)} {shlex.join(DCP_FLAGS)}", env)
-            check_outputs(step)
+            dcp = without_plot(step)
+            run(f"{dcp} {shlex.join(DCP_FLAGS)}", env)
+            check_outputs(dcp)
 
 
 def check_install(installs: list[str], python: Path, work: Path, sdist: Path, wheel: Path) -> None:
