@@ -17,11 +17,10 @@ The test command is run by ``.ci/run`` itself, in the fresh environment the lint
 use too. Every other command runs here at a small size (``SMALL``: the same command
 with flags that shrink its work, never ones that skip a step), and a command that
 names output files (``--json``, ``--plot``) must have written them; a JSON report's
-every row must be measured and verified (or skipped, with its reason). The main job
-is also run with ``--dcp`` after the repository's torch extra is added to its
-environment. Wherever a torch extra is installed, a CPU build of torch is installed
-first (as a PyTorch user has one: an unpinned torch would download a multi-GB CUDA
-build).
+every row must be measured and verified (or skipped, with its reason). Wherever a
+torch extra is installed, a CPU build of torch is installed first (as a PyTorch user
+has one: an unpinned torch would download a multi-GB CUDA build). The bench's other
+modes (``--dcp``, ``--train``, ...) are not README commands: the test suite runs them.
 """
 
 from __future__ import annotations
@@ -45,10 +44,8 @@ SMALL = {
     "python -m benchmarks bench": ["--sizes", "0.02", "--repeats", "1"],
     "python -m benchmarks demo": [],
 }
-#: The DCP variant of the main job, and what its environment gets first.
-DCP_FLAGS = ["--dcp", "--dcp-mib", "4", "--repeats", "1"]
+#: What a torch extra's environment gets first.
 TORCH_CPU = "torch==2.13.0"
-TORCH_EXTRA = "pip install -q -e '.[torch]'"
 
 
 def blocks(readme: Path = ROOT / "README.md") -> list[list[list[str]]]:
@@ -116,15 +113,6 @@ def small(step: str) -> str:
     return step
 
 
-def without_plot(step: str) -> str:
-    """``step`` without its ``--plot FILE`` (the bench's ``--dcp`` draws none)."""
-    words = shlex.split(step)
-    if "--plot" in words:
-        at = words.index("--plot")
-        del words[at : at + 2]
-    return shlex.join(words)
-
-
 def check_outputs(step: str) -> None:
     words = shlex.split(step)
     for flag in ("--json", "--plot"):
@@ -178,12 +166,6 @@ def run_line(
     for step in steps:
         run(small(step), env)
         check_outputs(step)
-        if step.startswith("python -m benchmarks bench"):
-            run(f"pip install -q {TORCH_CPU}", env)
-            run(TORCH_EXTRA, env)
-            dcp = without_plot(step)
-            run(f"{dcp} {shlex.join(DCP_FLAGS)}", env)
-            check_outputs(dcp)
 
 
 def check_install(installs: list[str], python: Path, work: Path, sdist: Path, wheel: Path) -> None:
