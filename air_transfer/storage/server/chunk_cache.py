@@ -39,7 +39,7 @@ import pyarrow.fs as pafs
 
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import Where, at, oserror
-from air_transfer.core.confined import ConfinedSource, lstat_resolved
+from air_transfer.core.confined_dirs import ConfinedSource, lstat_resolved
 from air_transfer.core.entry import Entry
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.plan import ChunkPlan, plan_chunks
@@ -264,7 +264,7 @@ class DirectoryTransfers:
         ``root``) as it is now, and this reader's lease on it, to ``release`` once
         the checkpoint is read."""
         real = at(root, path, lambda w: _directory(w, path))
-        # Scanned and packed confined (``core.confined``), not by this path again.
+        # Scanned and packed confined (``core.confined_dirs``), not by this path again.
         source = ConfinedSource(pafs.LocalFileSystem(), real, storage_root=root)
         scanned = scan(source, config.follow_symlinks)
         key = (real, config, scanned.entries, tuple(map(_version, scanned.stamps)))
