@@ -9,16 +9,23 @@ imported at first use (PEP 562): they need Ray Train, whose import (pandas, Ray
 Data) costs ~1 s of CPU, and every process that runs the library's code (each
 node's agent, each packing task's worker) imports this package, most of them never
 touching Ray Train.
+
+For the same reason this module is where the layers meet: it hands the lower layers
+the classes above them they start or store (``core.provided``): the agent's class to
+``cluster.nodes``, the checkpoint class to ``transfer.submit``, the replica
+registry's class to ``storage.client.replica_set``, each imported at first use. The
+lazy public names below are the one place the package imports by dotted name.
 """
 
 from __future__ import annotations
 
 import importlib
 import warnings
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from air_transfer.cluster.nodes import node_agent, shutdown_agents
+from air_transfer.cluster.nodes import AGENT_CLASS, node_agent, shutdown_agents
 from air_transfer.config import StorageConfig, TransferConfig
 from air_transfer.errors import (
     CheckpointLostError,
@@ -26,7 +33,10 @@ from air_transfer.errors import (
     ManifestError,
     SourceChangedError,
 )
+from air_transfer.storage.client.replica_set import REGISTRY_CLASS
 from air_transfer.transfer.future import TransferFuture
+from air_transfer.transfer.handle import TransferHandle
+from air_transfer.transfer.submit import CHECKPOINT_OF
 
 if TYPE_CHECKING:
     from air_transfer.checkpoint import ChunkedCheckpoint
@@ -79,6 +89,29 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def _agent_class() -> type:
+    from air_transfer.agent import NodeAgent
+
+    return NodeAgent
+
+
+def _registry_class() -> type:
+    from air_transfer.storage.server.replica_host import ReplicaHost
+
+    return ReplicaHost
+
+
+def _checkpoint_of() -> Callable[[TransferHandle], object]:
+    from air_transfer.checkpoint import ChunkedCheckpoint
+
+    return ChunkedCheckpoint._from_handle
+
+
+AGENT_CLASS.provide(_agent_class)
+REGISTRY_CLASS.provide(_registry_class)
+CHECKPOINT_OF.provide(_checkpoint_of)
 
 
 def __dir__() -> list[str]:

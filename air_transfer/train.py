@@ -426,7 +426,7 @@ def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) 
     ``local_path`` as Ray Train's restore does; False for anything else (Ray copies).
 
     On the storage node: a local copy. Elsewhere: the storage node's agent packs the
-    directory once for all readers (``disk_chunks.DirectoryTransfers``: every reader
+    directory once for all readers (``chunk_cache.DirectoryTransfers``: every reader
     in flight shares the one pack, whatever its size) and it is written here as any
     transfer is: verified, ``O_DIRECT``, published whole.
     """

@@ -3,15 +3,14 @@
 Lower layers (the ``streamed`` strategy, ``owner="node"`` packing, node storage) need
 the agent of some node, but must not import the agent actor, which sits above them
 and composes their services. So the agent is looked up here by its actor name and,
-when none runs yet, its class is imported by its dotted name (fsspec resolves its
-``known_implementations`` the same way) and started: one per node, detached, pinned.
+when none runs yet, started from the class the package root hands down
+(``AGENT_CLASS``, a ``core.provided`` slot): one per node, detached, pinned.
 Ray's public API only.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import ipaddress
 import logging
 import re
@@ -23,13 +22,15 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from air_transfer.cluster import identity
 from air_transfer.core.knobs import KNOBS
+from air_transfer.core.provided import Provided
 
 logger = logging.getLogger(__name__)
 
 #: The Ray namespace of every agent (so jobs in other namespaces share them).
 NAMESPACE = "air_transfer"
-#: Where the agent class lives: imported on first start, by name (see above).
-AGENT_CLASS = "air_transfer.agent:NodeAgent"
+#: The agent's class (``agent.NodeAgent``, above this layer), provided by the
+#: package root and loaded on first start (see above).
+AGENT_CLASS: Provided[type] = Provided("the node agent's class")
 _NAME_PREFIX = "air-transfer-agent-"
 #: The replica registry's actor name (``storage.client.replica_set``).
 REGISTRY_NAME = "air-transfer-replicas"
@@ -134,8 +135,7 @@ def _listing(nodes: list[dict[str, Any]]) -> str:
 def _remote_agent_class() -> Any:
     # ray.remote at first use, not at import (Ray Tune's file_transfer does the
     # latter; it registers a remote class in every process that imports it).
-    module, _, name = AGENT_CLASS.partition(":")
-    cls = getattr(importlib.import_module(module), name)
+    cls = AGENT_CLASS.get()
     # Concurrency groups can only be declared here, not in .options().
     remote: Any = ray.remote
     groups = {PACK_GROUP: KNOBS.pack_threads, RELAY_GROUP: KNOBS.relay_threads, HANDOVER_GROUP: 2}

@@ -10,7 +10,7 @@ that last name relative to the open directory (the ``*at`` system calls: ``dir_f
 never following a symlink there either. A component that became a symlink since the
 resolution makes the walk fail, and the path is resolved again from the start (a few
 times; then ``ELOOP``, as for a symlink loop). Whole checkpoint directories, scanned
-and packed or written, are confined on the same basis (``confined``).
+and packed or written, are confined on the same basis (``confined_dirs``).
 
 Residual window: a directory already opened this way that someone renames out of the
 root (which takes write access both inside the root and at the destination) keeps

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from air_transfer.core.direct_base import (
+from air_transfer.core.aligned_writes import (
     ALIGN,
     BOUNCE_BYTES,
     MIN_DIRECT_FILE_BYTES,

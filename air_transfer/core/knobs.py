@@ -66,8 +66,8 @@ class Knobs:
     #: the hand-off, one held by the caller (memory: 3 x chunk_bytes).
     pack_ring_buffers: int = 3
     #: A node-storage chunk nobody asked for in this long leaves the storage agent's
-    #: cache (``storage.disk_chunks``): readers of one checkpoint that start within
-    #: it share its chunks; afterwards the store is not held for nobody.
+    #: cache (``storage.server.chunk_cache``): readers of one checkpoint that start
+    #: within it share its chunks; afterwards the store is not held for nobody.
     read_cache_idle_s: float = 30.0
     #: A reader of a node-storage checkpoint that has not said it is done this long
     #: after it last asked is taken for dead: what it read is then kept only within

@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 
 from air_transfer.core.entry import Entry
 from air_transfer.core.names import MAX_PATH_BYTES, check_relative_path
-from air_transfer.core.scanned import FileRow, Scan, Stamp
+from air_transfer.core.scan_result import FileRow, Scan, Stamp
 from air_transfer.errors import ManifestError, SourceChangedError
 
 __all__ = ["Scan", "Source", "Stamp", "scan"]

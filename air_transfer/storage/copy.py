@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pyarrow.fs as pafs
 
 from air_transfer.config import TransferConfig
-from air_transfer.core.confined import ConfinedSource, write_beneath
+from air_transfer.core.confined_dirs import ConfinedSource, write_beneath
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.readahead import read_chunks_ahead
 from air_transfer.core.scan import Source, scan
@@ -40,7 +40,7 @@ def copy_tree(
     ``download`` for a restore) of node storage.
 
     ``root``: the storage root, which the storage side of the copy (the ``target`` of
-    an upload, the ``source`` of a download) is confined to (``core.confined``).
+    an upload, the ``source`` of a download) is confined to (``core.confined_dirs``).
     ``check`` is called before each chunk; what it raises ends the copy, nothing
     published."""
     upload = phase == "upload"

@@ -9,14 +9,13 @@ the caller's: the caller gets the checkpoint's ref at once as a relay
 What goes into the object store is the transferred checkpoint itself, a
 ``ChunkedCheckpoint`` wrapping the handle, so that a task given the ref receives a
 checkpoint. That class sits above this layer (and above the agent, which calls this):
-it is looked up by its dotted name, as ``cluster.nodes`` looks up the agent class.
+the package root hands down how to make one (``CHECKPOINT_OF``, a ``core.provided``
+slot), as it hands ``cluster.nodes`` the agent class.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import functools
-import importlib
 import os
 import queue
 import threading
@@ -31,6 +30,7 @@ from air_transfer.cluster import leases
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import running_in_agent, this_node_id
 from air_transfer.config import TransferConfig
+from air_transfer.core.provided import Provided
 from air_transfer.core.scan import Source
 from air_transfer.observe.telemetry import packing
 from air_transfer.transfer.handle import RAY_ERRORS, TransferHandle, raise_transfer_error
@@ -38,14 +38,11 @@ from air_transfer.transfer.live_chunks import LiveChunks
 from air_transfer.transfer.start import Prepared, prepare, start, submit
 from air_transfer.transfer.strategies import Registrations, registrations
 
-#: The class a transferred checkpoint is stored as (imported on first use, by name).
-CHECKPOINT_CLASS = "air_transfer.checkpoint:ChunkedCheckpoint"
-
-
-@functools.cache
-def _checkpoint_class() -> Any:
-    module, _, name = CHECKPOINT_CLASS.partition(":")
-    return getattr(importlib.import_module(module), name)
+#: What a transferred checkpoint is stored as: the ``ChunkedCheckpoint`` of a handle,
+#: made by what the package root provides (loaded on first use, see above).
+CHECKPOINT_OF: Provided[Callable[[TransferHandle], object]] = Provided(
+    "the checkpoint of a transfer handle"
+)
 
 
 #: What a transfer's completion is known as once its packing is submitted: the ref
@@ -84,7 +81,7 @@ def _hand_over(
     ``key`` (or what submitting raised, for its readers); the completion ref."""
     try:
         handle, done = start(prepared)
-        checkpoint = _checkpoint_class()._from_handle(handle)
+        checkpoint = CHECKPOINT_OF.get()(handle)
     except Exception as e:
         try:
             agent.relay(key, e)
@@ -170,7 +167,7 @@ def put_transfer(
     completion (None if packed) and the handle. ``blocking``: as for ``start.start``."""
     handle, done = submit(source, config, registered, live, blocking)
     try:
-        ref = ray.put(_checkpoint_class()._from_handle(handle))
+        ref = ray.put(CHECKPOINT_OF.get()(handle))
     except BaseException:
         if live is not None:  # nobody can read it: offer none of its chunks again
             live.drop([handle.transfer_id])

@@ -75,7 +75,7 @@ class Packer:
 
 
 def test_file_chunks_for_other_nodes_are_read_inside(attack: Attack) -> None:
-    """A file's chunks packed for readers on other nodes (``disk_chunks.FileChunks``)."""
+    """A file's chunks packed for readers on other nodes (``chunk_cache.FileChunks``)."""
     r = attack.r
 
     def read(i: int) -> None:
@@ -87,7 +87,7 @@ def test_file_chunks_for_other_nodes_are_read_inside(attack: Attack) -> None:
 
 def test_a_directory_transfer_is_scanned_and_packed_inside(attack: Attack) -> None:
     """A checkpoint directory packed for Train's restores on other nodes
-    (``disk_chunks.DirectoryTransfers``): confined, then scanned and read by path."""
+    (``chunk_cache.DirectoryTransfers``): confined, then scanned and read by path."""
     r = attack.r
 
     def start(source: Source, config: TransferConfig) -> tuple[Any, Any]:

@@ -17,8 +17,8 @@ import pytest
 
 from air_transfer import ChecksumError
 from air_transfer.config import MiB
+from air_transfer.core.aligned_writes import aligned_buffer
 from air_transfer.core.checksum import chunk_checksum, chunk_hasher
-from air_transfer.core.direct_base import aligned_buffer
 from air_transfer.core.direct_io import ALIGN, MEM_ALIGN, MIN_DIRECT_FILE_BYTES, DirectFileWriter
 from air_transfer.core.writer import write_tree
 from tests.support.packs import local_pack, no_staging_left

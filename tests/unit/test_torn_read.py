@@ -18,7 +18,7 @@ import pytest
 
 from air_transfer import SourceChangedError
 from air_transfer.config import KiB
-from air_transfer.core.confined import ConfinedSource
+from air_transfer.core.confined_dirs import ConfinedSource
 from air_transfer.core.plan import Span
 from air_transfer.core.proven_read import RACY_WINDOW_NS
 from air_transfer.core.scan import Scan, Source, Stamp, scan

@@ -1,8 +1,9 @@
 """Node storage replicas, the caller's view: the cluster's replica registry (one
 actor on the head node, started by the first user) and which copy to use.
 
-The registry's class sits in ``storage.server`` (the other room), so it is started
-by its dotted name, as ``cluster.nodes`` starts the agent. Every call goes through
+The registry's class sits in ``storage.server`` (the other room), so the package
+root hands it down (``REGISTRY_CLASS``, a ``core.provided`` slot), as it hands
+``cluster.nodes`` the agent class. Every call goes through
 ``call``: when the registry's actor dies under it, the next caller starts another
 from the record it saved, and the call is made again there (each is idempotent).
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import importlib
 import logging
 import posixpath
 import random
@@ -44,11 +44,13 @@ from air_transfer.cluster.nodes import (
     live_node_ids,
     this_node_id,
 )
+from air_transfer.core.provided import Provided
 from air_transfer.errors import CheckpointLostError
 from air_transfer.storage.replica_wire import Owner
 
-#: The registry's class, imported on first start by name (see above).
-REGISTRY_CLASS = "air_transfer.storage.server.replica_host:ReplicaHost"
+#: The registry's class (``storage.server.replica_host.ReplicaHost``), provided by
+#: the package root and loaded on first start (see above).
+REGISTRY_CLASS: Provided[type] = Provided("the replica registry's class")
 #: How long a call keeps trying registries started again before it gives up.
 RETRY_S = 60.0
 #: The longest pause between two asks of a change waiting for its paths (seconds).
@@ -64,9 +66,8 @@ Copy = tuple[str, str]
 
 @functools.cache
 def _remote_class() -> Any:
-    module, _, name = REGISTRY_CLASS.partition(":")
     remote: Any = ray.remote
-    return remote(getattr(importlib.import_module(module), name))
+    return remote(REGISTRY_CLASS.get())
 
 
 def registry() -> Any:

@@ -4,11 +4,11 @@ chunks through the object store with a bounded number in flight.
 ``AgentLink`` is the caller's connection to one storage node's agent: it finds the
 agent by name, runs one disk operation per call, and turns Ray's wrappers back into
 the OSError the agent raised. A read asks the agent for the refs of the file's
-chunks (``disk_chunks``: packed once, confined to the storage root, shared by every
-reader) and fetches ``window`` of them ahead, handing pyarrow views of the chunks
-themselves; a seek to another chunk starts from there, fetching only the chunks of
-the read that sought until the reader goes on past them (a byte-range read costs
-its own chunks, not a window of them). Writes: ``chunk_writer``.
+chunks (``storage.server.chunk_cache``: packed once, confined to the storage root,
+shared by every reader) and fetches ``window`` of them ahead, handing pyarrow views
+of the chunks themselves; a seek to another chunk starts from there, fetching only
+the chunks of the read that sought until the reader goes on past them (a byte-range
+read costs its own chunks, not a window of them). Writes: ``chunk_writer``.
 Memory stays at a few chunks whatever the file size.
 """
 
@@ -150,7 +150,7 @@ def _chunks(
     ``last`` (what the read that opened the stream needs: a byte range, as torch DCP
     reads, costs only its chunks), then, once the reader asks for more, the rest
     with ``config.window`` fetched ahead. The storage agent packs each chunk once and
-    shares it between readers (``disk_chunks``)."""
+    shares it between readers (``storage.server.chunk_cache``)."""
     cb = read_chunk_bytes(link.config)
     end = -(-size // cb)
     mid = max(first, min(last + 1, end))

@@ -39,7 +39,7 @@ import pyarrow.fs as pafs
 
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import Where, at, oserror
-from air_transfer.core.confined import ConfinedSource, lstat_resolved
+from air_transfer.core.confined_dirs import ConfinedSource, lstat_resolved
 from air_transfer.core.entry import Entry
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.plan import ChunkPlan, plan_chunks
@@ -50,6 +50,30 @@ from air_transfer.errors import SourceChangedError
 Submit = Callable[[Source, Iterable[ChunkPlan]], tuple[list[Any], list[Any]]]
 #: What identifies one chunk of one version of a file.
 Key = tuple[str, int, int, int, int, int, int]
+
+
+class Reaper:
+    """Expires a cache's idle entries even when no reader asks any more: a daemon
+    thread, named ``name``, started by the cache's first request, that calls
+    ``expire(now)`` under the cache's ``lock`` every half ``KNOBS.read_cache_idle_s``."""
+
+    def __init__(self, name: str, lock: threading.Lock, expire: Callable[[float], None]) -> None:
+        self.name = name
+        self._lock = lock
+        self._expire = expire
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread unless it runs already; call with the cache's lock held."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(KNOBS.read_cache_idle_s / 2)
+            with self._lock:
+                self._expire(time.monotonic())
 
 
 @dataclass
@@ -69,7 +93,7 @@ class FileChunks:
         self._entries: OrderedDict[Key, _Entry] = OrderedDict()
         self._held = 0  # bytes of the entries
         self._counts = {"bytes_read": 0, "bytes_served": 0, "chunks_packed": 0, "hits": 0}
-        self._reaper: threading.Thread | None = None
+        self._reaper = Reaper("air-transfer-read-cache", self._lock, self._expire)
 
     def refs(
         self,
@@ -105,7 +129,7 @@ class FileChunks:
         wanted = range(first, min(first + count, last))
         now = time.monotonic()
         with self._lock:
-            self._start_reaper()
+            self._reaper.start()
             self._expire(now)
             found: dict[int, _Entry] = {}
             for index in wanted:
@@ -140,20 +164,6 @@ class FileChunks:
         """Bytes read from disk and served, chunks packed, cache hits, bytes held."""
         with self._lock:
             return {**self._counts, "bytes_held": self._held}
-
-    def _start_reaper(self) -> None:
-        """Expire idle entries even when no reader asks any more (a daemon thread)."""
-        if self._reaper is None:
-            self._reaper = threading.Thread(
-                target=self._reap, name="air-transfer-read-cache", daemon=True
-            )
-            self._reaper.start()
-
-    def _reap(self) -> None:
-        while True:
-            time.sleep(KNOBS.read_cache_idle_s / 2)
-            with self._lock:
-                self._expire(time.monotonic())
 
     def clear(self) -> None:
         """Drop every entry (readers keep what they hold)."""
@@ -257,24 +267,20 @@ class DirectoryTransfers:
         self.started = 0  # transfers packed (tests, the bench)
         self.bytes_read = 0  # file bytes of the transfers packed: each read once
         self.bytes_served = 0  # file bytes of every transfer handed to a reader
-        self._reaper: threading.Thread | None = None
+        self._reaper = Reaper("air-transfer-transfer-cache", self._lock, self._expire)
 
     def ref(self, root: str, path: str, config: TransferConfig) -> tuple[Any, str]:
         """The ref of a transferred checkpoint of directory ``path`` (confined to
         ``root``) as it is now, and this reader's lease on it, to ``release`` once
         the checkpoint is read."""
         real = at(root, path, lambda w: _directory(w, path))
-        # Scanned and packed confined (``core.confined``), not by this path again.
+        # Scanned and packed confined (``core.confined_dirs``), not by this path again.
         source = ConfinedSource(pafs.LocalFileSystem(), real, storage_root=root)
         scanned = scan(source, config.follow_symlinks)
         key = (real, config, scanned.entries, tuple(map(_version, scanned.stamps)))
         now = time.monotonic()
         with self._lock:
-            if self._reaper is None:  # expire idle transfers when nobody asks either
-                self._reaper = threading.Thread(
-                    target=self._reap, name="air-transfer-transfer-cache", daemon=True
-                )
-                self._reaper.start()
+            self._reaper.start()
             self._expire(now)
             held = self._held.get(key)
             if held is None:
@@ -312,12 +318,6 @@ class DirectoryTransfers:
             self._held.clear()
             self._leases = Leases()
             self.bytes_held = 0
-
-    def _reap(self) -> None:
-        while True:
-            time.sleep(KNOBS.read_cache_idle_s / 2)
-            with self._lock:
-                self._expire(time.monotonic())
 
     def _expire(self, now: float) -> None:
         self._leases.expire(now)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import open_regular, real_root
-from air_transfer.core.confined import write_beneath
+from air_transfer.core.confined_dirs import write_beneath
 from air_transfer.core.entry import Entry
 from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.plan import ChunkPlan

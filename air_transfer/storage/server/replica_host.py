@@ -4,7 +4,8 @@ threads that resolve the changes whose caller died (``dead_ops``) and repair wha
 is short of copies (``repair``), its record saved in the cluster's GCS key-value
 store (``GcsStore``), so that a registry started again after this one died knows
 every copy that is stale. Started by the first process that uses a replicated
-storage (``storage.client.replica_set``), by its dotted name.
+storage (``storage.client.replica_set``), from this class as the package root hands
+it down.
 """
 
 from __future__ import annotations

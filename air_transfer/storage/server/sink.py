@@ -16,7 +16,7 @@ import pyarrow.fs as pafs
 
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.config import TransferConfig
-from air_transfer.core.confined import write_beneath
+from air_transfer.core.confined_dirs import write_beneath
 from air_transfer.storage.copy import copy_tree
 from air_transfer.storage.location import node_storage_location
 from air_transfer.transfer.fs_view import payload_filesystem

@@ -1,6 +1,6 @@
-"""The storage node's cache of file chunks (``storage.disk_chunks``) without Ray: each
-chunk of one version of a file is packed once, kept under the readers' byte budget,
-dropped when idle, and a new version of the file is packed anew; a checkpoint
+"""The storage node's cache of file chunks (``storage.server.chunk_cache``) without
+Ray: each chunk of one version of a file is packed once, kept under the readers' byte
+budget, dropped when idle, and a new version of the file is packed anew; a checkpoint
 directory's transfer is shared by every reader in flight, whatever its size."""
 
 from __future__ import annotations
