@@ -25,6 +25,8 @@ modes (``--dcp``, ``--train``, ...) are not README commands: the test suite runs
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,10 +93,32 @@ def test_command() -> list[str]:
     return tests[0]
 
 
+def builds_in_checkout(step: str) -> bool:
+    """An install of the checkout itself (``pip install -e '.[x]'``, ``pip install
+    .``): setuptools writes its egg-info into the checkout."""
+    checkout = r"""(^|\s)['"]?\.(\[[^\]]*\])?['"]?(\s|$)"""
+    return is_install(step) and re.search(checkout, step) is not None
+
+
+@contextlib.contextmanager
+def checkout_lock(step: str) -> Iterator[None]:
+    """Held while ``step`` builds in the checkout, when ``.ci/run`` runs these commands
+    beside its own installs of the checkout (``CI_CHECKOUT_LOCK``: the file they all
+    lock), so that no two builds write its egg-info at once."""
+    lock = os.environ.get("CI_CHECKOUT_LOCK")
+    if not lock or not builds_in_checkout(step):
+        yield
+        return
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def run(step: str, env: dict[str, str]) -> None:
     print(f"+ {step}", flush=True)
     started = time.monotonic()
-    subprocess.run(["bash", "-c", step], cwd=ROOT, env=env, check=True)
+    with checkout_lock(step):
+        subprocess.run(["bash", "-c", step], cwd=ROOT, env=env, check=True)
     print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
 
 
