@@ -431,8 +431,9 @@ class Drainer:
 
 
 def _background() -> None:
-    """This thread at a lower CPU priority than training (Linux: nice is per thread):
-    the drain is behind the training loop, never in its way."""
+    """This thread at nice ``BACKGROUND_NICE`` (Linux: nice is per thread). Absolute:
+    under Ray's worker nice of 15 that is ahead of the agent's other threads, and
+    measured faster reports than a nice relative to the agent's (docs/durable.md)."""
     with contextlib.suppress(AttributeError, OSError):  # elsewhere: as it is
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
 
