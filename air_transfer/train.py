@@ -325,8 +325,7 @@ class TrainStorageHandler(NodeStorageHandler):
     chunked transfer, pipelined, written by the verified ``O_DIRECT`` writer and
     published whole; and ``reclaim_reports`` deletes what a stopped round stored."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def _constructed(self) -> None:
         _ray.install_train_hooks(upload_directory, download_directory, reclaim_reports)
 
 

@@ -68,6 +68,11 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         self._link: AgentLink | None = None
         self._local: bool | None = None
         self._attached = False
+        self._constructed()
+
+    def _constructed(self) -> None:
+        """What a subclass does once constructed: here, and in every process a copy
+        is unpickled in (``__reduce__`` constructs it again)."""
 
     @property
     def node_id(self) -> str:

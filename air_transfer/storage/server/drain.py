@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 SHOWN = 20
 #: Passes a delete may wait for newer files that may be copies of what it deletes.
 DEFER_PASSES = 3
-#: How much nicer than the agent the drain's threads run (hashing and sending).
+#: The nice of the drain's threads (hashing and sending): absolute (see ``_background``).
 BACKGROUND_NICE = 10
 
 
@@ -248,7 +248,7 @@ class Drainer:
         """Upload ``todo``: every file's checksums first, then one file of each
         content, then the others of the same content (copied inside the tier from
         the first: a frozen file in every report is sent once), ``concurrency`` at
-        a time, at a lower CPU priority than training."""
+        a time, at nice ``BACKGROUND_NICE``."""
         if not todo:
             return
         with ThreadPoolExecutor(
