@@ -19,12 +19,7 @@ from benchmarks.bench.data import GB, checkpoint_sizes, make_checkpoint, tree_di
 from benchmarks.bench.endpoint import Ends
 from benchmarks.bench.measure import Measurement, error_reason, measure_once, skip_reason
 from benchmarks.bench.report import skipped, summarize
-from benchmarks.bench.session import (
-    auto_store_bytes,
-    prefault_memory,
-    store_capacity,
-    touched_bytes,
-)
+from benchmarks.bench.session import auto_store_bytes, prefault_memory, store_capacity
 from benchmarks.units import MiB
 
 
@@ -73,7 +68,7 @@ def prepare(opts: argparse.Namespace, nodes: int) -> Setup:
     store = store or auto_store_bytes(largest, nodes > 1, nodes)
     if opts.prefault:
         progress("prefaulting memory (first touch of a VM's memory is several times slower)")
-        prefault_memory(int(opts.memory_margin_gb * GB), touched_bytes(store, nodes, largest))
+        prefault_memory(int(opts.memory_margin_gb * GB))
     return Setup(config, plan, prepare_sources(opts, plan, config), store)
 
 

@@ -197,20 +197,11 @@ def store_capacity() -> int | None:
     return int(ray.cluster_resources().get("object_store_memory", 0)) or None
 
 
-def touched_bytes(store_bytes: int, nodes: int, largest_bytes: int) -> int:
-    """At most what a run touches: every node's object store, the page cache and
-    private copies of the largest checkpoint (the single-object contender holds about
-    six; eight here), and a GiB for the processes themselves."""
-    return nodes * store_bytes + 8 * largest_bytes + GiB
-
-
-def prefault_memory(margin_bytes: int, touched: int) -> None:
-    """Touch ``touched`` bytes of memory (at most all available but ``margin_bytes``)
-    once, in a child process that then exits, so that no measurement pays a VM's
-    first-touch cost (see --no-prefault); a small run touches little, instead of the
-    minutes that touching a large machine's whole memory takes. It may also evict the
-    page cache; the checkpoints are read (digested) afterwards."""
-    nbytes = max(0, min(touched, psutil.virtual_memory().available - margin_bytes))
+def prefault_memory(margin_bytes: int) -> None:
+    """Touch all available memory but ``margin_bytes`` once, in a child process that
+    then exits, so that no measurement pays a VM's first-touch cost (see --no-prefault).
+    It also evicts the page cache; the checkpoints are read (digested) afterwards."""
+    nbytes = max(0, psutil.virtual_memory().available - margin_bytes)
     code = (
         "import mmap, sys\n"
         "n = int(sys.argv[1]); m = mmap.mmap(-1, n)\n"
