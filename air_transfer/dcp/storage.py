@@ -12,7 +12,6 @@ old one named are deleted. A save that dies before that rename leaves the old
 checkpoint whole (its files are untouched), never old metadata over new files.
 """
 
-
 from __future__ import annotations
 
 import contextlib
@@ -20,12 +19,14 @@ import dataclasses
 import errno
 import io
 import logging
+import mmap
 import os
 import pickle
 import posixpath
+import tempfile
 import uuid
 from collections.abc import Iterator
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, cast
 
 import pyarrow.fs as pafs
 import ray
@@ -357,34 +358,51 @@ class NodeStorageReader(FileSystemReader):
         return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> TorchFuture[None]:
-        """Read this rank's items of ``plan``: each file once, its ranges in offset
-        order; the state dict is written only once every item is read and decoded."""
+        """Read this rank's items of ``plan``, each file once, its ranges in offset
+        order, and stage each decoded tensor in an unlinked file on this node's disk
+        (``TMPDIR``); only once every item is read, verified and decoded is the state
+        dict written, from that file. So a failed load leaves the state dict as it was,
+        and memory holds one decoded tensor and the read window at a time (as torch's
+        own reader does) rather than the rank's whole share; the disk holds the share
+        until the load returns."""
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             relative = self.storage_data[item.storage_index].relative_path
             per_file.setdefault(relative, []).append(item)
-        loaded: list[tuple[ReadItem, Any, torch.Tensor | None]] = []
-        for relative, items in per_file.items():
-            path = posixpath.join(self.path, relative)
-            f: Any
-            with self.fs.create_stream(path, "rb") as f:
-                size = f.size()
-                for item in sorted(items, key=lambda i: self.storage_data[i.storage_index].offset):
-                    loaded.append(self._read_item(f, path, size, item, planner))
-        # Every item is read, decoded and checked: only now is the state dict touched.
-        for item, value, target in loaded:
-            if target is None:
+        with _staging_file() as staging:
+            staged = _Staged(staging)
+            values: list[tuple[ReadItem, io.BytesIO]] = []
+            for relative, items in per_file.items():
+                for item, value, target in self._decoded(relative, items, planner):
+                    if isinstance(value, io.BytesIO):
+                        values.append((item, value))
+                    else:
+                        assert target is not None
+                        staged.add(item, value, target)
+                    del value
+            # Every item is read, decoded and checked: only now is the state dict touched.
+            for item, value in values:
                 planner.load_bytes(item, value)
-            else:
-                target.copy_(value)
-                planner.commit_tensor(item, target)
+            staged.copy_out(planner)
         done: TorchFuture[None] = TorchFuture()
         done.set_result(None)
         return done
 
+    def _decoded(
+        self, relative: str, items: list[ReadItem], planner: LoadPlanner
+    ) -> Iterator[tuple[ReadItem, torch.Tensor | io.BytesIO, torch.Tensor | None]]:
+        """``items`` of file ``relative``, read once in offset order and decoded one
+        at a time (see ``_read_item``)."""
+        path = posixpath.join(self.path, relative)
+        f: Any
+        with self.fs.create_stream(path, "rb") as f:
+            size = f.size()
+            for item in sorted(items, key=lambda i: self.storage_data[i.storage_index].offset):
+                yield self._read_item(f, path, size, item, planner)
+
     def _read_item(
         self, f: Any, path: str, size: int, item: ReadItem, planner: LoadPlanner
-    ) -> tuple[ReadItem, Any, torch.Tensor | None]:
+    ) -> tuple[ReadItem, torch.Tensor | io.BytesIO, torch.Tensor | None]:
         """``item``'s bytes from ``f``, decoded: (item, BytesIO, None) for a
         non-tensor value, (item, tensor, its destination) for a tensor."""
         info = self.storage_data[item.storage_index]
@@ -396,8 +414,9 @@ class NodeStorageReader(FileSystemReader):
                 f"{info.offset}..{end}, the file has {size}; save the checkpoint again",
                 path,
             )
-        data = f.read_at(info.length, info.offset)
-        raw: IO[bytes] = io.BytesIO(memoryview(data))
+        f.seek(info.offset)
+        data = f.read_buffer(info.length)  # node storage: a view of the chunk, no copy
+        raw = cast(IO[bytes], _ViewReader(memoryview(data)))
         del data
         stream = self.transforms.transform_load_stream(item, info.transform_descriptors or (), raw)
         if item.type == LoadItemType.BYTE_IO:
@@ -417,6 +436,103 @@ class NodeStorageReader(FileSystemReader):
                 f"{tuple(target.size())}"
             )
         return item, tensor, target
+
+
+@contextlib.contextmanager
+def _staging_file() -> Iterator[IO[bytes]]:
+    """An unlinked file in ``TMPDIR`` for a load's decoded tensors (gone once
+    closed, or if the process dies)."""
+    try:
+        staging = tempfile.TemporaryFile(prefix="air-transfer-dcp-load-")
+    except OSError as e:
+        raise _not_staged(e, 0) from None
+    with staging:
+        yield staging
+
+
+def _not_staged(failed: OSError, size: int) -> OSError:
+    """The staging file could not hold ``size`` bytes: nothing was loaded."""
+    where = tempfile.gettempdir()
+    return OSError(
+        failed.errno,
+        f"a DCP load stages this rank's tensors on its node's disk before it writes "
+        f"the state dict, and {where!r} could not take {size} bytes "
+        f"({failed.strerror or failed}); nothing was loaded: set TMPDIR to a directory "
+        "with room for this rank's share",
+        where,
+    )
+
+
+class _Staged:
+    """Decoded tensors written one after another to a file, to be copied into their
+    destinations once all are there (``NodeStorageReader.read_data``)."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file = file
+        self.size = 0
+        self.tensors: list[tuple[ReadItem, torch.Tensor, int, torch.dtype, torch.Size]] = []
+
+    def add(self, item: ReadItem, tensor: torch.Tensor, target: torch.Tensor) -> None:
+        """Stage ``tensor``, the value of ``item`` for ``target``, in its own dtype
+        (copying it into ``target`` converts it, as torch's reader does)."""
+        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        try:
+            self.file.write(memoryview(flat.numpy()))
+        except OSError as e:
+            raise _not_staged(e, self.size + flat.numel()) from None
+        self.tensors.append((item, target, self.size, tensor.dtype, tensor.size()))
+        self.size += flat.numel()
+
+    def copy_out(self, planner: LoadPlanner) -> None:
+        """Copy every staged tensor into its destination and commit it."""
+        self.file.flush()
+        mapped = (
+            mmap.mmap(self.file.fileno(), self.size, access=mmap.ACCESS_COPY) if self.size else None
+        )
+        try:
+            for item, target, offset, dtype, shape in self.tensors:
+                count = shape.numel()
+                if count:
+                    assert mapped is not None
+                    source = torch.frombuffer(mapped, dtype=dtype, count=count, offset=offset)
+                    target.copy_(source.view(shape))
+                    del source
+                planner.commit_tensor(item, target)
+        finally:
+            if mapped is not None:
+                mapped.close()
+
+
+class _ViewReader(io.RawIOBase):
+    """A seekable read-only stream over a buffer, without copying it first (as
+    ``io.BytesIO`` of a memoryview would): ``torch.load`` reads each record once,
+    straight into the tensor it decodes."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        n = max(0, min(len(out), len(self._view) - self._pos))
+        out[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
 
 
 def _not_stored(failed: OSError, path: str) -> OSError:

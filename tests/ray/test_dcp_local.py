@@ -10,6 +10,7 @@ The cluster cases (other nodes, process groups, resharding, Ray Train) are in
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,64 @@ def test_a_truncated_shard_is_an_error_and_nothing_is_half_loaded(
     with pytest.raises(CheckpointException):  # the contrast: torch's own reader
         dcp.load(state, storage_reader=FileSystemReader(tmp_path / "ckpt"), no_dist=True)
     assert not same(flat(state), before), "torch's reader no longer half-loads: update this"
+
+
+def odd_tensors() -> dict[str, Any]:
+    """Tensors a staged load must carry exactly: other dtypes, no elements, no
+    dimensions, and a destination that is a strided view."""
+    torch.manual_seed(3)
+    return {
+        "half": torch.randn(64, 33, dtype=torch.bfloat16),
+        "flags": torch.rand(17) > 0.5,
+        "empty": torch.zeros(0, 5),
+        "scalar": torch.tensor(2.5, dtype=torch.float64),
+        "wide": torch.randn(40, 24),
+        "ints": torch.arange(-50, 50, dtype=torch.int16),
+    }
+
+
+def test_a_load_writes_what_torchs_reader_writes_whatever_the_tensor(
+    fs: pafs.FileSystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader stages each decoded tensor on disk before it writes the state
+    dict; what lands there is what torch's own reader puts there (a float32
+    destination for a bfloat16 value converts it, a transposed destination is
+    written through), and the staging file is gone afterwards."""
+    dcp.save(
+        odd_tensors(), storage_writer=NodeStorageWriter(str(tmp_path / "ckpt"), fs), no_dist=True
+    )
+
+    def blank() -> dict[str, Any]:
+        out = {k: torch.zeros_like(v) for k, v in odd_tensors().items()}
+        out["half"] = torch.zeros(64, 33)  # float32: converted on copy
+        out["wide"] = torch.zeros(24, 40).t()  # a strided view
+        return out
+
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(stage))
+    ours, theirs = blank(), blank()
+    dcp.load(ours, storage_reader=NodeStorageReader(str(tmp_path / "ckpt"), fs), no_dist=True)
+    dcp.load(theirs, storage_reader=FileSystemReader(tmp_path / "ckpt"), no_dist=True)
+    assert same(ours, theirs) and same(ours, {**odd_tensors(), "half": ours["half"]})
+    assert torch.equal(ours["half"], odd_tensors()["half"].float())
+    assert os.listdir(stage) == []
+
+
+def test_a_load_that_cannot_stage_on_disk_says_where_and_loads_nothing(
+    fs: pafs.FileSystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No room (here: no directory) for the staging file: an error naming the
+    directory and TMPDIR, and the state dict as it was."""
+    saved(fs, tmp_path / "ckpt")
+    missing = str(tmp_path / "no-such-dir")
+    monkeypatch.setattr(tempfile, "tempdir", missing)
+    state = trained(2)
+    before = flat(state)
+    with pytest.raises(OSError, match="set TMPDIR") as raised:
+        load(state, Checkpoint(str(tmp_path / "ckpt"), filesystem=fs))
+    assert raised.value.filename == missing
+    assert same(flat(state), before)
 
 
 class FailingPlanner(DefaultSavePlanner):
