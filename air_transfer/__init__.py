@@ -12,7 +12,7 @@ touching Ray Train.
 
 For the same reason this module is where the layers meet: it hands the lower layers
 the classes above them they start or store (``core.provided``): the agent's class to
-``cluster.nodes``, the checkpoint class to ``transfer.submit``, the replica
+``cluster.nodes``, the checkpoint class to ``transfer.start``, the replica
 registry's class to ``storage.client.replica_set``, each imported at first use. The
 lazy public names below are the one place the package imports by dotted name.
 """
@@ -36,7 +36,7 @@ from air_transfer.errors import (
 from air_transfer.storage.client.replica_set import REGISTRY_CLASS
 from air_transfer.transfer.future import TransferFuture
 from air_transfer.transfer.handle import TransferHandle
-from air_transfer.transfer.submit import CHECKPOINT_OF
+from air_transfer.transfer.start import CHECKPOINT_OF
 
 if TYPE_CHECKING:
     from air_transfer.checkpoint import ChunkedCheckpoint

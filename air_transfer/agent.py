@@ -57,14 +57,15 @@ from air_transfer.transfer.handle import TransferHandle
 from air_transfer.transfer.live_chunks import LiveChunks
 from air_transfer.transfer.packing_service import PackingService
 from air_transfer.transfer.relay import Relays
+from air_transfer.transfer.route import start_on_this_thread
+from air_transfer.transfer.start import prepare, start
 from air_transfer.transfer.strategies import Registrations
 from air_transfer.transfer.strategies.agent_tasks import submit_plans
-from air_transfer.transfer.submit import put_transfer, submit_transfer
 
 
 def _owned_transfer(source: Source, config: TransferConfig) -> tuple[Any, Any]:
     """A transfer this agent owns (the chunk cache's whole-directory transfers)."""
-    ref, done, _ = submit_transfer(source, config.replace(owner="node"))
+    ref, done, _ = start_on_this_thread(source, config.replace(owner="node"))
     return ref, done
 
 
@@ -206,9 +207,10 @@ class NodeAgent:
         says it references none of its refs. ``[checkpoint ref, completion ref,
         strategy, hex ids of the refs nested in it]``, nested so the caller borrows."""
         live = self._live if config.reuse_chunks else None
-        ref, done, handle = put_transfer(source, config, registered, live)
+        started = start(prepare(source, config, registered), live)
+        ref, handle = started.put(), started.handle
         self._leases[ref.hex()] = (ref, requester, handle.transfer_id)
-        return [ref, done, handle.strategy.name, [r.hex() for r in handle.refs()]]
+        return [ref, started.done, handle.strategy.name, [r.hex() for r in handle.refs()]]
 
     def release(self, *keys: str) -> None:
         """Drop the leases ``keys``: each transfer then lives as long as Ray counts

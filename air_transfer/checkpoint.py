@@ -33,7 +33,7 @@ from air_transfer.transfer.handle import (
     TransferHandle,
     raise_transfer_error,
 )
-from air_transfer.transfer.submit import start_transfer
+from air_transfer.transfer.route import start_transfer
 
 
 class ChunkedCheckpoint(Checkpoint):
@@ -113,7 +113,9 @@ class ChunkedCheckpoint(Checkpoint):
             return TransferFuture(ray.put(self), None), None
         config = config or TransferConfig()
         source = Source(self.filesystem, self.path)
-        ref, submitted = start_transfer(source, config, background=background)
+        ref, submitted = start_transfer(
+            source, config, background=background, blocking=not background
+        )
         watch = None
         if progress_enabled(config.progress):
             desc = describe(self.path, "to_object_ref")

@@ -2,9 +2,10 @@
 checkpoint's parts, builds on. Using air-transfer needs none of it (that is the
 package root, ``air_transfer``).
 
-A strategy subclasses ``TransferStrategy`` (a ``name``; ``pack``, or ``submit``,
-turns a ``PackRequest`` into ``Packed`` chunks; ``iter_chunks`` yields a payload's
-chunks in order) and is registered with ``register_strategy(cls,
+A strategy subclasses ``TransferStrategy`` (a ``name``; ``pack`` turns a
+``PackRequest`` into ``Packed`` chunks, in the calling process; ``iter_chunks``
+yields a payload's chunks in order; ``refs`` lists the ObjectRefs a payload holds,
+by default a list of them) and is registered with ``register_strategy(cls,
 select_above_bytes=None)``;
 ``TransferConfig(strategy=name)`` then picks it, or its size rule does.
 ``strategies()`` lists the registered names, ``get_strategy(name)`` gives a class,

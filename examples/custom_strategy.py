@@ -38,8 +38,8 @@ MiB = 1024 * 1024
 class ZlibStrategy(TransferStrategy):
     """Each chunk zlib-compressed into its own object: fewer bytes across the network
     for sparse or quantised weights, at the cost of CPU on both ends. It packs in the
-    calling process (``to_object_ref_async`` waits for it too: only a strategy that
-    overrides ``submit`` packs in the background)."""
+    calling process (``to_object_ref_async`` on its background thread: only the
+    built-in layouts are packed by the node's agent)."""
 
     name = "zlib"
 

@@ -46,7 +46,7 @@ class Knobs:
     #: a task costs 0.2-0.6 ms (Ray's own overhead, more while the agent is busy on
     #: a 2-core node), so four 32 MiB chunks per task keep an 8 GB checkpoint's
     #: submission at ~40 ms (two: 85 ms), paid by the caller's submitting thread
-    #: (``transfer.submit``), not by the call; the packing thread holds them all.
+    #: (``transfer.route``), not by the call; the packing thread holds them all.
     pack_task_bytes: int = 128 * MiB
     #: A chunk of one local file and at least this many bytes is packed as a view of
     #: the file mapped under a read lease (``core.mapped``), without a copy; smaller

@@ -2,7 +2,7 @@
 
 ``ChunkedCheckpoint.to_object_ref_async`` returns one as soon as the directory is
 scanned and checked (the packing tasks are submitted by a background thread:
-``transfer.submit``): ``ref`` is usable at once by any reader anywhere (a reader
+``transfer.route``): ``ref`` is usable at once by any reader anywhere (a reader
 waits for a chunk not yet packed), and the future itself says when the source
 directory is no longer needed. It is a ``concurrent.futures.Future`` whose result is
 ``ref``, completed from Ray's own future of the transfer's completion object, so

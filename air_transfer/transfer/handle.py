@@ -30,9 +30,7 @@ from air_transfer.core.writer import check_chunk, checked_chunks, write_tree
 from air_transfer.errors import CheckpointLostError, ChecksumError
 from air_transfer.observe import metrics
 from air_transfer.observe.telemetry import Transfer, describe
-from air_transfer.transfer.strategies import (
-    TransferStrategy,
-)
+from air_transfer.transfer.strategies import TransferStrategy
 
 #: What a ``ray.get`` raises for a failed task or a lost object or actor: what
 #: ``raise_transfer_error`` turns into the error the caller should see.
@@ -171,11 +169,11 @@ class TransferHandle:
         return buffered(raw, cb)
 
     def refs(self) -> list[ray.ObjectRef[Any]]:
-        """The ObjectRefs a reader of this transfer needs: the checksums' while
-        packing may run, and those of the payload (found in lists, tuples, sets,
-        dicts, dataclasses and plain objects, a few levels deep: a strategy's payload
-        is its own)."""
-        return [*_refs_in(self.payload), *_refs_in(self.pending)]
+        """The ObjectRefs a reader of this transfer needs: those of the payload (as
+        its strategy reads them: ``TransferStrategy.refs``) and the checksums' while
+        packing may run."""
+        pending = [c for c in self.pending or () if isinstance(c, ray.ObjectRef)]
+        return [*self.strategy.refs(self.payload), *pending]
 
     def describe(self) -> str:
         """One line for people: strategy, files, bytes, chunks, whether packing may
@@ -187,29 +185,6 @@ class TransferHandle:
             f"strategy={self.strategy.name!r}, files={n_files}, bytes={m.total_bytes}, "
             f"chunks={m.num_chunks}{state}"
         )
-
-
-#: Values that hold no ObjectRef of a transfer (an agent's handle is not one).
-_NO_REFS = (str, bytes, int, float, type, ray.actor.ActorHandle)
-
-
-def _refs_in(value: Any, depth: int = 4) -> Iterator[ray.ObjectRef[Any]]:
-    if isinstance(value, ray.ObjectRef):
-        yield value
-    elif depth == 0 or value is None or isinstance(value, _NO_REFS):
-        return
-    elif isinstance(value, (list, tuple, set, frozenset)):
-        for item in value:
-            yield from _refs_in(item, depth - 1)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _refs_in(item, depth - 1)
-    elif dataclasses.is_dataclass(value):
-        for f in dataclasses.fields(value):
-            yield from _refs_in(getattr(value, f.name), depth - 1)
-    elif isinstance(getattr(value, "__dict__", None), dict):
-        for item in vars(value).values():
-            yield from _refs_in(item, depth - 1)
 
 
 def _nbytes(chunk: Any) -> int:

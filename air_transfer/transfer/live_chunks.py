@@ -34,7 +34,7 @@ from air_transfer.transfer.strategies.base import Packed, PackRequest
 #: A chunk's object and its checksum (a str, or the ref of one still being packed).
 Chunk = tuple[Any, Any]
 #: Submits packing of plans: their chunk refs and checksum refs, in order.
-Submit = Callable[[Source, Iterable[ChunkPlan]], tuple[list[Any], list[Any]]]
+PackPlans = Callable[[Source, Iterable[ChunkPlan]], tuple[list[Any], list[Any]]]
 
 
 def chunk_key(plan: ChunkPlan) -> Hashable | None:
@@ -63,15 +63,15 @@ class LiveChunks:
         self.chunks_reused = 0
         self.bytes_reused = 0
 
-    def submit(self, request: PackRequest, transfer_id: str, submit: Submit) -> Packed:
-        """Pack ``request`` (a ``chunked`` transfer) reusing every recorded chunk that
-        holds the same bytes, ``submit`` the rest, and record the result as
-        ``transfer_id``'s. The payload and checksums of a ``chunked`` ``Packed``."""
+    def reuse(self, request: PackRequest, transfer_id: str, pack_rest: PackPlans) -> Packed:
+        """Pack ``request`` (a ``CHUNKS`` layout) reusing every recorded chunk that
+        holds the same bytes, ``pack_rest`` the rest, and record the result as
+        ``transfer_id``'s. The payload and checksums of a ``CHUNKS`` ``Packed``."""
         plans = list(request.plans())
         keys = [chunk_key(plan) for plan in plans]
         found = _not_failed(self._find(keys))
         missing = [plan for plan in plans if plan.index not in found]
-        data, sums = submit(request.source, missing) if missing else ([], [])
+        data, sums = pack_rest(request.source, missing) if missing else ([], [])
         packed = iter(zip(data, sums, strict=True))
         chunks = [found[p.index] if p.index in found else next(packed) for p in plans]
         with self._lock:

@@ -1,11 +1,20 @@
 """Starting a transfer in the calling process, in two steps: ``prepare`` (the scan
 and every check of the input, on the caller's thread, so bad input raises at the
-call) and ``start`` (strategy selection and the packing tasks' submission, which
-``transfer.submit`` may run on a background thread: docs/performance.md)."""
+call) and ``start`` (the strategy and the packer chosen, packing started, the
+handle made), which ``transfer.route`` may run on a background thread
+(docs/performance.md).
+
+What goes into the object store is the transferred checkpoint itself, a
+``ChunkedCheckpoint`` wrapping the handle, so that a task given the ref receives a
+checkpoint. That class sits above this layer (and above the agent, which calls this):
+the package root hands down how to make one (``CHECKPOINT_OF``, a ``core.provided``
+slot), as it hands ``cluster.nodes`` the agent class.
+"""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,10 +25,11 @@ from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
+from air_transfer.core.provided import Provided
 from air_transfer.core.scan import Scan, Source, scan
-from air_transfer.observe import metrics
 from air_transfer.transfer.handle import TransferHandle, describe_current_process
 from air_transfer.transfer.live_chunks import LiveChunks
+from air_transfer.transfer.packers import Packer, agent_can_read, pack, select_packer
 from air_transfer.transfer.strategies import (
     PackRequest,
     Registrations,
@@ -27,8 +37,12 @@ from air_transfer.transfer.strategies import (
     get_strategy,
     select_strategy,
 )
-from air_transfer.transfer.strategies.agent_tasks import submit_plans
-from air_transfer.transfer.strategies.chunked import ChunkedStrategy
+
+#: What a transferred checkpoint is stored as: the ``ChunkedCheckpoint`` of a handle,
+#: made by what the package root provides (loaded on first use, see above).
+CHECKPOINT_OF: Provided[Callable[[TransferHandle], object]] = Provided(
+    "the checkpoint of a transfer handle"
+)
 
 
 @dataclass(frozen=True)
@@ -65,40 +79,53 @@ def prepare(
     return Prepared(source, config, scanned, manifest, strategy, registered)
 
 
-def start(
-    prepared: Prepared, live: LiveChunks | None = None, blocking: bool = False
-) -> tuple[TransferHandle, ray.ObjectRef[Any] | None]:
+@dataclass(frozen=True)
+class Started:
+    """A transfer whose packing ``start`` started: its handle, usable at once, and a
+    ref that resolves when every chunk is packed (raising what packing raised), or
+    None if packing is done."""
+
+    handle: TransferHandle
+    done: ray.ObjectRef[Any] | None
+    #: The live chunks it is recorded in (forgotten if nobody gets the checkpoint).
+    live: LiveChunks | None = None
+
+    def checkpoint(self) -> object:
+        """The transferred checkpoint (a ``ChunkedCheckpoint``) of the handle."""
+        return CHECKPOINT_OF.get()(self.handle)
+
+    def put(self) -> ray.ObjectRef[Any]:
+        """Put the transferred checkpoint: its ref, owned by this process."""
+        try:
+            return ray.put(self.checkpoint())
+        except BaseException:
+            if self.live is not None:  # nobody can read it: offer none of its chunks again
+                self.live.drop([self.handle.transfer_id])
+            raise
+
+
+def start(prepared: Prepared, live: LiveChunks | None = None, blocking: bool = False) -> Started:
     """Pick a strategy (if ``prepared`` has none: by size against the free object
-    store, among its registrations) and start packing in this node's agent, owned by
-    this process: the handle, usable at once, and a ref that resolves when every
-    chunk is packed (raising what packing raised), or None if packing is done. With
-    ``live`` (an agent's, ``config.reuse_chunks``) a ``chunked`` transfer reuses the
-    live chunks of the same file versions and is recorded there. ``blocking``: the
-    caller waits until every chunk is packed, so the strategy may pack in this
-    process too (``TransferStrategy.submit_blocking``)."""
+    store, among its registrations) and a packer (``select_packer``), and start
+    packing, owned by this process. With ``live`` (an agent's,
+    ``config.reuse_chunks``) a ``CHUNKS`` transfer of local files reuses the live
+    chunks of the same file versions and is recorded there. ``blocking``: the
+    caller waits until every chunk is packed, so packing may use this process too."""
     config, scanned = prepared.config, prepared.scanned
     manifest = prepared.manifest or _manifest(scanned, config)
     request = PackRequest(prepared.source, scanned.files, scanned.stamps, config)
     here = this_node_id()
-    strategy = prepared.strategy
-    if strategy is None:
-        free = _ray.object_store_free_bytes(here)
-        name = select_strategy(manifest.total_bytes, config, free, prepared.registered)
-        strategy = get_strategy(name, prepared.registered)()
-    # The strategy proves every byte it reads against the scan's stamps, so the
+    strategy = prepared.strategy or _select(prepared, manifest, here)
+    reuse = live is not None and prepared.source.is_local
+    packer = select_packer(
+        strategy.layout, agent_reads=agent_can_read(prepared.source), blocking=blocking, reuse=reuse
+    )
+    # The packer proves every byte it reads against the scan's stamps, so the
     # manifest's sizes and mtimes are those of the bytes packed.
     transfer_id = uuid.uuid4().hex
-    reuse = live is not None and type(strategy) is ChunkedStrategy and prepared.source.is_local
-    if reuse:
-        assert live is not None
-        packed = live.submit(request, transfer_id, submit_plans)
-    elif blocking:
-        packed = strategy.submit_blocking(request)
-    else:
-        packed = strategy.submit(request)
+    packed = pack(packer, strategy, request, live, transfer_id)
+    live = live if packer is Packer.LIVE else None
     pending = packed.pending
-    if not pending and not reuse:  # packed here (else the agent's tasks count the bytes)
-        metrics.add_bytes("packed", manifest.total_bytes, strategy.name)
     try:
         if not pending:
             manifest = manifest.with_checksums(packed.checksums)
@@ -119,18 +146,15 @@ def start(
         if live is not None:  # no transfer: nothing of it to offer again
             live.drop([transfer_id])
         raise
-    return handle, done
+    return Started(handle, done, live)
 
 
-def submit(
-    source: Source,
-    config: TransferConfig | None = None,
-    registered: Registrations | None = None,
-    live: LiveChunks | None = None,
-    blocking: bool = False,
-) -> tuple[TransferHandle, ray.ObjectRef[Any] | None]:
-    """``prepare`` then ``start``, on this thread."""
-    return start(prepare(source, config, registered), live, blocking)
+def _select(prepared: Prepared, manifest: Manifest, here: str) -> TransferStrategy:
+    """The strategy for ``prepared`` by size, against the free object store of this
+    node, among its registrations (``select_strategy``)."""
+    free = _ray.object_store_free_bytes(here)
+    name = select_strategy(manifest.total_bytes, prepared.config, free, prepared.registered)
+    return get_strategy(name, prepared.registered)()
 
 
 def _manifest(scanned: Scan, config: TransferConfig) -> Manifest:

@@ -26,7 +26,7 @@ from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.config import KiB
 from air_transfer.core.scan import Source, scan
 from air_transfer.extend import Manifest, PackRequest, get_strategy, register_strategy, strategies
-from air_transfer.transfer.strategies.base import Packed
+from air_transfer.transfer.strategies.base import Layout, Packed
 from air_transfer.transfer.strategies.chunked import ChunkedStrategy
 from tests.support.trees import assert_same_tree, rich_tree
 from tests.support.waiting import eventually
@@ -241,20 +241,24 @@ def test_bad_input_raises_at_the_async_call(tmp_path: Path, case: str) -> None:
 
 
 class FailingSubmit(ChunkedStrategy):
-    """Submitting its packing fails, as a lost agent or a full disk would make it."""
+    """Its packing fails on the submitting thread, as a lost agent or a full disk
+    would make it (its own layout: ``pack`` runs there)."""
 
     name = "test-failing-submit"
+    layout = Layout.CUSTOM
 
-    def submit(self, request: PackRequest) -> Packed:
+    def pack(self, request: PackRequest) -> Packed:
         raise OSError(errno.EIO, f"cannot submit the packing of {request.source.root}")
 
 
 class UnpicklableFailure(ChunkedStrategy):
-    """Submitting fails with an error that cannot travel to the agent."""
+    """Packing on the submitting thread fails with an error that cannot travel to
+    the agent."""
 
     name = "test-unpicklable-failure"
+    layout = Layout.CUSTOM
 
-    def submit(self, request: PackRequest) -> Packed:
+    def pack(self, request: PackRequest) -> Packed:
         error = OSError(errno.EIO, "cannot submit, holding a lock")
         error.lock = threading.Lock()  # type: ignore[attr-defined]
         raise error

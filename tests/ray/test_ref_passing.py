@@ -309,7 +309,7 @@ def test_from_object_ref_names_what_it_got_instead(src: Path) -> None:
 
 @pytest.mark.usefixtures("registry_restored")
 def test_the_async_call_returns_before_its_packing_is_submitted(src: Path, tmp_path: Path) -> None:
-    """The call returns while its strategy's ``submit`` still waits, on another
+    """The call returns while its strategy's ``pack`` still waits, on another
     thread (were it on the caller's, the call would block until the gate's timeout
     and raise); the ref, handed to a task meanwhile, resolves once it has run."""
     GatedSubmit.reset()

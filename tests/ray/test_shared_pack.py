@@ -1,5 +1,5 @@
 """The blocking call stores every other chunk itself while the node agent stores the
-rest (``transfer.strategies.shared_pack``): the caller's chunks go into the store
+rest (``transfer.shared_pack``): the caller's chunks go into the store
 from their mapping under a read lease, their checksums taken of the stored bytes;
 a change of the source in the caller's part raises SourceChangedError and leaves
 nothing in the store; a truncate while the caller maps a chunk, however long the

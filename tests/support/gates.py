@@ -15,7 +15,7 @@ import ray
 from air_transfer import ChunkedCheckpoint, TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.extend import PackRequest, TransferStrategy
-from air_transfer.transfer.strategies.base import Packed
+from air_transfer.transfer.strategies.base import Layout, Packed
 from air_transfer.transfer.strategies.chunked import ChunkedStrategy
 
 
@@ -99,12 +99,13 @@ def hold_packing(agent: Any, hook: Any) -> None:
 
 
 class GatedSubmit(ChunkedStrategy):
-    """``chunked`` whose submission (on the caller's submitting thread, for
-    ``to_object_ref_async``) waits for ``gate``, in this process: what happens before
-    the checkpoint is handed over. Readers see plain ``chunked`` (it pickles as one).
-    ``reset()`` before each use."""
+    """``chunked`` packed by this process (its own layout: ``pack`` runs on the
+    caller's submitting thread, for ``to_object_ref_async``), which waits for
+    ``gate`` first: what happens before the checkpoint is handed over. Readers see
+    plain ``chunked`` (it pickles as one). ``reset()`` before each use."""
 
     name = "test-gated-submit"
+    layout = Layout.CUSTOM
     entered = threading.Event()
     gate = threading.Event()
 
@@ -112,11 +113,11 @@ class GatedSubmit(ChunkedStrategy):
     def reset(cls) -> None:
         cls.entered, cls.gate = threading.Event(), threading.Event()
 
-    def submit(self, request: PackRequest) -> Packed:
+    def pack(self, request: PackRequest) -> Packed:
         GatedSubmit.entered.set()
         if not GatedSubmit.gate.wait(timeout=120):
             raise TimeoutError("the test never opened the gate")
-        return super().submit(request)
+        return super().pack(request)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ChunkedStrategy, ())

@@ -49,8 +49,8 @@ class Packer:
 
 def test_the_same_files_unchanged_are_taken_whole() -> None:
     live, packer = LiveChunks(), Packer()
-    first = live.submit(request(), "t1", packer)
-    second = live.submit(request(), "t2", packer)
+    first = live.reuse(request(), "t1", packer)
+    second = live.reuse(request(), "t2", packer)
     assert packer.asked == list(range(7))  # the first transfer only
     assert all(a is b for a, b in zip(first.payload, second.payload, strict=True))
     assert second.checksums == first.checksums and not second.pending
@@ -60,11 +60,11 @@ def test_the_same_files_unchanged_are_taken_whole() -> None:
 @pytest.mark.parametrize("field", ["mtime_ns", "ctime_ns", "ino", "dev", "nlink"])
 def test_any_field_of_a_stamp_changed_packs_that_files_chunks_again(field: str) -> None:
     live, packer = LiveChunks(), Packer()
-    live.submit(request(), "t1", packer)
+    live.reuse(request(), "t1", packer)
     old = request().stamps[1]
     changed = old._replace(**{field: getattr(old, field) + 1})
     packer.asked.clear()
-    live.submit(request({1: changed}), "t2", packer)
+    live.reuse(request({1: changed}), "t2", packer)
     # f1 is chunks 2-3 (3 shares f1's tail and f2's head).
     assert packer.asked == [2, 3]
 
@@ -73,20 +73,20 @@ def test_a_file_without_local_identity_is_never_taken() -> None:
     live, packer = LiveChunks(), Packer()
     remote = {0: Stamp(SIZES[0], 5)}  # what a non-local pyarrow filesystem knows
     assert chunk_key(next(iter(request(remote).plans()))) is None
-    live.submit(request(remote), "t1", packer)
+    live.reuse(request(remote), "t1", packer)
     packer.asked.clear()
-    live.submit(request(remote), "t2", packer)
+    live.reuse(request(remote), "t2", packer)
     assert packer.asked == [0, 1]
 
 
 def test_a_dropped_transfer_is_not_offered_but_a_chunk_another_recorded_stays() -> None:
     live, packer = LiveChunks(), Packer()
-    live.submit(request(), "t1", packer)
-    live.submit(request({2: Stamp(SIZES[2], 9, 9, 102, 7, 1)}), "t2", packer)  # f2 anew
+    live.reuse(request(), "t1", packer)
+    live.reuse(request({2: Stamp(SIZES[2], 9, 9, 102, 7, 1)}), "t2", packer)  # f2 anew
     live.drop(["t1"])
     assert live.held() == 1
     packer.asked.clear()
-    live.submit(request(), "t3", packer)
+    live.reuse(request(), "t3", packer)
     # t2 recorded f0, f1 (taken from t1) and its own f2: t1's f2 chunks are gone.
     assert packer.asked == [3, 4, 5, 6]
     live.drop(["t2", "t3", "never"])

@@ -1,6 +1,7 @@
-"""Transfer strategies: the registry, and the built-ins registered in this one place."""
+"""Transfer strategies (what a transfer's payload is): the registry, and the built-ins
+registered in this one place."""
 
-from air_transfer.transfer.strategies.base import Packed, PackRequest, TransferStrategy
+from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest, TransferStrategy
 from air_transfer.transfer.strategies.chunked import ChunkedStrategy
 from air_transfer.transfer.strategies.inline import InlineStrategy
 from air_transfer.transfer.strategies.registry import (
@@ -21,6 +22,7 @@ register_strategy(StreamedStrategy)
 __all__ = [
     "ChunkedStrategy",
     "InlineStrategy",
+    "Layout",
     "PackRequest",
     "Packed",
     "Registrations",

@@ -1,8 +1,8 @@
-"""Packing as one task per chunk in the node agent: the refs of every chunk exist
-before its bytes do.
+"""Packing as tasks in the node agent, for each built-in layout (the ``AGENT``
+packer of ``transfer.packers``): the refs of every chunk exist before its bytes do.
 
 Ray creates the ObjectRef of a task's result when the task is submitted, and the
-submitter owns it. So the caller (its submitting thread, ``transfer.submit``)
+submitter owns it. So the caller (its submitting thread, ``transfer.route``)
 submits packing tasks of a few chunks each to its node's agent and holds every
 chunk's ref (and its checksum's) within milliseconds; a reader anywhere can start
 on chunk 0 while chunk 1 is still being read, and waits for a chunk that is not
@@ -19,24 +19,35 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import ray
-import ray.cloudpickle
 
 from air_transfer.cluster.agent_client import AgentClient
+from air_transfer.cluster.nodes import this_node_id
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.scan import Source
-from air_transfer.transfer.strategies.base import PackRequest
+from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest
+from air_transfer.transfer.strategies.streamed import StreamSource
 
 
-def agent_can_read(source: Source) -> bool:
-    """Whether ``source`` can be sent to the agent: a filesystem that lives only in
-    this process (a ``PyFileSystem`` over a local object) cannot, and is then packed
-    here by the strategy's ``pack``."""
-    try:
-        ray.cloudpickle.dumps(source)
-    except Exception:
-        return False
-    return True
+def pack_in_agent(layout: Layout, request: PackRequest) -> Packed:
+    """Submit the packing of ``request`` to this node's agent and return at once: a
+    payload of ``layout`` whose chunks readers may already ask for (they wait for a
+    chunk not yet packed), and checksums that are refs resolving as chunks are
+    packed. ``CHUNKS``: one ``pack_chunks`` task per few chunks; ``OBJECT``: one
+    ``pack_stream`` task; ``STREAMED``: ``checksum_chunks`` tasks (the bytes move
+    at transfer time)."""
+    if layout is Layout.CHUNKS:
+        data, checksums = submit_plans(request.source, request.plans())
+        return Packed(data, tuple(checksums))
+    if layout is Layout.OBJECT:
+        stream, sums = AgentClient().pack_stream(request.source, list(request.plans()))
+        return Packed(stream, tuple(sums))
+    if layout is Layout.STREAMED:
+        refs = tuple(_checksum_plans(request.source, request.plans()))
+        node_id = this_node_id()
+        agent = AgentClient(node_id).actor
+        return Packed(StreamSource(agent, request.source, node_id, request.stamps, refs), refs)
+    raise ValueError(f"the node agent cannot pack a payload of layout {layout.name}")
 
 
 def task_groups(plans: Iterable[ChunkPlan]) -> Iterator[list[ChunkPlan]]:
@@ -61,14 +72,6 @@ def task_groups(plans: Iterable[ChunkPlan]) -> Iterator[list[ChunkPlan]]:
         yield group
 
 
-def submit_pack_chunks(
-    request: PackRequest,
-) -> tuple[list[ray.ObjectRef[Any]], list[ray.ObjectRef[str]]]:
-    """Submit ``pack_chunks`` for every chunk to this node's agent; the chunks' refs
-    and their checksums' refs, in order, at once."""
-    return submit_plans(request.source, request.plans())
-
-
 def submit_plans(
     source: Source, plans: Iterable[ChunkPlan]
 ) -> tuple[list[ray.ObjectRef[Any]], list[ray.ObjectRef[str]]]:
@@ -84,19 +87,11 @@ def submit_plans(
     return data, checksums
 
 
-def submit_checksum_chunks(request: PackRequest) -> list[ray.ObjectRef[str]]:
-    """Submit ``checksum_chunks`` for every chunk to this node's agent: refs of the
-    checksums alone (``streamed`` moves the bytes at transfer time)."""
+def _checksum_plans(source: Source, plans: Iterable[ChunkPlan]) -> list[ray.ObjectRef[str]]:
+    """Submit ``checksum_chunks`` for the chunks of ``plans`` to this node's agent:
+    refs of the checksums alone (``streamed`` moves the bytes at transfer time)."""
     agent = AgentClient()
     checksums: list[ray.ObjectRef[str]] = []
-    for group in task_groups(request.plans()):
-        checksums += agent.checksum_chunks(request.source, group)
+    for group in task_groups(plans):
+        checksums += agent.checksum_chunks(source, group)
     return checksums
-
-
-def submit_pack_stream(
-    request: PackRequest,
-) -> tuple[ray.ObjectRef[Any], list[ray.ObjectRef[str]]]:
-    """Submit one ``pack_stream`` task for the whole (small) stream: a ref to it as
-    one object, and refs of its chunks' checksums."""
-    return AgentClient().pack_stream(request.source, list(request.plans()))

@@ -1,12 +1,23 @@
 """The interface every transfer strategy implements (torchsnapshot's ``StoragePlugin``
-is the model: one small abstract class, one module per implementation)."""
+is the model: one small abstract class, one module per implementation).
+
+A strategy says what a transfer's payload is (its ``layout``), how a reader gets
+the chunks back from it (``iter_chunks``) and which ObjectRefs it holds (``refs``);
+``pack`` is its own way of packing, in the calling process. Where and by whom the
+chunks are packed (here, in the node agent's tasks, shared with a blocking caller,
+reusing live chunks) is the packers' business (``transfer.packers``), chosen from
+the layout.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, ClassVar
+
+import ray
 
 from air_transfer.config import TransferConfig
 from air_transfer.core.entry import Entry
@@ -54,8 +65,9 @@ class PackRequest:
 class Packed:
     """What packing produced: the payload (anything picklable that lets
     ``iter_chunks`` produce the chunks again, typically ObjectRefs) and the checksum
-    of every chunk, in order: each a str, or, from ``submit``, an ObjectRef that
-    resolves to it once the chunk is packed (and raises what packing raised)."""
+    of every chunk, in order: each a str, or, from a packer that returns before
+    packing is done (``transfer.packers``), an ObjectRef that resolves to it once
+    the chunk is packed (and raises what packing raised)."""
 
     payload: Any
     checksums: tuple[Any, ...]
@@ -69,6 +81,20 @@ class Packed:
         return any(not isinstance(c, str) for c in self.checksums)
 
 
+class Layout(Enum):
+    """What a payload is, which decides who may pack it (``transfer.packers``)."""
+
+    #: The strategy's own: only its ``pack`` makes one, in the calling process.
+    CUSTOM = "custom"
+    #: One object per chunk (numpy uint8 arrays): the payload is their refs, in order.
+    CHUNKS = "chunks"
+    #: One object holding the whole stream (a numpy uint8 array): the payload is its ref.
+    OBJECT = "object"
+    #: No object: the source node's agent reads the chunks when a reader asks; the
+    #: payload is a ``streamed.StreamSource``.
+    STREAMED = "streamed"
+
+
 class TransferStrategy(ABC):
     """Carries a checkpoint's chunk stream from the packing process to readers.
 
@@ -78,6 +104,9 @@ class TransferStrategy(ABC):
     """
 
     name: ClassVar[str]
+    #: What the payload is. A built-in layout lets this node's agent pack it (out of
+    #: the caller's Python, returning at once); ``CUSTOM``: only ``pack`` makes it.
+    layout: ClassVar[Layout] = Layout.CUSTOM
     #: Whether the buffers ``iter_chunks`` yields stay unchanged while referenced
     #: (object-store chunks, fresh ``bytes``): the reader then writes a large file's
     #: bytes from them in place while it moves on to the next chunk. Leave it False
@@ -88,28 +117,26 @@ class TransferStrategy(ABC):
     @abstractmethod
     def pack(self, request: PackRequest) -> Packed:
         """Cut ``request``'s files into ``request.chunk_bytes`` chunks and store them
-        somewhere readers can reach. ``request.chunks()`` hands over each chunk
-        filled, proven and checksummed."""
+        somewhere readers can reach, in this process. ``request.chunks()`` hands over
+        each chunk filled, proven and checksummed. A ``CUSTOM`` strategy is always
+        packed so (for ``to_object_ref_async``, on the caller's background thread); a
+        built-in layout only when the agent cannot read the source."""
 
     def check(self, source: Source, total_bytes: int, config: TransferConfig) -> None:
         """Raise if this strategy cannot pack ``total_bytes`` of files from ``source``
         under ``config`` (a clear error naming the limit). Runs on the caller's
-        thread before ``submit``, which ``to_object_ref_async`` runs on a background
-        thread; the default accepts everything."""
+        thread for a strategy named in the config, and before the agent packs a
+        built-in layout; the default accepts everything."""
         return None
 
-    def submit(self, request: PackRequest) -> Packed:
-        """Start packing and return at once: a payload whose chunks readers may
-        already ask for (they wait for a chunk not yet packed), and checksums that are
-        ObjectRefs resolving as chunks are packed. ``to_object_ref_async`` uses this;
-        the default packs here, blocking, with ``pack``."""
-        return self.pack(request)
-
-    def submit_blocking(self, request: PackRequest) -> Packed:
-        """Like ``submit``, for a caller that waits until every chunk is packed
-        (``to_object_ref``): packing may use the caller's process too. The default
-        is ``submit``."""
-        return self.submit(request)
+    def refs(self, payload: Any) -> list[ray.ObjectRef[Any]]:
+        """The ObjectRefs ``payload`` holds (an agent that packs for another process
+        keeps the transfer while that process references any: ``cluster.leases``).
+        The default reads a list or tuple of refs, one per chunk, as a ``pack`` that
+        puts each chunk makes; override it for any other payload."""
+        if not isinstance(payload, (list, tuple)):
+            return []
+        return [item for item in payload if isinstance(item, ray.ObjectRef)]
 
     @abstractmethod
     def iter_chunks(

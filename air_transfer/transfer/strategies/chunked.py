@@ -16,15 +16,14 @@ import ray
 from air_transfer.cluster.fetch import fetch_in_order
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
-from air_transfer.transfer.strategies.agent_tasks import agent_can_read, submit_pack_chunks
-from air_transfer.transfer.strategies.base import Packed, PackRequest, TransferStrategy
-from air_transfer.transfer.strategies.shared_pack import pack_shared
+from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest, TransferStrategy
 
 
 class ChunkedStrategy(TransferStrategy):
     """One ``ray.put`` per chunk; the payload is the list of chunk ObjectRefs."""
 
     name = "chunked"
+    layout = Layout.CHUNKS
     chunks_kept = True  # object-store chunks, pinned by the views written from them
 
     def pack(self, request: PackRequest) -> Packed:
@@ -37,23 +36,10 @@ class ChunkedStrategy(TransferStrategy):
             checksums.append(checksum)
         return Packed(refs, tuple(checksums))
 
-    def submit(self, request: PackRequest) -> Packed:
-        """One ``pack_chunk`` task per chunk in this node's agent (``agent_tasks``);
-        a source the agent cannot receive is packed here."""
-        if not agent_can_read(request.source):
-            return self.pack(request)
-        data, checksums = submit_pack_chunks(request)
-        return Packed(data, tuple(checksums))
-
-    def submit_blocking(self, request: PackRequest) -> Packed:
-        """Two chunks in three stored here while the agent packs the rest
-        (``shared_pack``): the caller waits anyway; a source the agent cannot
-        receive is packed here alone."""
-        if not agent_can_read(request.source):
-            return self.pack(request)
-        return pack_shared(request)
-
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
     ) -> Iterator[Any]:
         return fetch_in_order(payload[start:stop], config.window)
+
+    def refs(self, payload: Any) -> list[ray.ObjectRef[Any]]:
+        return list(payload)

@@ -19,14 +19,14 @@ from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.proven_read import read_chunks
 from air_transfer.core.scan import Source
-from air_transfer.transfer.strategies.agent_tasks import agent_can_read, submit_pack_stream
-from air_transfer.transfer.strategies.base import Packed, PackRequest, TransferStrategy
+from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest, TransferStrategy
 
 
 class InlineStrategy(TransferStrategy):
     """The file stream in one numpy array; the payload is its ObjectRef."""
 
     name = "inline"
+    layout = Layout.OBJECT
     chunks_kept = True  # object-store chunks, pinned by the views written from them
 
     def pack(self, request: PackRequest) -> Packed:
@@ -42,15 +42,6 @@ class InlineStrategy(TransferStrategy):
         )
         checksums = tuple(chunk_checksum(view) for _, view in chunks)
         return Packed(ray.put(stream), checksums)
-
-    def submit(self, request: PackRequest) -> Packed:
-        """One task in this node's agent that returns the stream and the checksum of
-        each of its chunks as separate objects."""
-        self.check(request.source, request.total_bytes, request.config)
-        if not agent_can_read(request.source):
-            return self.pack(request)
-        stream, checksums = submit_pack_stream(request)
-        return Packed(stream, tuple(checksums))
 
     def check(self, source: Source, total_bytes: int, config: TransferConfig) -> None:
         total, limit = total_bytes, config.inline_limit
@@ -69,3 +60,6 @@ class InlineStrategy(TransferStrategy):
         cb = manifest.chunk_bytes
         for index in range(start, stop):
             yield stream[index * cb : index * cb + manifest.chunk_length(index)]
+
+    def refs(self, payload: Any) -> list[ray.ObjectRef[Any]]:
+        return [payload]

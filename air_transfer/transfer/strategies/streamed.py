@@ -25,8 +25,7 @@ from air_transfer.cluster.nodes import this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.scan import Source, Stamp
-from air_transfer.transfer.strategies.agent_tasks import agent_can_read, submit_checksum_chunks
-from air_transfer.transfer.strategies.base import Packed, PackRequest, TransferStrategy
+from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest, TransferStrategy
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ class StreamSource:
     #: file changed since packing (or while streamed) is an error even unverified.
     stamps: tuple[Stamp, ...]
     #: Refs of the chunks' checksums while the checksum pass may still be running
-    #: (``submit``); the stream waits for each one it checks against.
+    #: (packed by the agent's tasks); the stream waits for each one it checks against.
     checksums: tuple[Any, ...] | None = None
 
 
@@ -48,6 +47,7 @@ class StreamedStrategy(TransferStrategy):
     """Chunks are produced on demand by the source node's agent."""
 
     name = "streamed"
+    layout = Layout.STREAMED
     chunks_kept = True  # object-store chunks, pinned by the views written from them
 
     def pack(self, request: PackRequest) -> Packed:
@@ -64,17 +64,6 @@ class StreamedStrategy(TransferStrategy):
         node_id = this_node_id()
         agent = AgentClient(node_id).actor
         return Packed(StreamSource(agent, source, node_id, request.stamps), checksums)
-
-    def submit(self, request: PackRequest) -> Packed:
-        """The checksum pass as one task per chunk in this node's agent; readers may
-        start streaming at once (each chunk streamed waits for its checksum)."""
-        if not agent_can_read(request.source):
-            return self.pack(request)
-        refs = tuple(submit_checksum_chunks(request))
-        node_id = this_node_id()
-        agent = AgentClient(node_id).actor
-        payload = StreamSource(agent, request.source, node_id, request.stamps, refs)
-        return Packed(payload, refs)
 
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
@@ -95,3 +84,6 @@ class StreamedStrategy(TransferStrategy):
         # Fetch up to `window` yielded chunks ahead, so cross-node pulls overlap with
         # the reader's writing as they do for `chunked`.
         yield from fetch_in_order(refs, config.window)
+
+    def refs(self, payload: Any) -> list[ray.ObjectRef[Any]]:
+        return list(payload.checksums or ())
