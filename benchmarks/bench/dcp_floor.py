@@ -10,9 +10,9 @@ zero-copy numpy views, one copy into the rank node's object store), then a call 
 pulled into that node's store and which writes it into one file of the run's
 storage directory (buffered, no fsync: node storage syncs nothing either; it
 writes large files with ``O_DIRECT``, this floor through the page cache). Restore:
-the file read on the storage node and returned (into its object store), pulled to
-the rank's node, its bytes copied into a zeroed state dict. Both ranks at once;
-non-tensor values (``step``) are not part of the bytes moved.
+the file mapped on the storage node and returned (one copy into its object store),
+pulled to the rank's node, its bytes copied into a zeroed state dict. Both ranks at
+once; non-tensor values (``step``) are not part of the bytes moved.
 """
 
 from __future__ import annotations
@@ -51,8 +51,10 @@ class StorageEnd:
         return os.path.getsize(path)
 
     def read(self, name: str) -> np.ndarray:
-        """File ``name``'s bytes."""
-        return np.fromfile(os.path.join(self.directory, name), dtype=np.uint8)
+        """File ``name``'s bytes: mapped, so that Ray copies them from the page cache
+        into the object store once (a plain ndarray view: Ray pickles a memmap whole)."""
+        mapped = np.memmap(os.path.join(self.directory, name), dtype=np.uint8, mode="r")
+        return mapped.view(np.ndarray)
 
 
 def start_storage_end(storage_node: str, directory: str, ranks: int) -> Any:
