@@ -14,6 +14,10 @@ each rank saves and restores half of it. Each contender is one Train run
   ``RunConfig(storage_filesystem=air_transfer.storage_filesystem())``.
 - ``air-incremental``: the same into incremental node storage, then a second save
   with ~90% of the bytes unchanged (``bench.dcp_incremental``: bytes it sent).
+- ``raw-ray-floor``: each rank's tensors' bytes ``ray.put`` and written into a file
+  on the storage node by an actor pinned there, and read back the same way: the
+  cost of the bytes alone, measured by ``ray-recipe``'s ranks after their own save
+  and restore (``bench.dcp_floor``; no Train run of its own).
 
 Figures: each rank's blocking time in save (``save_s``: dcp.save + report, or
 ``dcp.report``), the save's wall time (until Train has committed it), the restore's
@@ -25,6 +29,19 @@ an empty state dict in the same collective); a small item of another rank's file
 ``as_directory()`` gave that rank, which is the whole checkpoint: on one machine it
 is the stored directory in place; on a real cluster it is downloaded onto each node.
 Every restore is compared tensor by tensor with what was saved.
+
+Load memory (``load_anon_bytes``, per rank; the table's ``load +MiB``): the peak
+growth of the rank's private memory (``RssAnon``, sampled every 5 ms:
+``bench.dcp_memory``) during the restore's ``dcp.load`` / ``air_transfer.dcp.load``,
+over its value just before it (the zeroed target already allocated);
+``load_anon_beyond_ray_bytes``: that less Ray's recipe's (torch's
+``FileSystemReader``), per rank; ``config.largest_tensor_mib``: the largest tensor.
+Async save (``air-transfer`` only; ``bench.dcp_async``): after the synchronous save
+and restore, ``staging_s`` (DCP's own staging of the state dict to CPU),
+``async_save_s`` (the blocking part of ``air_transfer.dcp.report(...,
+checkpoint_upload_mode=ASYNC)``), ``async_to_staging`` (their ratio, per rank),
+``async_done_s`` (until the save completed), ``async_reported`` (checkpoints
+committed by then: 2); that save is restored and verified too.
 """
 
 from __future__ import annotations
@@ -41,8 +58,11 @@ import ray.train
 
 import air_transfer
 from air_transfer import TransferConfig
+from benchmarks.bench.dcp_async import add_async_save, async_save, format_async_save
+from benchmarks.bench.dcp_floor import floor_row, floor_trip, start_storage_end
 from benchmarks.bench.dcp_incremental import CONTENDER as INCREMENTAL
 from benchmarks.bench.dcp_incremental import add_second_save, format_second_save, second_save
+from benchmarks.bench.dcp_memory import EVERY_S, PeakPrivateGrowth
 from benchmarks.bench.runner import progress
 from benchmarks.bench.session import machine_info, ray_session
 from benchmarks.units import MiB
@@ -134,12 +154,15 @@ def dcp_loop(config: dict[str, Any]) -> None:
     start = time.perf_counter()
     restored = zeroed(state)
     if ours:
-        assert air_transfer.dcp.load(restored, checkpoint)
+        with PeakPrivateGrowth() as memory:
+            assert air_transfer.dcp.load(restored, checkpoint)
     else:
         with checkpoint.as_directory() as d:
             out["restore_bytes"] = tree_bytes(d)
-            dcp_load(restored, checkpoint_id=d)
+            with PeakPrivateGrowth() as memory:
+                dcp_load(restored, checkpoint_id=d)
     out["restore_s"] = time.perf_counter() - start
+    out["load_anon_bytes"] = memory.growth
     dist.barrier()
     out["restore_wall_s"] = time.perf_counter() - start
     out["verified"] = equal(restored, state)
@@ -155,6 +178,10 @@ def dcp_loop(config: dict[str, Any]) -> None:
                 after = ray.get(agent.read_counters.remote())["bytes_served"]
                 out["restore_bytes"] = after - before
     out["state_bytes"] = sum(v.nbytes for v in state.values() if hasattr(v, "nbytes"))
+    if config["contender"] == RAY_RECIPE:
+        floor_trip(state, config["storage_end"], out, equal, zeroed)
+    if config["contender"] == OURS:
+        async_save(state, out, equal, zeroed)
     if config["contender"] == INCREMENTAL:
         second_save(state, config, out, equal, zeroed)
     ray.get(config["log"].add.remote(out))
@@ -181,6 +208,7 @@ def run_contender(
 
     log: Any = ray.remote(num_cpus=0)(RankLog).remote()
     ours = contender != RAY_RECIPE
+    end = None if ours else start_storage_end(storage_node, storage_dir, WORLD)
     if contender == INCREMENTAL:
         config = config.replace(incremental=True)
     fs = (
@@ -195,6 +223,7 @@ def run_contender(
             "layers": layers,
             "log": log,
             "storage_node": storage_node,
+            "storage_end": end,
         },
         scaling_config=ray.train.ScalingConfig(
             num_workers=WORLD, resources_per_worker={"CPU": 1, "rank": 1}
@@ -211,12 +240,18 @@ def run_contender(
         return {**row, "status": "failed", "reason": f"{type(e).__name__}: {e}"[:2000]}
     finally:
         ray.kill(log)
+        if end is not None:
+            ray.kill(end)
     row["ranks"] = ranks
     row["verified"] = len(ranks) == WORLD and all(r["verified"] for r in ranks)
-    for key in ("save_s", "restore_s", "restore_bytes", "local_temp_bytes", "state_bytes"):
+    keys = ("save_s", "restore_s", "restore_bytes", "local_temp_bytes", "state_bytes",
+            "load_anon_bytes")  # fmt: skip
+    for key in keys:
         row[key] = [r[key] for r in ranks]
     row["save_wall_s"] = max(r["save_wall_s"] for r in ranks)
     row["restore_wall_s"] = max(r["restore_wall_s"] for r in ranks)
+    if contender == OURS:
+        add_async_save(row, ranks)
     if contender == INCREMENTAL:
         add_second_save(row, ranks)
     if not row["verified"]:
@@ -225,13 +260,20 @@ def run_contender(
 
 
 def add_restore_ratio(rows: list[dict[str, Any]]) -> None:
-    """Each row's restore bytes per rank as a fraction of Ray's recipe's."""
+    """Each row's restore bytes per rank as a fraction of Ray's recipe's, and its
+    load's peak private memory growth per rank less Ray's recipe's (torch's reader)."""
     by = {r["contender"]: r for r in rows if r["status"] == "ok"}
     base = by.get(RAY_RECIPE)
     for r in rows:
+        ok = base is not None and r["status"] == "ok"
         r["restore_bytes_ratio_to_ray"] = (
             [a / b for a, b in zip(r["restore_bytes"], base["restore_bytes"], strict=True)]
-            if base and r["status"] == "ok"
+            if ok and base
+            else None
+        )
+        r["load_anon_beyond_ray_bytes"] = (
+            [a - b for a, b in zip(r["load_anon_bytes"], base["load_anon_bytes"], strict=True)]
+            if ok and base and r["load_anon_bytes"] is not None
             else None
         )
 
@@ -255,6 +297,8 @@ def run_dcp(opts: argparse.Namespace) -> dict[str, Any]:
                 rows.append(run_contender(contender, layers, storage_dir, storage_node, config))
             finally:
                 shutil.rmtree(storage_dir, ignore_errors=True)
+            if contender == RAY_RECIPE:  # its ranks measured the floor too
+                rows.insert(0, floor_row(rows[-1]))
     add_restore_ratio(rows)
     return {
         "mode": "dcp",
@@ -262,6 +306,7 @@ def run_dcp(opts: argparse.Namespace) -> dict[str, Any]:
             "model_mib": layers * (SIDE * SIDE + SIDE) * 4 / MiB,
             "layers": layers,
             "layer_shape": [SIDE, SIDE],
+            "largest_tensor_mib": SIDE * SIDE * 4 / MiB,
             "optimizer": "Adam (exp_avg, exp_avg_sq per parameter)",
             "world_size": WORLD,
             "chunk_mib": opts.chunk_mib,
@@ -269,6 +314,9 @@ def run_dcp(opts: argparse.Namespace) -> dict[str, Any]:
             "nodes": "storage node (driver) + one node per rank, on one machine",
             "ray_recipe_restore_bytes": "size of the directory as_directory() gave the rank",
             "ours_restore_bytes": "storage agent's bytes_served delta, that rank loading alone",
+            "floor_restore_bytes": "size of the file the rank's tensors were written into",
+            "load_anon_bytes": "peak RssAnon growth during the restore's load, sampled "
+            f"every {EVERY_S * 1000:g} ms",
         },
         "machine": machine_info(opts.data_dir),
         "results": rows,
@@ -278,8 +326,8 @@ def run_dcp(opts: argparse.Namespace) -> dict[str, Any]:
 def format_dcp_table(rows: list[dict[str, Any]]) -> str:
     """Per contender: save blocking per rank, save wall, restore wall, bytes per rank."""
     head = ("contender", "save_s r0/r1", "save_wall", "restore_wall", "restore MiB r0/r1",
-            "temp MiB r0/r1", "ok")  # fmt: skip
-    lines = ["{:<15} {:>13} {:>9} {:>12} {:>17} {:>14} {:>3}".format(*head)]
+            "temp MiB r0/r1", "load +MiB r0/r1", "ok")  # fmt: skip
+    lines = ["{:<15} {:>13} {:>9} {:>12} {:>17} {:>14} {:>15} {:>3}".format(*head)]
     for r in rows:
         if r["status"] != "ok":
             lines.append(f"{r['contender']:<15} {r['status']}: {r['reason']}")
@@ -287,12 +335,13 @@ def format_dcp_table(rows: list[dict[str, Any]]) -> str:
 
         def pair(key: str, scale: float = 1.0, r: dict[str, Any] = r) -> str:
             digits = 2 if scale == 1 else 0
-            return "/".join(f"{v / scale:.{digits}f}" for v in r[key])
+            return "/".join(f"{v / scale:.{digits}f}" for v in r[key]) if r[key] else "-"
 
         lines.append(
             f"{r['contender']:<15} {pair('save_s'):>13} {r['save_wall_s']:>9.2f} "
             f"{r['restore_wall_s']:>12.2f} {pair('restore_bytes', MiB):>17} "
-            f"{pair('local_temp_bytes', MiB):>14} {'yes' if r['verified'] else 'NO':>3}"
+            f"{pair('local_temp_bytes', MiB):>14} {pair('load_anon_bytes', MiB):>15} "
+            f"{'yes' if r['verified'] else 'NO':>3}"
         )
-    second = format_second_save(rows)
-    return "\n".join([*lines, second] if second else lines)
+    extra = [line for line in (format_async_save(rows), format_second_save(rows)) if line]
+    return "\n".join([*lines, *extra])

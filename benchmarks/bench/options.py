@@ -91,8 +91,10 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         help="instead of the contenders, torch DCP save and restore of a hand-sharded "
         "MLP plus its Adam state from 2 ranks (each on its own node, storage on the "
         "driver's): Ray's recipe (dcp.save into a temp dir, report, as_directory + "
-        "dcp.load) beside air_transfer.dcp.report/load: blocking time per save, wall "
-        "times, bytes per rank on restore",
+        "dcp.load) beside air_transfer.dcp.report/load and a raw Ray floor (each "
+        "rank's bytes ray.put and written on the storage node): blocking time per "
+        "save (and of an async save beside its staging), wall times, bytes per rank "
+        "and the load's peak private memory on restore",
     )  # fmt: skip
     parser.add_argument(
         "--dcp-mib", type=positive_int, default=200, metavar="MiB",

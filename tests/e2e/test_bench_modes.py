@@ -66,9 +66,11 @@ def test_readers_mode_reads_the_storage_disk_once(tmp_path: Path) -> None:
 
 def test_dcp_mode_restores_each_rank_its_share_verified(tmp_path: Path) -> None:
     """``--dcp``: Ray's recipe and ours each save and restore a hand-sharded model
-    from 2 ranks (ours also a second, incremental save), every restore verified;
-    ours moves each rank less than Ray's recipe (the whole checkpoint per rank) and
-    keeps no local temp copy. 1 MiB
+    from 2 ranks (ours also an async save and a second, incremental save), every
+    restore verified; ours moves each rank less than Ray's recipe (the whole
+    checkpoint per rank) and keeps no local temp copy; the raw Ray floor moves each
+    rank exactly its tensors' bytes; each load's private memory growth is measured
+    (a growth, not the process's size). 1 MiB
     chunks: the replicated ``step`` in the other rank's file costs one chunk of it."""
     report = tmp_path / "dcp.json"
     cmd = [
@@ -84,19 +86,41 @@ def test_dcp_mode_restores_each_rank_its_share_verified(tmp_path: Path) -> None:
     result = json.loads(report.read_text())
     assert result["mode"] == "dcp" and "sharded" in result["config"]["state"]
     rows = {r["contender"]: r for r in result["results"]}
-    assert set(rows) == {"ray-recipe", "air-transfer", "air-incremental"}
+    assert set(rows) == {"raw-ray-floor", "ray-recipe", "air-transfer", "air-incremental"}
     for r in rows.values():
         assert r["status"] == "ok" and r["verified"] is True, r
         assert len(r["save_s"]) == 2 and r["save_wall_s"] > 0 and r["restore_wall_s"] > 0
+    # The floor moved each rank's tensors' bytes, no more, and measured no load.
+    floor = rows["raw-ray-floor"]
+    assert floor["restore_bytes"] == floor["state_bytes"] and min(floor["state_bytes"]) > 0
+    assert min(floor["save_s"]) > 0 and floor["load_anon_bytes"] is None
+    # Each load's peak private memory: a growth over the load's start (bounded by a
+    # few shares, where the process itself holds far more), seen by the sampler.
+    assert result["config"]["largest_tensor_mib"] == 4.0
+    loads = {name: rows[name]["load_anon_bytes"] for name in rows if name != "raw-ray-floor"}
+    for name, growth in loads.items():
+        assert len(growth) == 2 and all(0 <= g <= 4 * max(floor["state_bytes"]) for g in growth)
+        beyond = rows[name]["load_anon_beyond_ray_bytes"]
+        assert beyond == [a - b for a, b in zip(growth, loads["ray-recipe"], strict=True)]
+    assert sum(map(sum, loads.values())) > 0, loads
     # The second, incremental save sent part of the state and reused the rest.
     incremental = rows["air-incremental"]
     assert incremental["second_bytes_sent"] > 0 and incremental["second_bytes_reused"] > 0
     assert 0 < incremental["second_sent_fraction"] < 1, incremental
     ours, ray_recipe = rows["air-transfer"], rows["ray-recipe"]
+    # The async save: its blocking part and the staging it is held against, both
+    # timed; it completed (2 checkpoints committed) and restored (verified above).
+    assert min(ours["async_save_s"]) > 0 and min(ours["staging_s"]) > 0
+    assert ours["async_to_staging"] == [
+        pytest.approx(a / s) for a, s in zip(ours["async_save_s"], ours["staging_s"], strict=True)
+    ]
+    assert ours["async_reported"] == 2 and ours["async_done_s"] >= max(ours["async_save_s"])
     for mine, theirs in zip(ours["restore_bytes"], ray_recipe["restore_bytes"], strict=True):
         assert 0 < mine < theirs, (ours, ray_recipe)
     assert ours["local_temp_bytes"] == [0, 0] and min(ray_recipe["local_temp_bytes"]) > 0
     assert "ray-recipe" in proc.stdout and "restore MiB" in proc.stdout
+    assert "raw-ray-floor" in proc.stdout and "load +MiB" in proc.stdout
+    assert "async save blocking" in proc.stdout
 
 
 def test_tiered_mode_reports_into_s3_both_ways_every_restore_verified(tmp_path: Path) -> None:
