@@ -53,6 +53,7 @@ from air_transfer.storage.server.stream_uploads import StreamUploads
 from air_transfer.storage.server.tiered_disk import TieredDisk
 from air_transfer.storage.server.upload_writers import UploadWriters
 from air_transfer.storage.server.uploads import DiskUploads
+from air_transfer.transfer.agent_tasks import submit_plans
 from air_transfer.transfer.handle import TransferHandle
 from air_transfer.transfer.live_chunks import LiveChunks
 from air_transfer.transfer.packing_service import PackingService
@@ -60,7 +61,6 @@ from air_transfer.transfer.relay import Relays
 from air_transfer.transfer.route import start_on_this_thread
 from air_transfer.transfer.start import prepare, start
 from air_transfer.transfer.strategies import Registrations
-from air_transfer.transfer.strategies.agent_tasks import submit_plans
 
 
 def _owned_transfer(source: Source, config: TransferConfig) -> tuple[Any, Any]:

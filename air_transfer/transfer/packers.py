@@ -20,9 +20,9 @@ import ray.cloudpickle
 
 from air_transfer.core.scan import Source
 from air_transfer.observe import metrics
+from air_transfer.transfer.agent_tasks import pack_in_agent, submit_plans
 from air_transfer.transfer.live_chunks import LiveChunks
 from air_transfer.transfer.shared_pack import pack_shared
-from air_transfer.transfer.strategies.agent_tasks import pack_in_agent, submit_plans
 from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest, TransferStrategy
 
 

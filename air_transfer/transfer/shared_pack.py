@@ -29,7 +29,7 @@ from air_transfer.core.knobs import KNOBS
 from air_transfer.core.packer import ChunkPacker
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.observe import metrics
-from air_transfer.transfer.strategies.agent_tasks import task_groups
+from air_transfer.transfer.agent_tasks import task_groups
 from air_transfer.transfer.strategies.base import Packed, PackRequest
 
 #: Which chunks the caller stores itself (the agent stores the rest): every other

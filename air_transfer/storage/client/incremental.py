@@ -22,8 +22,8 @@ from air_transfer.core.manifest import Manifest
 from air_transfer.core.scan import Source, scan
 from air_transfer.errors import CheckpointLostError
 from air_transfer.storage.client.streams import AgentLink
+from air_transfer.transfer.agent_tasks import task_groups
 from air_transfer.transfer.handle import fresh
-from air_transfer.transfer.strategies.agent_tasks import task_groups
 
 
 def chunked_files(directory: str, chunk_bytes: int) -> tuple[Source, ChunkedFiles] | None:

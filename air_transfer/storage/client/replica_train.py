@@ -25,7 +25,7 @@ from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.replica_set import is_lost, on_copy
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.copy import copy_tree
-from air_transfer.transfer.submit import submit_transfer
+from air_transfer.transfer.route import start_on_this_thread
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def upload_report(
     ``config.incremental`` says: a copy reusing what it holds would need every copy
     to hold the same, which a stale copy being repaired does not."""
     config, rel = config or handler.config, handler.rel(path)
-    ref, done, _ = submit_transfer(Source(pafs.LocalFileSystem(), source), config)
+    ref, done, _ = start_on_this_thread(Source(pafs.LocalFileSystem(), source), config)
     handler.change(
         [path],
         lambda link, root, op: link.submit(

@@ -2,7 +2,7 @@
 
 Runs in the agent of the storage node (``NodeAgent.file_chunks``). A reader on
 another node asks for the refs of a range of a file's chunks; the agent packs the
-ones it does not hold yet (the packing tasks of ``strategies.agent_tasks``, which it
+ones it does not hold yet (the packing tasks of ``transfer.agent_tasks``, which it
 submits to itself, so it owns them) and keeps their refs, keyed by the file's
 version (device, inode, size, mtime: a stored file is never written in place),
 while they fit the byte budget the readers ask for (``TransferConfig.cache_bytes``).

@@ -27,8 +27,8 @@ from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.proven_read import FileCursor, fill_chunk
 from air_transfer.core.scan import Source
 from air_transfer.errors import CheckpointLostError, ChecksumError
+from air_transfer.transfer.agent_tasks import task_groups
 from air_transfer.transfer.handle import fresh
-from air_transfer.transfer.strategies.agent_tasks import task_groups
 
 Sent = Iterator[tuple[ChunkPlan, memoryview]]
 
