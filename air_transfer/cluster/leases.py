@@ -27,6 +27,7 @@ from typing import Any
 from air_transfer.cluster import _ray
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.core.knobs import KNOBS
+from air_transfer.core.threads import start_daemon
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,7 @@ def hold(agent: AgentClient, key: str, ids: Iterable[str]) -> None:
     with _lock:
         _leases[key] = (agent, frozenset([key, *ids]))
         if _thread is None:
-            _thread = threading.Thread(target=_run, name="air-transfer-leases", daemon=True)
-            _thread.start()
+            _thread = start_daemon("air-transfer-leases", _run)
 
 
 def held() -> int:
