@@ -36,6 +36,7 @@ from air_transfer.cluster.nodes import (
 from air_transfer.config import StorageConfig, TransferConfig
 from air_transfer.core import environ
 from air_transfer.core.confine import checked_path, storage_path
+from air_transfer.core.dirtree import Level, walk_dirs
 from air_transfer.core.keywords import positional_at_most
 from air_transfer.storage.client import replica_train
 from air_transfer.storage.client.durable_wait import (
@@ -437,15 +438,27 @@ def _pack_and_store(
 
 def holds_symlink(directory: str) -> bool:
     """Whether the tree under ``directory`` holds a symlink (not followed)."""
-    pending = [directory]
-    while pending:
-        with os.scandir(pending.pop()) as entries:
+
+    def visit(level: Level) -> list[str]:
+        subdirs = []
+        with os.scandir(level.fd) as entries:
             for entry in entries:
                 if entry.is_symlink():
-                    return True
+                    raise _SymlinkFound
                 if entry.is_dir(follow_symlinks=False):
-                    pending.append(entry.path)
+                    subdirs.append(entry.name)
+        return subdirs
+
+    top = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        walk_dirs(Level(top, -1, "", ""), visit)
+    except _SymlinkFound:
+        return True
     return False
+
+
+class _SymlinkFound(Exception):
+    """Ends ``holds_symlink``'s walk at the first symlink."""
 
 
 def reclaim_reports(filesystem: pafs.FileSystem, workers: list[str], tracked: list[str]) -> None:
