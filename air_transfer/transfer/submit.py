@@ -26,7 +26,7 @@ from typing import Any
 
 import ray
 
-from air_transfer.cluster import leases
+from air_transfer.cluster import transfer_leases
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import running_in_agent, this_node_id
 from air_transfer.config import TransferConfig
@@ -137,7 +137,7 @@ def submit_transfer(
     """Start transferring ``source``: the ref of the transferred checkpoint (put by
     this process or, for ``owner="node"``, by this node's agent, which packs with
     this process's strategy registrations and holds the transfer until this process
-    lets go of it: ``cluster.leases``), the ref of its completion (None if packing is
+    lets go of it: ``cluster.transfer_leases``), the ref of its completion (None if packing is
     done) and the name of the strategy packing it. ``blocking``: the caller waits
     for packing to finish, which may then use this process too (``start.start``)."""
     config = config or TransferConfig()
@@ -148,7 +148,7 @@ def submit_transfer(
             ref, done, strategy, ids = ray.get(call)
         except RAY_ERRORS as e:  # FileNotFoundError, ManifestError... as themselves
             raise_transfer_error(None, f"the packing of {source.root!r} by the node agent", e)
-        leases.hold(agent, ref.hex(), ids)
+        transfer_leases.hold(agent, ref.hex(), ids)
         return ref, done, strategy
     ref, done, handle = put_transfer(source, config, blocking=blocking)
     return ref, done, handle.strategy.name

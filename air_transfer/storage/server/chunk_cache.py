@@ -15,7 +15,7 @@ the object alive until they let go, as Ray does for any object.
 
 Whole checkpoint directories (``DirectoryTransfers``, Ray Train's restores) are
 packed as one transfer each, and a transfer stays, whatever its size, while a
-reader that asked for it is still reading (``Leases``): restores at the same time
+reader that asked for it is still reading (``DirectoryTransferLeases``): restores at the same time
 share one pack, and the budget bounds only what is kept once they are done.
 
 The counters (``counters()``) say how many bytes were read from disk and served, so
@@ -188,12 +188,12 @@ def _plans(
 StartTransfer = Callable[[Source, TransferConfig], tuple[Any, Any]]
 
 
-class Leases:
-    """The readers in flight, each holding a lease on the key of what it reads, so
-    that what they read is shared however large it is: the byte budget bounds what
-    is kept for readers to come, not what readers in flight share. A reader that has
-    not let go ``KNOBS.read_lease_s`` after it last asked is taken for dead. Not
-    thread-safe: its owner's lock guards it."""
+class DirectoryTransferLeases:
+    """The readers of directory transfers in flight, each holding a lease on the key
+    of the transfer it reads, so that what they read is shared however large it is:
+    the byte budget bounds what is kept for readers to come, not what readers in
+    flight share. A reader that has not let go ``KNOBS.read_lease_s`` after it last
+    asked is taken for dead. Not thread-safe: its owner's lock guards it."""
 
     def __init__(self) -> None:
         self._leases: dict[str, tuple[Hashable, float]] = {}
@@ -242,7 +242,7 @@ class DirectoryTransfers:
     held. Ray Train's restores on other nodes ask for these (``train``), so N
     workers restoring one checkpoint read it from the storage node's disk once.
 
-    A transfer stays while a reader that asked for it is still reading (``Leases``;
+    A transfer stays while a reader that asked for it is still reading (``DirectoryTransferLeases``;
     ``release`` when done), whatever its size: readers at the same time share one
     pack. Beyond that, the same budget and idleness rules as ``FileChunks``."""
 
@@ -250,7 +250,7 @@ class DirectoryTransfers:
         self._start = start
         self._lock = threading.Lock()
         self._held: OrderedDict[Hashable, _Transfer] = OrderedDict()
-        self._leases = Leases()
+        self._leases = DirectoryTransferLeases()
         self._budget = 0  # the cache_bytes of the last reader that asked
         self.bytes_held = 0  # file bytes of the transfers held
         self.started = 0  # transfers packed (tests, the bench)
@@ -305,7 +305,7 @@ class DirectoryTransfers:
         """Drop every transfer and lease (readers keep the refs they hold)."""
         with self._lock:
             self._held.clear()
-            self._leases = Leases()
+            self._leases = DirectoryTransferLeases()
             self.bytes_held = 0
 
     def _expire(self, now: float) -> None:

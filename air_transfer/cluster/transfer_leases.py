@@ -1,5 +1,6 @@
-"""Leases: how a checkpoint packed with ``owner="node"`` outlives the worker that
-asked for it, whatever that worker did with its ref before it died.
+"""Transfer leases, a process's hold on the transfers an agent packed for it: how a
+checkpoint packed with ``owner="node"`` outlives the worker that asked for it,
+whatever that worker did with its ref before it died.
 
 Ray counts the references to an object as a tree: a process that passes on a ref it
 borrowed tells the owner about the new holders only once it lets go of the ref
