@@ -105,8 +105,6 @@ def storage_filesystem(
     """
     settings = _storage_settings(storage, replicas, replica_nodes, replica_root, durable)
     config = _with_storage(config, storage)
-    if config is not None and not isinstance(config, TransferConfig):
-        raise TypeError(f"config must be a TransferConfig, got {type(config).__name__}")
     if node is not None:
         check_node_spec(node)
     for named in settings.replica_nodes:
@@ -162,12 +160,12 @@ def _storage_settings(
     return storage
 
 
-def _with_storage(config: object, storage: StorageConfig | None) -> Any:
+def _with_storage(config: object, storage: StorageConfig | None) -> TransferConfig | None:
     """The transfers' config with ``storage``'s ``incremental`` and ``cache_bytes``."""
+    if config is not None and not isinstance(config, TransferConfig):
+        raise TypeError(f"config must be a TransferConfig, got {type(config).__name__}")
     if storage is None:
         return config
-    if not isinstance(config, (TransferConfig, type(None))):
-        return config  # refused by the caller, naming it
     base = config or TransferConfig()
     default = TransferConfig()
     if (base.incremental, base.cache_bytes) != (default.incremental, default.cache_bytes):
@@ -338,7 +336,7 @@ class ReplicatedTrainHandler(ReplicatedHandler):
 
 def upload_directory(
     filesystem: pafs.FileSystem, path: str, checkpoint: Checkpoint, worker: str = ""
-) -> Any:
+) -> Checkpoint | None:
     """Store ``checkpoint`` (a local directory) at ``path`` of a node storage
     ``filesystem`` as Ray Train's report does, for Train worker ``worker`` (its actor
     id); None for anything else (Ray copies), and for a directory holding a symlink:

@@ -455,7 +455,7 @@ class ReplicatedHandler(NodeStorageHandler):
 
 
 def _attach(
-    root: str, durable: Any, drain: Any, replica: tuple[str, str]
+    root: str, durable: DurableTarget | None, drain: DrainSettings | None, replica: tuple[str, str]
 ) -> Callable[[AgentClient], ray.ObjectRef[str]]:
     return lambda agent: agent.durable_attach(root, durable, drain, replica)
 
