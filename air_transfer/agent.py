@@ -12,7 +12,7 @@ storage's methods are confined to the root the caller names; the packing methods
 the worker's own directories on this node, by design. It keeps no chunk alive by
 itself: chunks stay as long as some ref anywhere refers to them and, for a transfer
 packed for another process, as long as that process holds its lease
-(``cluster.leases``).
+(``cluster.transfer_leases``).
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ class NodeAgent:
     ) -> list[Any]:
         """Pack ``source`` here (``owner="node"``) with the strategies ``registered``
         in the caller: this agent submits the chunk tasks, so it owns them, and holds
-        the checkpoint (a lease, ``cluster.leases``) until ``requester`` (pid, node)
+        the checkpoint (a lease, ``cluster.transfer_leases``) until ``requester`` (pid, node)
         says it references none of its refs. ``[checkpoint ref, completion ref,
         strategy, hex ids of the refs nested in it]``, nested so the caller borrows."""
         live = self._live if config.reuse_chunks else None

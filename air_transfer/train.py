@@ -16,6 +16,7 @@ import contextlib
 import errno
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -24,6 +25,7 @@ from ray.train import Checkpoint
 
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.cluster import _ray
+from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import (
     NODE_FORMS,
     check_node_spec,
@@ -34,6 +36,7 @@ from air_transfer.cluster.nodes import (
 from air_transfer.config import StorageConfig, TransferConfig
 from air_transfer.core import environ
 from air_transfer.core.confine import checked_path, storage_path
+from air_transfer.core.dirtree import Level, walk_dirs
 from air_transfer.core.keywords import positional_at_most
 from air_transfer.storage.client import replica_train
 from air_transfer.storage.client.durable_wait import (
@@ -102,8 +105,6 @@ def storage_filesystem(
     """
     settings = _storage_settings(storage, replicas, replica_nodes, replica_root, durable)
     config = _with_storage(config, storage)
-    if config is not None and not isinstance(config, TransferConfig):
-        raise TypeError(f"config must be a TransferConfig, got {type(config).__name__}")
     if node is not None:
         check_node_spec(node)
     for named in settings.replica_nodes:
@@ -159,12 +160,12 @@ def _storage_settings(
     return storage
 
 
-def _with_storage(config: object, storage: StorageConfig | None) -> Any:
+def _with_storage(config: object, storage: StorageConfig | None) -> TransferConfig | None:
     """The transfers' config with ``storage``'s ``incremental`` and ``cache_bytes``."""
+    if config is not None and not isinstance(config, TransferConfig):
+        raise TypeError(f"config must be a TransferConfig, got {type(config).__name__}")
     if storage is None:
         return config
-    if not isinstance(config, (TransferConfig, type(None))):
-        return config  # refused by the caller, naming it
     base = config or TransferConfig()
     default = TransferConfig()
     if (base.incremental, base.cache_bytes) != (default.incremental, default.cache_bytes):
@@ -293,26 +294,21 @@ def upload_checkpoint(
     handler = node_storage_handler(fs)
     if handler is not None:
         handler.wait_for_room()  # a durable tier's max_lag_bytes
-    local = isinstance(checkpoint.filesystem, pafs.LocalFileSystem)
-    if isinstance(handler, ReplicatedHandler) and node in (None, handler.node_id):
-        source = os.path.abspath(checkpoint.path)
-        if local and os.path.isdir(source) and not holds_symlink(source):
-            worker = ray.get_runtime_context().get_actor_id() or ""
-            replica_train.upload_report(handler, dest, source, worker, config)
-            return Checkpoint(dest, filesystem=fs)
-        node = this_node_id()
-    elif handler is not None and node in (None, handler.node_id):
-        chosen = config or handler.config
-        if chosen.incremental and local and os.path.isdir(checkpoint.path):
-            link = AgentLink(handler.node_id, handler.root, chosen)
-            if store_incremental(link, os.path.abspath(checkpoint.path), dest) is not None:
+        if node in (None, handler.node_id):
+            source = local_directory(checkpoint)
+            chosen = config or handler.config
+            stored = source is not None and _store_directory(
+                handler, dest, checkpoint, source, chosen, None
+            )
+            if stored:
                 return Checkpoint(dest, filesystem=fs)
-    target = node or (handler.node_id if handler is not None else head_node_id())
-    link = AgentLink(target, "/", config or TransferConfig())  # its errors as ours
-    future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(config)
-    # A top-level ref argument reaches the agent as the transferred checkpoint itself.
-    link.call(lambda agent: agent.store_checkpoint(future.ref, fs, dest))
-    future.result()  # stored means packed, but any packing error is raised as such
+            # Written through ``fs``: by this node's agent into replicated storage
+            # (``fs`` keeps every copy), else by the storage node's.
+            node = this_node_id() if isinstance(handler, ReplicatedHandler) else handler.node_id
+    link = AgentLink(node or head_node_id(), "/", config or TransferConfig())  # its errors as ours
+    _pack_and_store(
+        checkpoint, config, link, lambda agent, ref: agent.store_checkpoint(ref, fs, dest)
+    )
     return Checkpoint(dest, filesystem=fs)
 
 
@@ -340,7 +336,7 @@ class ReplicatedTrainHandler(ReplicatedHandler):
 
 def upload_directory(
     filesystem: pafs.FileSystem, path: str, checkpoint: Checkpoint, worker: str = ""
-) -> Any:
+) -> Checkpoint | None:
     """Store ``checkpoint`` (a local directory) at ``path`` of a node storage
     ``filesystem`` as Ray Train's report does, for Train worker ``worker`` (its actor
     id); None for anything else (Ray copies), and for a directory holding a symlink:
@@ -352,41 +348,115 @@ def upload_directory(
     agent writes what is packed so far.
     """
     handler = node_storage_handler(filesystem)
-    if handler is None or not isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+    source = None if handler is None else local_directory(checkpoint)
+    if handler is None or source is None:
+        return None
+    handler.wait_for_room()  # a durable tier's max_lag_bytes
+    _store_directory(handler, path, checkpoint, source, handler.config, worker)
+    return Checkpoint(path, filesystem=filesystem)
+
+
+def local_directory(checkpoint: Checkpoint) -> str | None:
+    """The absolute path of ``checkpoint`` if it is a directory of this node's local
+    filesystem holding no symlink (what the modes of ``_store_directory`` take);
+    else None."""
+    if not isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
         return None
     source = os.path.abspath(checkpoint.path)
     if not os.path.isdir(source) or holds_symlink(source):
         return None
-    config = handler.config
-    handler.wait_for_room()  # a durable tier's max_lag_bytes
-    if isinstance(handler, ReplicatedHandler):  # every copy, whole (not incremental)
-        replica_train.upload_report(handler, path, source, worker)
-    elif config.incremental:  # checksums first, only what storage lacks travels
-        store_incremental(handler.link, source, path, worker)
-    elif ray.is_initialized() and handler.node_id == this_node_id():
+    return source
+
+
+def _store_directory(
+    handler: NodeStorageHandler,
+    dest: str,
+    checkpoint: Checkpoint,
+    source: str,
+    config: TransferConfig,
+    worker: str | None,
+) -> bool:
+    """Store ``checkpoint``, the local directory ``source``, at ``dest`` of node
+    storage ``handler`` by the first mode that fits; False where none does (the
+    caller's own way then).
+
+    ``worker``: the Ray Train worker whose report this is (its actor id), whose
+    storage the storage node's agent notes until Train stops the worker's group
+    (``reclaim_reports``); None for ``checkpoint_upload_fn``. The modes:
+
+    - replicated storage: packed once here, written by every copy's agent
+      (``replica_train.upload_report``: never incremental, which would change one
+      copy behind the others' backs);
+    - ``config.incremental``: checksums first, only what storage lacks travels;
+    - a report on the storage node: its agent reads this disk;
+    - a report elsewhere: packed by this node's agent while the storage node's agent
+      writes what is packed so far.
+    """
+    if isinstance(handler, ReplicatedHandler):
+        if worker is None:
+            worker = ray.get_runtime_context().get_actor_id() or ""
+        replica_train.upload_report(handler, dest, source, worker, config)
+        return True
+    if config.incremental:
+        link = handler.link
+        if config != link.config:
+            link = AgentLink(handler.node_id, handler.root, config)
+        if store_incremental(link, source, dest, worker) is not None:
+            return True
+    if worker is None:
+        return False
+    report = worker
+    if ray.is_initialized() and handler.node_id == this_node_id():
         handler.link.call(
-            lambda agent: agent.store_report(worker, source, handler.root, path, config)
+            lambda agent: agent.store_report(report, source, handler.root, dest, config)
         )
     else:
-        future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(config)
-        handler.link.call(
-            lambda agent: agent.store_report(worker, future.ref, handler.root, path, config)
+        _pack_and_store(
+            checkpoint,
+            config,
+            handler.link,
+            lambda agent, ref: agent.store_report(report, ref, handler.root, dest, config),
         )
-        future.result()
-    return Checkpoint(path, filesystem=filesystem)
+    return True
+
+
+def _pack_and_store(
+    checkpoint: Checkpoint,
+    config: TransferConfig | None,
+    link: AgentLink,
+    store: Callable[[AgentClient, ray.ObjectRef[Any]], ray.ObjectRef[str]],
+) -> None:
+    """Pack ``checkpoint`` (here, by this node's agent) while ``link``'s agent
+    stores what is packed so far (``store(agent, ref)``); returns once it is stored."""
+    future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(config)
+    # A top-level ref argument reaches the agent as the transferred checkpoint itself.
+    link.call(lambda agent: store(agent, future.ref))
+    future.result()  # stored means packed, but any packing error is raised as such
 
 
 def holds_symlink(directory: str) -> bool:
     """Whether the tree under ``directory`` holds a symlink (not followed)."""
-    pending = [directory]
-    while pending:
-        with os.scandir(pending.pop()) as entries:
+
+    def visit(level: Level) -> list[str]:
+        subdirs = []
+        with os.scandir(level.fd) as entries:
             for entry in entries:
                 if entry.is_symlink():
-                    return True
+                    raise _SymlinkFound
                 if entry.is_dir(follow_symlinks=False):
-                    pending.append(entry.path)
+                    subdirs.append(entry.name)
+        return subdirs
+
+    top = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        walk_dirs(Level(top, -1, "", ""), visit)
+    except _SymlinkFound:
+        return True
     return False
+
+
+class _SymlinkFound(Exception):
+    """Ends ``holds_symlink``'s walk at the first symlink."""
 
 
 def reclaim_reports(filesystem: pafs.FileSystem, workers: list[str], tracked: list[str]) -> None:

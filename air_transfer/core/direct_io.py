@@ -46,6 +46,7 @@ from air_transfer.core.aligned_writes import (
     refused,
     should_write_direct,
 )
+from air_transfer.core.threads import start_daemon
 from air_transfer.errors import error_at
 
 __all__ = [
@@ -125,12 +126,9 @@ class DirectFileWriter:
         self._written = 0  # bytes the thread has written
         self._closed = False
         # A daemon: a writer abandoned without close() must not keep the process alive.
-        self._thread = threading.Thread(
-            target=self._drain,
-            name=f"air-transfer direct write {os.path.basename(path)}",
-            daemon=True,
+        self._thread = start_daemon(
+            f"air-transfer direct write {os.path.basename(path)}", self._drain
         )
-        self._thread.start()
 
     def write(self, data: memoryview, hasher: Hasher | None = None, *, kept: bool = False) -> None:
         """Append ``data`` (a byte view) to the file; ``hasher``, if given, is updated

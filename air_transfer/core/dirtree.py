@@ -1,5 +1,15 @@
 """Walking and removing directory trees of any depth, without following symlinks.
 
+Every deep walk of the package is one of the two here:
+
+- ``walk`` (and ``rmtree`` on it), holding ONE directory descriptor (below): for a
+  tree this process owns, such as its staging, of any depth whatever the limit on
+  open files; a tree moved while it is walked stops the walk.
+- ``walk_dirs``, holding a descriptor per level: for trees others change meanwhile
+  (node storage, where 32 agent threads and Train's workers work at once). Each
+  level stays open, so a directory moved or removed under the walk is still the one
+  it lists, and an entry that vanished since it was listed is skipped.
+
 Why not ``os.walk`` / ``shutil.rmtree``: on Python 3.11 both recurse once per level, so
 a 1,200-level checkpoint raised ``RecursionError`` from the writer's cleanup; and paths
 joined level by level pass ``PATH_MAX`` (4096) long before a tree is too deep to exist.
@@ -18,9 +28,10 @@ import errno
 import os
 import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
+from air_transfer.core.confine import Raced, Where, open_listable
 from air_transfer.errors import error_at
 
 Kind = Literal["dir", "file", "symlink", "other"]
@@ -130,6 +141,69 @@ def walk(cursor: DirCursor) -> Iterator[Visit]:
         yield Visit("enter", child_rel, child, kind, child_st)
         cursor.down(child)
         frames.append((child_rel, child, child_st, _listdir(cursor)))
+
+
+@dataclass
+class Level:
+    """A directory ``walk_dirs`` is in: its descriptor (open while the walk is below
+    it), the descriptor of the directory holding it (-1 for the top) and its name
+    there, its path from the top (``""``, else ending in ``/``), and how often
+    ``leave`` asked to list it again."""
+
+    fd: int
+    parent: int
+    name: str
+    rel: str
+    rounds: int = 0
+    subdirs: list[str] = field(default_factory=list)
+
+
+#: Opens subdirectory ``name`` of the open directory ``parent``: its descriptor, or
+#: None to skip it (gone, or no longer a directory, since it was listed).
+OpenDir = Callable[[int, str], "int | None"]
+
+
+def open_dir_or_none(parent: int, name: str) -> int | None:
+    """Subdirectory ``name`` of ``parent`` opened for listing, never through a
+    symlink; None if it vanished, or is no longer a directory, since it was listed."""
+    try:
+        return open_listable(Where(parent, name, name))
+    except (FileNotFoundError, NotADirectoryError, Raced):
+        return None
+
+
+def walk_dirs(
+    top: Level,
+    visit: Callable[[Level], list[str]],
+    leave: Callable[[Level], list[str] | None] | None = None,
+    open_dir: OpenDir = open_dir_or_none,
+) -> None:
+    """Depth first from the open directory ``top`` (closed here, as every level is):
+    ``visit(level)`` lists a directory and returns the names of the subdirectories
+    to walk (in last-first order); once they are walked, ``leave(level)`` returns
+    None (done) or a list (what appeared meanwhile: walked, then ``leave`` again). A
+    subdirectory that ``open_dir`` cannot open is skipped."""
+    stack = [top]
+    try:
+        top.subdirs = visit(top)
+        while stack:
+            level = stack[-1]
+            if level.subdirs:
+                name = level.subdirs.pop()
+                fd = open_dir(level.fd, name)
+                if fd is not None:
+                    stack.append(Level(fd, level.fd, name, f"{level.rel}{name}/"))
+                    stack[-1].subdirs = visit(stack[-1])
+                continue
+            if leave is not None:
+                more = leave(level)
+                if more is not None:
+                    level.subdirs = more
+                    continue
+            os.close(stack.pop().fd)
+    finally:
+        for level in stack:
+            os.close(level.fd)
 
 
 def rmtree(path: str) -> None:

@@ -27,6 +27,7 @@ import threading
 from typing import Protocol
 
 from air_transfer.core.knobs import KNOBS
+from air_transfer.core.threads import start_daemon
 
 logger = logging.getLogger(__name__)
 
@@ -61,12 +62,7 @@ class _Watcher:
                 ready = threading.Event()
                 found: list[int] = []
                 try:
-                    threading.Thread(
-                        target=self._run,
-                        args=(ready, found),
-                        name="air-transfer-lease-breaks",
-                        daemon=True,
-                    ).start()
+                    start_daemon("air-transfer-lease-breaks", self._run, ready, found)
                 except RuntimeError:  # no more threads: read rather than map
                     return None
                 ready.wait()

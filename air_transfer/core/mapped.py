@@ -52,11 +52,11 @@ class _Mapping(NamedTuple):
     offset: int
 
 
-class Lease:
-    """A read lease on one open source file (``fd``, owned by the lease), released
-    by ``drop`` once every holder (the packing group, each view) has let go, or
-    handed back early on a break (``hand_back_if_broken``). ``check`` raises
-    SourceChangedError unless an ``os.stat_result`` is of the file as scanned."""
+class FileReadLease:
+    """A kernel read lease (``F_SETLEASE``) on one open source file (``fd``, owned by
+    the lease), released by ``drop`` once every holder (the packing group, each
+    view) has let go, or handed back early on a break (``hand_back_if_broken``).
+    ``check`` raises SourceChangedError unless an ``os.stat_result`` is of the file as scanned."""
 
     def __init__(self, fd: int, check: Callable[[os.stat_result], None]) -> None:
         self.fd = fd
@@ -156,10 +156,10 @@ class Lease:
         lease_breaks.forget(self)
 
 
-def lease(fd: int, check: Callable[[os.stat_result], None]) -> Lease | None:
+def lease(fd: int, check: Callable[[os.stat_result], None]) -> FileReadLease | None:
     """A read lease on the file open (read-only) as ``fd``, on a duplicate of it that
     the lease then owns, watched for breaks (``core.lease_breaks``); ``check`` as
-    for ``Lease``. None where the kernel refuses one (``EAGAIN``: someone has it
+    for ``FileReadLease``. None where the kernel refuses one (``EAGAIN``: someone has it
     open for writing; ``EACCES``: another user's file; ``EINVAL``: no leases on this
     filesystem), the platform has none, or no watcher thread can run."""
     if not hasattr(fcntl, "F_SETLEASE") or not lease_breaks.ready():
@@ -171,7 +171,7 @@ def lease(fd: int, check: Callable[[os.stat_result], None]) -> Lease | None:
     except OSError:
         os.close(own)
         return None
-    held = Lease(own, check)
+    held = FileReadLease(own, check)
     lease_breaks.watch(held, own)
     return held
 

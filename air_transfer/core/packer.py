@@ -16,7 +16,7 @@ import numpy as np
 from air_transfer.core import proven_read
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.knobs import KNOBS
-from air_transfer.core.mapped import Lease, lease
+from air_transfer.core.mapped import FileReadLease, lease
 from air_transfer.core.plan import ChunkPlan, Span
 from air_transfer.core.proven_read import FileCursor, SourceFile, check_stat, fill_chunk
 from air_transfer.core.scan import Source, Stamp
@@ -77,7 +77,7 @@ class ChunkPacker:
     ) -> tuple[list[np.ndarray], list[str | None]]:
         chunks: list[np.ndarray] = []
         checksums: list[str | None] = []
-        with FileCursor(source) as cursor, _GroupLeases(source) as leases:
+        with FileCursor(source) as cursor, _FileReadLeases(source) as leases:
             mapped = [leases.map(cursor, plan, hash_mapped) for plan in plans]
             read = sum(plan.length for plan, m in zip(plans, mapped, strict=True) if m is None)
             buffer = self._buffer(read)
@@ -106,7 +106,7 @@ class ChunkPacker:
         does it."""
         stored: list[tuple[T, str | None]] = []
         for plan in plans:
-            with FileCursor(source) as cursor, _GroupLeases(source) as leases:
+            with FileCursor(source) as cursor, _FileReadLeases(source) as leases:
                 found = leases.map_unhashed(cursor, plan)
                 if found is None:
                     (chunk,), (checksum,) = self.pack(source, [plan])
@@ -130,7 +130,7 @@ class ChunkPacker:
             (path, stamp), first = plans[0].files[0], plans[0].spans[0]
             length = sum(plan.length for plan in plans)
             span = Span(first.file_index, first.file_offset, length, 0)
-            with FileCursor(source) as cursor, _GroupLeases(source) as leases:
+            with FileCursor(source) as cursor, _FileReadLeases(source) as leases:
                 mapped = leases.map_range(cursor, path, stamp, span, [p.length for p in plans])
             if mapped is not None:
                 return mapped
@@ -152,7 +152,7 @@ class ChunkPacker:
         return [self.pack(source, [plan])[1][0] for plan in plans]
 
 
-class _GroupLeases:
+class _FileReadLeases:
     """The read leases of one packing call, one per file (None: refused). Each is held
     by the call until it ends and by every view mapped under it until Ray has copied
     it, or until another process wants the file: its views are then made private
@@ -160,7 +160,7 @@ class _GroupLeases:
 
     def __init__(self, source: Source) -> None:
         self.source = source
-        self.leases: dict[str, Lease | None] = {}
+        self.leases: dict[str, FileReadLease | None] = {}
 
     def map(
         self, cursor: FileCursor, plan: ChunkPlan, hashed: bool = True
@@ -229,13 +229,13 @@ class _GroupLeases:
             mapped(file.where, span)
         return view, partial(held.prove, file.check)
 
-    def _lease(self, path: str, file: SourceFile) -> Lease | None:
+    def _lease(self, path: str, file: SourceFile) -> FileReadLease | None:
         if path not in self.leases:
             proof = partial(check_stat, file.where, file.stamp, stored=file.stored)
             self.leases[path] = lease(file.fd, proof)
         return self.leases[path]
 
-    def __enter__(self) -> _GroupLeases:
+    def __enter__(self) -> _FileReadLeases:
         return self
 
     def __exit__(self, *exc: object) -> None:

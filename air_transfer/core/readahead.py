@@ -14,6 +14,7 @@ from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.entry import Entry
 from air_transfer.core.proven_read import read_chunks
 from air_transfer.core.scan import Source, Stamp
+from air_transfer.core.threads import start_daemon
 
 _DONE = object()
 
@@ -69,8 +70,7 @@ def read_chunks_ahead(
         except BaseException as e:  # handed to the caller's thread and re-raised there
             offer(e)
 
-    thread = threading.Thread(target=produce, name="air-transfer-pack", daemon=True)
-    thread.start()
+    thread = start_daemon("air-transfer-pack", produce)
     try:
         while True:
             item = handoff.get()

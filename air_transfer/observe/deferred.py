@@ -15,9 +15,10 @@ import functools
 import gc
 import logging
 import queue
-import threading
 from collections.abc import Callable
 from typing import Any
+
+from air_transfer.core.threads import start_daemon
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class _Deferred:
         self.queue: queue.SimpleQueue[Work] = queue.SimpleQueue()
         self.collecting = False
         gc.callbacks.append(self._phase)
-        threading.Thread(target=self._run, name="air-transfer-deferred", daemon=True).start()
+        start_daemon("air-transfer-deferred", self._run)
 
     def _phase(self, phase: str, info: dict[str, Any]) -> None:
         self.collecting = phase == "start"

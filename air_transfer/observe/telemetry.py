@@ -34,6 +34,7 @@ import ray
 
 from air_transfer.cluster.fetch import get, innermost
 from air_transfer.core.knobs import KNOBS
+from air_transfer.core.threads import start_daemon
 from air_transfer.errors import ChecksumError
 from air_transfer.observe import deferred, metrics
 from air_transfer.observe.metrics import ByteCounter, Phase
@@ -209,9 +210,7 @@ class PackWatch:
         self.bar: Bar | None = None
 
     def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.run, name="air-transfer-progress", daemon=True)
-        thread.start()
-        return thread
+        return start_daemon("air-transfer-progress", self.run)
 
     def run(self) -> None:
         try:

@@ -27,6 +27,7 @@ from typing import Any
 import ray
 
 from air_transfer.core.knobs import KNOBS
+from air_transfer.core.threads import start_daemon
 from air_transfer.errors import CheckpointLostError
 from air_transfer.transfer.handle import RAY_ERRORS, fresh, raise_transfer_error
 
@@ -230,8 +231,7 @@ def _watch(future: TransferFuture, hold: bool) -> None:
     with _watched_lock:
         (_held if hold else _watched).add(future)
         if _watcher is None:
-            _watcher = threading.Thread(target=_run_watch, name="air-transfer-futures", daemon=True)
-            _watcher.start()
+            _watcher = start_daemon("air-transfer-futures", _run_watch)
 
 
 def _run_watch() -> None:

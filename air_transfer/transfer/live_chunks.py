@@ -2,7 +2,7 @@
 (``TransferConfig(reuse_chunks=True)``, ``owner="node"``): what a node agent packs
 again is only what changed since.
 
-The agent records every chunk of a transfer it holds a lease for (``cluster.leases``)
+The agent records every chunk of a transfer it holds a lease for (``cluster.transfer_leases``)
 under what the chunk was packed from: for each span, the file's scan stamp (size,
 mtime, ctime, inode, device, link count), its offset and length. A new transfer whose
 chunk has the same spans of files whose scan stamps are equal takes that chunk's

@@ -2,7 +2,7 @@
 its chunks will be owned, and on which thread.
 
 - ``owner="node"``: in this node's agent, which packs it (``start.start``) and holds
-  it for this process (a lease, ``cluster.leases``);
+  it for this process (a lease, ``cluster.transfer_leases``);
 - in the background (``to_object_ref_async``): the directory is scanned and checked
   on the caller's thread (``start.prepare``), the packing started on this process's
   submitting thread; the caller gets the checkpoint's ref at once as a relay
@@ -23,11 +23,12 @@ from typing import Any
 
 import ray
 
-from air_transfer.cluster import leases
+from air_transfer.cluster import transfer_leases
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import running_in_agent, this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.scan import Source
+from air_transfer.core.threads import start_daemon
 from air_transfer.observe.telemetry import packing
 from air_transfer.transfer.handle import RAY_ERRORS, raise_transfer_error
 from air_transfer.transfer.start import Prepared, prepare, start
@@ -115,8 +116,7 @@ def _in_background(job: Callable[[], Any], future: concurrent.futures.Future[Any
     _jobs.put((job, future))
     with _thread_lock:
         if _thread is None:
-            _thread = threading.Thread(target=_run_jobs, name="air-transfer-submit", daemon=True)
-            _thread.start()
+            _thread = start_daemon("air-transfer-submit", _run_jobs)
 
 
 def _forget_thread() -> None:
@@ -144,7 +144,7 @@ def _in_agent(
 ) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None, str]:
     """Have this node's agent transfer ``source`` (``owner="node"``): the checkpoint's
     ref, put by the agent, which packs with this process's strategy registrations
-    and holds the transfer until this process lets go of it (``cluster.leases``);
+    and holds the transfer until this process lets go of it (``cluster.transfer_leases``);
     the ref of its completion (None if packing is done); the strategy's name."""
     agent = AgentClient()
     call = agent.submit_transfer(source, config, registrations(config), requester())
@@ -152,7 +152,7 @@ def _in_agent(
         ref, done, strategy, ids = ray.get(call)
     except RAY_ERRORS as e:  # FileNotFoundError, ManifestError... as themselves
         raise_transfer_error(None, f"the packing of {source.root!r} by the node agent", e)
-    leases.hold(agent, ref.hex(), ids)
+    transfer_leases.hold(agent, ref.hex(), ids)
     return ref, done, strategy
 
 

@@ -139,7 +139,7 @@ def release_read_caches() -> None:
 
 def release_dead_requesters_leases() -> None:
     """A node agent holds a transfer it packed for a process that died holding its
-    refs until ``shutdown_agents()``, by design (``cluster.leases``): a test that
+    refs until ``shutdown_agents()``, by design (``cluster.transfer_leases``): a test that
     killed such a process lets go of them here (the mock cluster's processes all run
     on this machine, so a pid tells whether the requester still lives)."""
     import psutil

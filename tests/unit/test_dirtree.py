@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from air_transfer.core.dirtree import DirCursor, rmtree, walk
+from air_transfer.core.dirtree import DirCursor, Level, rmtree, walk, walk_dirs
 
 
 def test_rmtree_removes_any_depth_and_read_only_directories(tmp_path: Path) -> None:
@@ -65,3 +65,52 @@ def test_a_tree_moved_while_walked_stops_the_walk(tmp_path: Path) -> None:
         os.rename(tmp_path / "t" / "a" / "b", tmp_path / "elsewhere" / "b")
         with pytest.raises(OSError, match="moved while it was being walked"):
             list(visits)
+
+
+def _open(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def test_walk_dirs_lists_every_level_and_closes_them(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "c").mkdir()
+    os.symlink(tmp_path / "a", tmp_path / "link")
+    seen: list[tuple[str, str]] = []
+    fds: list[int] = []
+
+    def visit(level: Level) -> list[str]:
+        fds.append(level.fd)
+        seen.append((level.rel, level.name))
+        return sorted(
+            (e.name for e in os.scandir(level.fd) if e.is_dir(follow_symlinks=False)),
+            reverse=True,
+        )
+
+    walk_dirs(Level(_open(tmp_path), -1, "", ""), visit)
+    assert seen == [("", ""), ("a/", "a"), ("a/b/", "b"), ("c/", "c")]
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)  # every level closed
+
+
+def test_walk_dirs_skips_what_vanished_and_walks_again_what_leave_returns(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "f").write_bytes(b"x")
+    seen: list[str] = []
+    leaves: list[str] = []
+
+    def visit(level: Level) -> list[str]:
+        seen.append(level.rel)
+        return ["gone", "f", "a"] if level.rel == "" else []  # "f": not a directory
+
+    def leave(level: Level) -> list[str] | None:
+        leaves.append(level.rel)
+        if level.rel == "" and leaves.count("") == 1:
+            return ["a"]  # appeared meanwhile: walked, then left again
+        return None
+
+    walk_dirs(Level(_open(tmp_path), -1, "", ""), visit, leave)
+    assert seen == ["", "a/", "a/"]
+    assert leaves == ["a/", "", "a/", ""]

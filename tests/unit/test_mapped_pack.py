@@ -268,7 +268,7 @@ def test_a_filesystem_that_cannot_map_the_file_falls_back_to_reading(
     def no_mmap(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENODEV, "No such device")
 
-    monkeypatch.setattr(mapped.Lease, "view", no_mmap)
+    monkeypatch.setattr(mapped.FileReadLease, "view", no_mmap)
     src = make_source(tmp_path)
     chunks, checksums, expected = pack(src)
     assert not any(is_mapped(c) for c in chunks)

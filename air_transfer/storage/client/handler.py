@@ -195,16 +195,20 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         self.link.call(lambda agent: agent.fs_copy_file(self.root, a, b))
 
     # -- file bodies -------------------------------------------------------------------
-    def open_input_stream(self, path: str) -> Any:
+    def open_input_stream(self, path: str) -> pa.NativeFile:
         return self._open_input(path)
 
-    def open_input_file(self, path: str) -> Any:
+    def open_input_file(self, path: str) -> pa.NativeFile:
         return self._open_input(path)
 
-    def open_output_stream(self, path: str, metadata: Any = None) -> Any:
+    def open_output_stream(
+        self, path: str, metadata: pa.KeyValueMetadata | None = None
+    ) -> pa.NativeFile:
         return self._open_output(path, append=False)
 
-    def open_append_stream(self, path: str, metadata: Any = None) -> Any:
+    def open_append_stream(
+        self, path: str, metadata: pa.KeyValueMetadata | None = None
+    ) -> pa.NativeFile:
         return self._open_output(path, append=True)
 
     def _on_storage_node(self) -> bool:
@@ -213,7 +217,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
             self._local = ray.is_initialized() and this_node_id() == self.node_id
         return self._local
 
-    def _open_input(self, path: str) -> Any:
+    def _open_input(self, path: str) -> pa.NativeFile:
         local = self._path(path)
         if self._on_storage_node():
             try:
@@ -236,7 +240,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
             raise IsADirectoryError(errno.EISDIR, "Cannot open for reading", path)
         return pa.PythonFile(open_reader(self.link, path, local, size), mode="r")
 
-    def _open_durable(self, path: str, local: str) -> Any:
+    def _open_durable(self, path: str, local: str) -> pa.NativeFile:
         """``path``, held only in the durable tier: read from there, each chunk checked
         against its record (``storage.durable.reads``), straight from this process."""
         assert self.durable is not None
@@ -261,7 +265,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
             return
         wait_for_lag(self.drain_point, limit, self.durable.uri)
 
-    def _open_output(self, path: str, append: bool) -> Any:
+    def _open_output(self, path: str, append: bool) -> pa.NativeFile:
         local = self._path(path)
         process = this_process()  # its death discards the upload
         staging, start, expect = self.link.call(

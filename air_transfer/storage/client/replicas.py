@@ -384,7 +384,7 @@ class ReplicatedHandler(NodeStorageHandler):
         )
 
     # -- file bodies -------------------------------------------------------------------
-    def _open_input(self, path: str) -> Any:
+    def _open_input(self, path: str) -> pa.NativeFile:
         rel = self.rel(path)
         copies, fresh, _, _ = self.ensure()
         here = this_node_id() if ray.is_initialized() else ""
@@ -450,12 +450,12 @@ class ReplicatedHandler(NodeStorageHandler):
                     type(e).__name__,
                 )
 
-    def _open_output(self, path: str, append: bool) -> Any:
+    def _open_output(self, path: str, append: bool) -> pa.NativeFile:
         return pa.PythonFile(ReplicatedWriter(self, path, append), mode="w")
 
 
 def _attach(
-    root: str, durable: Any, drain: Any, replica: tuple[str, str]
+    root: str, durable: DurableTarget | None, drain: DrainSettings | None, replica: tuple[str, str]
 ) -> Callable[[AgentClient], ray.ObjectRef[str]]:
     return lambda agent: agent.durable_attach(root, durable, drain, replica)
 

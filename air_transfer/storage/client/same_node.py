@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 REPORT_BYTES = 8 << 20
 
 
-def open_native(root: str, local: str) -> Any:
+def open_native(root: str, local: str) -> pa.NativeFile:
     """The file at node path ``local`` (confined to ``root``) as a native pyarrow
     file: opened once through the confined walk, then handed to pyarrow by its
     descriptor's ``/proc`` link (the same open file, no path lookup again)."""

@@ -15,7 +15,7 @@ the object alive until they let go, as Ray does for any object.
 
 Whole checkpoint directories (``DirectoryTransfers``, Ray Train's restores) are
 packed as one transfer each, and a transfer stays, whatever its size, while a
-reader that asked for it is still reading (``Leases``): restores at the same time
+reader that asked for it is still reading (``DirectoryTransferLeases``): restores at the same time
 share one pack, and the budget bounds only what is kept once they are done.
 
 The counters (``counters()``) say how many bytes were read from disk and served, so
@@ -44,6 +44,7 @@ from air_transfer.core.entry import Entry
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.plan import ChunkPlan, plan_chunks
 from air_transfer.core.scan import Source, Stamp, scan
+from air_transfer.core.threads import Periodic
 from air_transfer.errors import SourceChangedError
 
 #: Submits packing tasks for ``plans`` of ``source``: (chunk refs, checksum refs).
@@ -52,28 +53,16 @@ Submit = Callable[[Source, Iterable[ChunkPlan]], tuple[list[Any], list[Any]]]
 Key = tuple[str, int, int, int, int, int, int]
 
 
-class Reaper:
-    """Expires a cache's idle entries even when no reader asks any more: a daemon
-    thread, named ``name``, started by the cache's first request, that calls
-    ``expire(now)`` under the cache's ``lock`` every half ``KNOBS.read_cache_idle_s``."""
+def reaper(name: str, lock: threading.Lock, expire: Callable[[float], None]) -> Periodic:
+    """Expires a cache's idle entries even when no reader asks any more: a thread
+    named ``name``, started by the cache's first request, that calls ``expire(now)``
+    under the cache's ``lock`` every half ``KNOBS.read_cache_idle_s``."""
 
-    def __init__(self, name: str, lock: threading.Lock, expire: Callable[[float], None]) -> None:
-        self.name = name
-        self._lock = lock
-        self._expire = expire
-        self._thread: threading.Thread | None = None
+    def tick() -> None:
+        with lock:
+            expire(time.monotonic())
 
-    def start(self) -> None:
-        """Start the thread unless it runs already; call with the cache's lock held."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(KNOBS.read_cache_idle_s / 2)
-            with self._lock:
-                self._expire(time.monotonic())
+    return Periodic(name, lambda: KNOBS.read_cache_idle_s / 2, tick)
 
 
 @dataclass
@@ -93,7 +82,7 @@ class FileChunks:
         self._entries: OrderedDict[Key, _Entry] = OrderedDict()
         self._held = 0  # bytes of the entries
         self._counts = {"bytes_read": 0, "bytes_served": 0, "chunks_packed": 0, "hits": 0}
-        self._reaper = Reaper("air-transfer-read-cache", self._lock, self._expire)
+        self._reaper = reaper("air-transfer-read-cache", self._lock, self._expire)
 
     def refs(
         self,
@@ -199,12 +188,12 @@ def _plans(
 StartTransfer = Callable[[Source, TransferConfig], tuple[Any, Any]]
 
 
-class Leases:
-    """The readers in flight, each holding a lease on the key of what it reads, so
-    that what they read is shared however large it is: the byte budget bounds what
-    is kept for readers to come, not what readers in flight share. A reader that has
-    not let go ``KNOBS.read_lease_s`` after it last asked is taken for dead. Not
-    thread-safe: its owner's lock guards it."""
+class DirectoryTransferLeases:
+    """The readers of directory transfers in flight, each holding a lease on the key
+    of the transfer it reads, so that what they read is shared however large it is:
+    the byte budget bounds what is kept for readers to come, not what readers in
+    flight share. A reader that has not let go ``KNOBS.read_lease_s`` after it last
+    asked is taken for dead. Not thread-safe: its owner's lock guards it."""
 
     def __init__(self) -> None:
         self._leases: dict[str, tuple[Hashable, float]] = {}
@@ -253,7 +242,7 @@ class DirectoryTransfers:
     held. Ray Train's restores on other nodes ask for these (``train``), so N
     workers restoring one checkpoint read it from the storage node's disk once.
 
-    A transfer stays while a reader that asked for it is still reading (``Leases``;
+    A transfer stays while a reader that asked for it is still reading (``DirectoryTransferLeases``;
     ``release`` when done), whatever its size: readers at the same time share one
     pack. Beyond that, the same budget and idleness rules as ``FileChunks``."""
 
@@ -261,13 +250,13 @@ class DirectoryTransfers:
         self._start = start
         self._lock = threading.Lock()
         self._held: OrderedDict[Hashable, _Transfer] = OrderedDict()
-        self._leases = Leases()
+        self._leases = DirectoryTransferLeases()
         self._budget = 0  # the cache_bytes of the last reader that asked
         self.bytes_held = 0  # file bytes of the transfers held
         self.started = 0  # transfers packed (tests, the bench)
         self.bytes_read = 0  # file bytes of the transfers packed: each read once
         self.bytes_served = 0  # file bytes of every transfer handed to a reader
-        self._reaper = Reaper("air-transfer-transfer-cache", self._lock, self._expire)
+        self._reaper = reaper("air-transfer-transfer-cache", self._lock, self._expire)
 
     def ref(self, root: str, path: str, config: TransferConfig) -> tuple[Any, str]:
         """The ref of a transferred checkpoint of directory ``path`` (confined to
@@ -316,7 +305,7 @@ class DirectoryTransfers:
         """Drop every transfer and lease (readers keep the refs they hold)."""
         with self._lock:
             self._held.clear()
-            self._leases = Leases()
+            self._leases = DirectoryTransferLeases()
             self.bytes_held = 0
 
     def _expire(self, now: float) -> None:

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from air_transfer.core.confine import open_regular, storage_path
+from air_transfer.core.threads import start_daemon
 from air_transfer.observe import durable_metrics
 from air_transfer.storage.durable.records import FileRecord, read_index, write_index
 from air_transfer.storage.durable.settings import LAST_FILE_MAX_BYTES, DrainSettings
@@ -46,7 +47,6 @@ SHOWN = 20
 DEFER_PASSES = 3
 #: The nice of the drain's threads (hashing and sending): absolute (see ``_background``).
 BACKGROUND_NICE = 10
-
 
 
 @dataclass(frozen=True)
@@ -117,19 +117,21 @@ class Drainer:
         self._logged: set[str] = set()
         #: Deletes kept back while a newer file may be copied from what they delete.
         self._deferred: dict[str, int] = {}
-        self._thread = threading.Thread(
-            target=self._run, name=f"air-transfer-drain {root}", daemon=True
-        )
+        self._thread: threading.Thread | None = None
 
     # -- control ------------------------------------------------------------------------
     def start(self) -> Drainer:
-        self._thread.start()
+        if self._thread is not None:
+            raise RuntimeError("a drain is started once")
+        self._thread = start_daemon(f"air-transfer-drain {self.root}", self._run)
         return self
 
     def stop(self) -> None:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+        if self._thread is None:
+            raise RuntimeError("a drain is stopped after it is started")
         self._thread.join()
 
     def touch(self) -> None:

@@ -5,8 +5,8 @@ The library removes most of it itself: a listing of a directory removes the stag
 its dead writers left there (``tree.reclaim``), a failed upload removes its file. What
 stays: staging in directories nobody lists again, the file of an upload whose writer
 or agent died, the trash of a delete cut short. This walks the whole tree under the
-root (through directory descriptors, never following a symlink, as ``tree`` does) and
-judges each hidden entry by what proves its writer gone:
+root (``core.dirtree.walk_dirs``, as ``tree`` does: through directory descriptors,
+never following a symlink) and judges each hidden entry by what proves its writer gone:
 
 - ``staging``, ``staging-lock``, ``publish-lock``: the writer's lock, taken only if its
   holder is dead (``core.staging.reclaim_dead``, the library's own reclaim: never a
@@ -29,9 +29,10 @@ from __future__ import annotations
 import os
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from air_transfer.core.confine import Raced, Where, at, open_listable
+from air_transfer.core.confine import Where, at, open_listable
+from air_transfer.core.dirtree import Level, open_dir_or_none, walk_dirs
 from air_transfer.core.staging import internal_kind, reclaim_dead
 from air_transfer.storage.server.tree import remove_tree
 
@@ -51,13 +52,6 @@ class Leftover:
     action: str
 
 
-@dataclass
-class _Frame:
-    fd: int
-    rel: str  # its path from the root, "" for the root, else ending in "/"
-    subdirs: list[str] = field(default_factory=list)
-
-
 def clean_tree(
     root: str, *, dry_run: bool = False, upload_age_s: float = UPLOAD_AGE_S
 ) -> list[Leftover]:
@@ -68,31 +62,17 @@ def clean_tree(
     found: list[Leftover] = []
 
     def walk(w: Where) -> None:
-        stack = [_Frame(open_listable(w), "")]
-        try:
-            stack[0].subdirs = _clean_dir(stack[0], w.real, dry_run, upload_age_s, found)
-            while stack:
-                frame = stack[-1]
-                if not frame.subdirs:
-                    os.close(stack.pop().fd)
-                    continue
-                name = frame.subdirs.pop()
-                try:
-                    fd = open_listable(Where(frame.fd, name, name))
-                except (FileNotFoundError, NotADirectoryError, Raced):
-                    continue  # gone, or no longer a directory, since it was listed
-                stack.append(_Frame(fd, f"{frame.rel}{name}/"))
-                stack[-1].subdirs = _clean_dir(stack[-1], w.real, dry_run, upload_age_s, found)
-        finally:
-            for frame in stack:
-                os.close(frame.fd)
+        walk_dirs(
+            Level(open_listable(w), -1, "", ""),
+            lambda level: _clean_dir(level, w.real, dry_run, upload_age_s, found),
+        )
 
     at(root, "", walk)
     return sorted(found, key=lambda leftover: leftover.path)
 
 
 def _clean_dir(
-    frame: _Frame, real: str, dry_run: bool, upload_age_s: float, found: list[Leftover]
+    frame: Level, real: str, dry_run: bool, upload_age_s: float, found: list[Leftover]
 ) -> list[str]:
     """Judge the hidden entries of one directory; return its subdirectories (the
     user's, not symlinks) for the walk."""
@@ -169,32 +149,23 @@ def _size(fd: int, name: str) -> int:
         return 0
     if not stat.S_ISDIR(st.st_mode):
         return st.st_size
-    total = 0
-    try:
-        top = open_listable(Where(fd, name, name))
-    except (FileNotFoundError, NotADirectoryError, Raced):
-        return 0
-    stack = [top]
-    try:
-        while stack:
-            current = stack.pop()
-            try:
-                with os.scandir(current) as it:
-                    for d in it:
-                        try:
-                            st = d.stat(follow_symlinks=False)
-                        except FileNotFoundError:
-                            continue
-                        if stat.S_ISDIR(st.st_mode):
-                            try:
-                                stack.append(open_listable(Where(current, d.name, d.name)))
-                            except (FileNotFoundError, NotADirectoryError, Raced):
-                                continue
-                        else:
-                            total += st.st_size
-            finally:
-                os.close(current)
-    finally:
-        for left in stack:
-            os.close(left)
-    return total
+    sizes: list[int] = []
+
+    def add(level: Level) -> list[str]:
+        subdirs = []
+        with os.scandir(level.fd) as it:
+            for d in it:
+                try:
+                    st = d.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    subdirs.append(d.name)
+                else:
+                    sizes.append(st.st_size)
+        return subdirs
+
+    top = open_dir_or_none(fd, name)
+    if top is not None:
+        walk_dirs(Level(top, fd, name, ""), add)
+    return sum(sizes)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from air_transfer.cluster import _ray
 from air_transfer.cluster.identity import Identity, this_process
 from air_transfer.cluster.nodes import NAMESPACE, live_node_ids
+from air_transfer.core.threads import start_daemon
 from air_transfer.storage.server.dead_ops import resolve_dead
 from air_transfer.storage.server.repair import repair_pass
 from air_transfer.storage.server.replica_registry import ReplicaRegistry
@@ -51,14 +52,12 @@ class ReplicaHost(ReplicaRegistry):
         # Two threads: a repair waits while a change is in flight, and the change of a
         # dead caller is in flight until the other resolves it.
         self._threads = [
-            threading.Thread(target=self._tend, args=(job,), name=name, daemon=True)
+            start_daemon(name, self._tend, job)
             for job, name in (
                 (self._resolve, "air-transfer-dead-ops"),
                 (self._repair, "air-transfer-repair"),
             )
         ]
-        for thread in self._threads:
-            thread.start()
 
     def _resolve(self) -> None:
         resolve_dead(self, live_node_ids(), _ray.worker_alive)

@@ -20,12 +20,12 @@ import os
 import posixpath
 import stat
 import uuid
-from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
 from air_transfer.cluster.agent_client import Info
 from air_transfer.core.confine import Raced, Where, open_listable, oserror
+from air_transfer.core.dirtree import Level, walk_dirs
 from air_transfer.core.staging import TRASH_MARK as TRASH_MARK  # marks a directory being deleted
 from air_transfer.core.staging import UPLOAD_MARK, internal_name, is_internal, reclaim_dead
 
@@ -66,59 +66,40 @@ def list_tree(
     dead writers left in a directory listed is removed (``reclaim``)."""
     out: list[tuple[str, int, int | None, int | None]] = []
     links: list[int] = []
-    stack = [_Frame(-1, "", top)]
-    try:
-        stack[0].subdirs = _scan(top, real, "", recursive, out, links)
-        while stack:
-            frame = stack[-1]
-            if not frame.subdirs:
-                os.close(stack.pop().fd)
-                continue
-            name = frame.subdirs.pop()
-            fd = _open_or_none(frame.fd, name, unlink_other=False)
-            if fd is not None:
-                stack.append(_Frame(frame.fd, f"{frame.name}{name}/", fd))
-                stack[-1].subdirs = _scan(fd, real, stack[-1].name, recursive, out, links)
-    finally:
-        for frame in stack:
-            os.close(frame.fd)
+    walk_dirs(
+        Level(top, -1, "", ""),
+        lambda level: _scan(level.fd, real, level.rel, recursive, out, links),
+    )
     return out, links
 
 
 def remove_tree(where: Where) -> None:
     """Remove the directory ``where`` and everything in it (see the module)."""
-    fd = _open_or_none(where.fd, where.name, unlink_other=True)
-    if fd is None:
-        return
-    stack = [_Frame(where.fd, where.name, fd)]
+    fd = _open_or_unlink(where.fd, where.name)
+    if fd is not None:
+        walk_dirs(Level(fd, where.fd, where.name, ""), _clear, _rmdir, _open_or_unlink)
+
+
+def _clear(level: Level) -> list[str]:
+    return clear_files(level.fd)
+
+
+def _rmdir(level: Level) -> list[str] | None:
+    """Remove the emptied directory ``level``; None once it is gone, else what
+    appeared in it meanwhile (its files removed: its subdirectories to empty)."""
     try:
-        stack[0].subdirs = clear_files(fd)
-        while stack:
-            frame = stack[-1]
-            if frame.subdirs:
-                name = frame.subdirs.pop()
-                sub = _open_or_none(frame.fd, name, unlink_other=True)
-                if sub is not None:
-                    stack.append(_Frame(frame.fd, name, sub))
-                    stack[-1].subdirs = clear_files(sub)
-                continue
-            try:
-                os.rmdir(frame.name, dir_fd=frame.parent)
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise
-                if frame.rounds >= ROUNDS:
-                    detail = " (it kept filling up while being deleted)"
-                    raise oserror(OSError, e.errno, frame.name, detail) from e
-                frame.rounds += 1
-                frame.subdirs = clear_files(frame.fd)  # entries that appeared meanwhile
-                continue
-            os.close(stack.pop().fd)
-    finally:
-        for frame in stack:
-            os.close(frame.fd)
+        os.rmdir(level.name, dir_fd=level.parent)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        if level.rounds >= ROUNDS:
+            detail = " (it kept filling up while being deleted)"
+            raise oserror(OSError, e.errno, level.name, detail) from e
+        level.rounds += 1
+        return clear_files(level.fd)  # entries that appeared meanwhile
+    return None
 
 
 def clear_files(fd: int) -> list[str]:
@@ -137,15 +118,6 @@ def clear_files(fd: int) -> list[str]:
             except IsADirectoryError:  # replaced by a directory meanwhile
                 subdirs.append(d.name)
     return subdirs
-
-
-@dataclass
-class _Frame:
-    parent: int  # fd of the directory holding this one (-1: not needed)
-    name: str  # its name there (removal), or its path from the top with a "/" (listing)
-    fd: int
-    subdirs: list[str] = field(default_factory=list)
-    rounds: int = 0
 
 
 def _scan(
@@ -198,15 +170,14 @@ def reclaim(fd: int, real: str, names: list[str]) -> None:
         logger.warning("could not reclaim the staging of dead writers: %s", e)
 
 
-def _open_or_none(parent: int, name: str, unlink_other: bool) -> int | None:
+def _open_or_unlink(parent: int, name: str) -> int | None:
     """Directory ``name`` of ``parent`` opened for listing; None if it vanished or
-    is no longer a directory (then removed, with ``unlink_other``)."""
+    is no longer a directory (then removed)."""
     try:
         return open_listable(Where(parent, name, name))
     except FileNotFoundError:
         return None
     except (NotADirectoryError, Raced):
-        if unlink_other:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=parent)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=parent)
         return None

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
+
+from air_transfer.core.threads import Periodic
 
 logger = logging.getLogger(__name__)
 W = TypeVar("W", bound=Hashable)
@@ -33,10 +34,10 @@ class UploadWriters(Generic[W]):
         discard: Callable[[str, str], None],
         period_s: float,
     ) -> None:
-        self._dead, self._discard, self._period_s = dead, discard, period_s
+        self._dead, self._discard = dead, discard
         self._lock = threading.Lock()
         self._uploads: dict[str, tuple[str, W]] = {}  # staging -> (root, writer)
-        self._reaper: threading.Thread | None = None
+        self._reaper = Periodic("air-transfer-upload-reaper", lambda: period_s, self._reap_logged)
         self.reaped = 0  # uploads discarded because their writer died
 
     def begin(self, root: str, staging: str, writer: W | None) -> None:
@@ -46,11 +47,7 @@ class UploadWriters(Generic[W]):
             return
         with self._lock:
             self._uploads[staging] = (root, writer)
-            if self._reaper is None:
-                self._reaper = threading.Thread(
-                    target=self._run, name="air-transfer-upload-reaper", daemon=True
-                )
-                self._reaper.start()
+            self._reaper.start()
 
     def end(self, staging: str) -> None:
         """The upload at ``staging`` is committed or aborted."""
@@ -83,10 +80,8 @@ class UploadWriters(Generic[W]):
             self.reaped += 1
         return gone
 
-    def _run(self) -> None:
-        while True:
-            time.sleep(self._period_s)
-            try:
-                self.reap()
-            except Exception as e:  # a bug or an unreachable cluster: try again later
-                logger.warning("air-transfer: reaping dead writers' uploads failed: %s", e)
+    def _reap_logged(self) -> None:
+        try:
+            self.reap()
+        except Exception as e:  # a bug or an unreachable cluster: try again later
+            logger.warning("air-transfer: reaping dead writers' uploads failed: %s", e)

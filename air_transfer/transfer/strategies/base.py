@@ -131,7 +131,7 @@ class TransferStrategy(ABC):
 
     def refs(self, payload: Any) -> list[ray.ObjectRef[Any]]:
         """The ObjectRefs ``payload`` holds (an agent that packs for another process
-        keeps the transfer while that process references any: ``cluster.leases``).
+        keeps the transfer while that process references any: ``cluster.transfer_leases``).
         The default reads a list or tuple of refs, one per chunk, as a ``pack`` that
         puts each chunk makes; override it for any other payload."""
         if not isinstance(payload, (list, tuple)):

@@ -1,5 +1,6 @@
-"""Leases: how a checkpoint packed with ``owner="node"`` outlives the worker that
-asked for it, whatever that worker did with its ref before it died.
+"""Transfer leases, a process's hold on the transfers an agent packed for it: how a
+checkpoint packed with ``owner="node"`` outlives the worker that asked for it,
+whatever that worker did with its ref before it died.
 
 Ray counts the references to an object as a tree: a process that passes on a ref it
 borrowed tells the owner about the new holders only once it lets go of the ref
@@ -22,17 +23,17 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
 
 from air_transfer.cluster import _ray
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.core.knobs import KNOBS
+from air_transfer.core.threads import start_daemon
 
 logger = logging.getLogger(__name__)
 
 #: Lease key (the transfer's ref, hex) -> (the agent holding it, the hex ids of the
 #: refs of the transfer: while this process references any, the lease stays).
-_leases: dict[str, tuple[Any, frozenset[str]]] = {}
+_leases: dict[str, tuple[AgentClient, frozenset[str]]] = {}
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
 
@@ -44,8 +45,7 @@ def hold(agent: AgentClient, key: str, ids: Iterable[str]) -> None:
     with _lock:
         _leases[key] = (agent, frozenset([key, *ids]))
         if _thread is None:
-            _thread = threading.Thread(target=_run, name="air-transfer-leases", daemon=True)
-            _thread.start()
+            _thread = start_daemon("air-transfer-leases", _run)
 
 
 def held() -> int:
@@ -75,14 +75,14 @@ def _run() -> None:
             return
 
 
-def _done(present: set[str]) -> dict[str, Any]:
+def _done(present: set[str]) -> dict[str, AgentClient]:
     """The leases this process can let go of (key -> agent): those whose refs it
     references none of, not counting refs that a later lease of the same agent
     still held also covers. A transfer reusing an earlier one's chunks
     (``reuse_chunks``) nests them, and the agent holding the later transfer keeps
     them alive: referencing them through the later one must not hold the earlier
     one (and its other chunks) for as long as the later one lives."""
-    done: dict[str, Any] = {}
+    done: dict[str, AgentClient] = {}
     covered: dict[str, set[str]] = {}  # agent's node -> the refs of its later leases kept
     for key, (agent, ids) in reversed(_leases.items()):  # latest first
         later = covered.setdefault(agent.node_id, set())
@@ -93,10 +93,10 @@ def _done(present: set[str]) -> dict[str, Any]:
     return done
 
 
-def _release(done: dict[str, Any]) -> None:
+def _release(done: dict[str, AgentClient]) -> None:
     """Tell each agent which of its leases to drop (one call per agent; an agent
     that is gone has dropped them)."""
-    by_agent: dict[Any, list[str]] = {}
+    by_agent: dict[AgentClient, list[str]] = {}
     for key, agent in done.items():
         by_agent.setdefault(agent, []).append(key)
     for agent, keys in by_agent.items():

@@ -1,0 +1,93 @@
+"""Background threads: every one is started by ``core.threads`` (a named daemon), and
+the periodic helper ticks until the process ends. Plain Python, no Ray."""
+
+from __future__ import annotations
+
+import ast
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from air_transfer.core.threads import Periodic, start_daemon
+from tests.support.procs import REPO_ROOT
+
+PACKAGE = Path(REPO_ROOT) / "air_transfer"
+#: The one module that makes threads.
+HELPER = PACKAGE / "core" / "threads.py"
+
+
+def thread_constructions(source: str) -> list[int]:
+    """Lines of ``source`` that construct a ``threading.Thread`` (or a ``Thread``)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name == "Thread":
+                lines.append(node.lineno)
+    return lines
+
+
+def test_threads_are_started_only_by_the_helper() -> None:
+    offenders = {
+        str(path.relative_to(PACKAGE.parent)): lines
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != HELPER and (lines := thread_constructions(path.read_text()))
+    }
+    assert offenders == {}, f"start threads with core.threads.start_daemon: {offenders}"
+    assert thread_constructions(HELPER.read_text()), "the scan finds a construction"
+
+
+def test_start_daemon_names_a_daemon_and_passes_arguments() -> None:
+    got: list[tuple[str, bool, int, str]] = []
+
+    def run(a: int, *, b: str) -> None:
+        me = threading.current_thread()
+        got.append((me.name, me.daemon, a, b))
+
+    start_daemon("air-transfer-test", run, 1, b="x").join(5)
+    assert got == [("air-transfer-test", True, 1, "x")]
+
+
+def test_a_thread_not_named_for_the_library_is_refused() -> None:
+    with pytest.raises(ValueError, match="air-transfer"):
+        start_daemon("worker", lambda: None)
+
+
+def test_periodic_starts_once_and_ticks_every_period() -> None:
+    ticks = threading.Semaphore(0)
+    periods = []
+
+    def period() -> float:
+        periods.append(1)
+        return 0.01
+
+    periodic = Periodic("air-transfer-test-periodic", period, ticks.release)
+    before = set(threading.enumerate())
+    periodic.start()
+    periodic.start()
+    started = [t for t in threading.enumerate() if t not in before]
+    assert [t.name for t in started] == ["air-transfer-test-periodic"]
+    assert started[0].daemon
+    for _ in range(3):
+        assert ticks.acquire(timeout=5)
+    assert len(periods) >= 3  # the period is read before each wait
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_periodic_ends_on_an_error_of_its_tick() -> None:
+    calls = []
+
+    def tick() -> None:
+        calls.append(1)
+        raise RuntimeError("boom")
+
+    periodic = Periodic("air-transfer-test-failing", lambda: 0.01, tick)
+    periodic.start()
+    deadline = time.monotonic() + 5
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert calls == [1]
