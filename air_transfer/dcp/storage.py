@@ -26,6 +26,7 @@ import posixpath
 import tempfile
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any, TypeVar, cast
 
 import pyarrow.fs as pafs
@@ -369,8 +370,7 @@ class NodeStorageReader(FileSystemReader):
         for item in plan.items:
             relative = self.storage_data[item.storage_index].relative_path
             per_file.setdefault(relative, []).append(item)
-        with _staging_file() as staging:
-            staged = _Staged(staging)
+        with _staging_file() as staging, contextlib.closing(_Staged(staging)) as staged:
             values: list[tuple[ReadItem, io.BytesIO]] = []
             for relative, items in per_file.items():
                 for item, value, target in self._decoded(relative, items, planner):
@@ -465,30 +465,51 @@ def _not_staged(failed: OSError, size: int) -> OSError:
 
 class _Staged:
     """Decoded tensors written one after another to a file, to be copied into their
-    destinations once all are there (``NodeStorageReader.read_data``)."""
+    destinations once all are there (``NodeStorageReader.read_data``). A tensor up
+    to ``OVERLAP_BYTES`` is written on a thread of its own while the next one is
+    read and decoded (so memory holds at most one more such tensor); a larger one
+    is written before the next is read."""
+
+    OVERLAP_BYTES = 64 * 2**20
 
     def __init__(self, file: IO[bytes]) -> None:
-        self.file = file
+        self.fd = file.fileno()
         self.size = 0
         self.tensors: list[tuple[ReadItem, torch.Tensor, int, torch.dtype, torch.Size]] = []
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="air-transfer-dcp-stage")
+        self._writing: Future[None] | None = None
 
     def add(self, item: ReadItem, tensor: torch.Tensor, target: torch.Tensor) -> None:
         """Stage ``tensor``, the value of ``item`` for ``target``, in its own dtype
         (copying it into ``target`` converts it, as torch's reader does)."""
         flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        self._written()
+        offset, self.size = self.size, self.size + flat.numel()
+        self.tensors.append((item, target, offset, tensor.dtype, tensor.size()))
+        if flat.numel() <= self.OVERLAP_BYTES:
+            self._writing = self._writer.submit(self._write, flat, offset)
+        else:
+            self._write(flat, offset)
+
+    def _write(self, flat: torch.Tensor, offset: int) -> None:
+        view = memoryview(flat.numpy())
+        done = 0
         try:
-            self.file.write(memoryview(flat.numpy()))
+            while done < len(view):
+                done += os.pwrite(self.fd, view[done:], offset + done)
         except OSError as e:
-            raise _not_staged(e, self.size + flat.numel()) from None
-        self.tensors.append((item, target, self.size, tensor.dtype, tensor.size()))
-        self.size += flat.numel()
+            raise _not_staged(e, offset + len(view)) from None
+
+    def _written(self) -> None:
+        """Wait for the tensor being written; raise what writing it raised."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
 
     def copy_out(self, planner: LoadPlanner) -> None:
         """Copy every staged tensor into its destination and commit it."""
-        self.file.flush()
-        mapped = (
-            mmap.mmap(self.file.fileno(), self.size, access=mmap.ACCESS_COPY) if self.size else None
-        )
+        self._written()
+        mapped = mmap.mmap(self.fd, self.size, access=mmap.ACCESS_COPY) if self.size else None
         try:
             for item, target, offset, dtype, shape in self.tensors:
                 count = shape.numel()
@@ -501,6 +522,10 @@ class _Staged:
         finally:
             if mapped is not None:
                 mapped.close()
+
+    def close(self) -> None:
+        """Let the writer thread go (after the write in flight, if any)."""
+        self._writer.shutdown(wait=True)
 
 
 class _ViewReader(io.RawIOBase):

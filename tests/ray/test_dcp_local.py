@@ -9,7 +9,10 @@ The cluster cases (other nodes, process groups, resharding, Ray Train) are in
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,6 +218,27 @@ def test_a_load_that_cannot_stage_on_disk_says_where_and_loads_nothing(
     with pytest.raises(OSError, match="set TMPDIR") as raised:
         load(state, Checkpoint(str(tmp_path / "ckpt"), filesystem=fs))
     assert raised.value.filename == missing
+    assert same(flat(state), before)
+
+
+def test_a_load_whose_staging_runs_out_of_room_loads_nothing(tmp_path: Path) -> None:
+    """The disk fills while the decoded tensors are staged (here: a file-size limit
+    of 64 KiB on this process, past which a write fails with EFBIG): an error
+    naming the staging directory, and the state dict as it was."""
+    fs = pafs.LocalFileSystem()
+    saved(fs, tmp_path / "ckpt")
+    state = trained(2)
+    before = flat(state)
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    ignored = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, limits[1]))
+    try:
+        with pytest.raises(OSError, match="could not take") as raised:
+            load(state, Checkpoint(str(tmp_path / "ckpt"), filesystem=fs))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, ignored)
+    assert raised.value.errno == errno.EFBIG and raised.value.filename == tempfile.gettempdir()
     assert same(flat(state), before)
 
 
