@@ -48,6 +48,7 @@ from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.copy import copy_tree
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget, relative
+from air_transfer.storage.node_api import NodeCheckpoints, NodeDurable, NodeReads
 from air_transfer.storage.replica_wire import CopyState
 
 logger = logging.getLogger(__name__)
@@ -311,7 +312,7 @@ def upload_checkpoint(
     link = AgentLink(target, "/", config or TransferConfig())  # its errors as ours
     future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(config)
     # A top-level ref argument reaches the agent as the transferred checkpoint itself.
-    link.call(lambda agent: agent.store_checkpoint(future.ref, fs, dest))
+    link.call(NodeCheckpoints.store_checkpoint, future.ref, fs, dest)
     future.result()  # stored means packed, but any packing error is raised as such
     return Checkpoint(dest, filesystem=fs)
 
@@ -364,13 +365,11 @@ def upload_directory(
     elif config.incremental:  # checksums first, only what storage lacks travels
         store_incremental(handler.link, source, path, worker)
     elif ray.is_initialized() and handler.node_id == this_node_id():
-        handler.link.call(
-            lambda agent: agent.store_report(worker, source, handler.root, path, config)
-        )
+        handler.link.call(NodeCheckpoints.store_report, worker, source, handler.root, path, config)
     else:
         future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(config)
         handler.link.call(
-            lambda agent: agent.store_report(worker, future.ref, handler.root, path, config)
+            NodeCheckpoints.store_report, worker, future.ref, handler.root, path, config
         )
         future.result()
     return Checkpoint(path, filesystem=filesystem)
@@ -402,7 +401,7 @@ def reclaim_reports(filesystem: pafs.FileSystem, workers: list[str], tracked: li
             deleted = replica_train.reclaim(handler, workers, tracked)
         else:
             deleted = handler.link.call(
-                lambda agent: agent.reclaim_reports(handler.root, workers, tracked)
+                NodeCheckpoints.reclaim_reports, handler.root, workers, tracked
             )
     except Exception as e:  # a cleanup: never fail Train's shutdown of the group
         logger.warning(
@@ -436,7 +435,7 @@ def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) 
         return replica_train.download(handler, path, local_path)
     local = storage_path(handler.root, path)
     if handler.durable is not None:
-        (_, _, _), here = handler.link.call(lambda a: a.durable_locate(handler.root, local))
+        (_, _, _), here = handler.link.call(NodeDurable.durable_locate, handler.root, local)
         if not here:
             return False  # only in the durable tier: Ray copies, file by file, verified
     try:
@@ -446,7 +445,7 @@ def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) 
             copy_tree(local, local_path, handler.config, root=handler.root)
             return True
         [ref, lease] = handler.link.call(
-            lambda agent: agent.directory_transfer(handler.root, local, handler.config)
+            NodeReads.directory_transfer, handler.root, local, handler.config
         )
     except NotADirectoryError:
         return False  # one file: Ray's own copy
@@ -462,4 +461,4 @@ def _release(handler: NodeStorageHandler, lease: str) -> None:
     it is kept only within the budget again; an agent gone meanwhile took the lease
     with it."""
     with contextlib.suppress(ray.exceptions.RayError):
-        ray.get(handler.link.agent().release_directory_transfer(lease))
+        ray.get(handler.link.agent().call(NodeReads.release_directory_transfer, lease))

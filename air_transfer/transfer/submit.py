@@ -35,6 +35,8 @@ from air_transfer.core.scan import Source
 from air_transfer.observe.telemetry import packing
 from air_transfer.transfer.handle import RAY_ERRORS, TransferHandle, raise_transfer_error
 from air_transfer.transfer.live_chunks import LiveChunks
+from air_transfer.transfer.node_owned import NodeOwnedTransfers
+from air_transfer.transfer.relay import Relays
 from air_transfer.transfer.start import Prepared, prepare, start, submit
 from air_transfer.transfer.strategies import Registrations, registrations
 
@@ -69,7 +71,7 @@ def start_transfer(
     prepared = prepare(source, config)
     agent = AgentClient()
     key = uuid.uuid4().hex
-    ref = agent.relayed(key, os.getpid())
+    ref = agent.call(Relays.take, key, os.getpid())
     _in_background(lambda: _hand_over(agent, key, prepared, started), submitted)
     return ref, submitted
 
@@ -84,11 +86,11 @@ def _hand_over(
         checkpoint = CHECKPOINT_OF.get()(handle)
     except Exception as e:
         try:
-            agent.relay(key, e)
+            agent.call(Relays.give, key, e)
         except Exception:  # an error that does not pickle: its text, then
-            agent.relay(key, RuntimeError(f"submitting the packing failed: {e!r}"))
+            agent.call(Relays.give, key, RuntimeError(f"submitting the packing failed: {e!r}"))
         raise
-    agent.relay(key, checkpoint)
+    agent.call(Relays.give, key, checkpoint)
     packing(handle.strategy.name, done, started)
     return done
 
@@ -143,7 +145,9 @@ def submit_transfer(
     config = config or TransferConfig()
     if config.owner == "node" and not running_in_agent():
         agent = AgentClient()
-        call = agent.submit_transfer(source, config, registrations(config), requester())
+        call = agent.call(
+            NodeOwnedTransfers.submit_transfer, source, config, registrations(config), requester()
+        )
         try:
             ref, done, strategy, ids = ray.get(call)
         except RAY_ERRORS as e:  # FileNotFoundError, ManifestError... as themselves

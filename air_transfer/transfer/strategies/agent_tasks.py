@@ -25,6 +25,7 @@ from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.scan import Source
+from air_transfer.transfer.packing_service import PackingService
 from air_transfer.transfer.strategies.base import PackRequest
 
 
@@ -78,9 +79,10 @@ def submit_plans(
     data: list[ray.ObjectRef[Any]] = []
     checksums: list[ray.ObjectRef[str]] = []
     for group in task_groups(plans):
-        chunks, sums = agent.pack_chunks(source, group)
-        data += chunks
-        checksums += sums
+        k = len(group)
+        refs = agent.calls(2 * k, PackingService.pack_chunks, source, group)
+        data += refs[:k]
+        checksums += refs[k:]
     return data, checksums
 
 
@@ -90,7 +92,7 @@ def submit_checksum_chunks(request: PackRequest) -> list[ray.ObjectRef[str]]:
     agent = AgentClient()
     checksums: list[ray.ObjectRef[str]] = []
     for group in task_groups(request.plans()):
-        checksums += agent.checksum_chunks(request.source, group)
+        checksums += agent.calls(len(group), PackingService.checksum_chunks, request.source, group)
     return checksums
 
 
@@ -99,4 +101,6 @@ def submit_pack_stream(
 ) -> tuple[ray.ObjectRef[Any], list[ray.ObjectRef[str]]]:
     """Submit one ``pack_stream`` task for the whole (small) stream: a ref to it as
     one object, and refs of its chunks' checksums."""
-    return AgentClient().pack_stream(request.source, list(request.plans()))
+    plans = list(request.plans())
+    refs = AgentClient().calls(1 + len(plans), PackingService.pack_stream, request.source, plans)
+    return refs[0], refs[1:]
