@@ -25,7 +25,6 @@ from ray.train import Checkpoint
 
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.cluster import _ray
-from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import (
     NODE_FORMS,
     check_node_spec,
@@ -51,6 +50,7 @@ from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.copy import copy_tree
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget, relative
+from air_transfer.storage.node_api import NodeCheckpoints, NodeDurable, NodeReads
 from air_transfer.storage.replica_wire import CopyState
 
 logger = logging.getLogger(__name__)
@@ -307,7 +307,7 @@ def upload_checkpoint(
             node = this_node_id() if isinstance(handler, ReplicatedHandler) else handler.node_id
     link = AgentLink(node or head_node_id(), "/", config or TransferConfig())  # its errors as ours
     _pack_and_store(
-        checkpoint, config, link, lambda agent, ref: agent.store_checkpoint(ref, fs, dest)
+        checkpoint, config, lambda ref: link.call(NodeCheckpoints.store_checkpoint, ref, fs, dest)
     )
     return Checkpoint(dest, filesystem=fs)
 
@@ -407,15 +407,14 @@ def _store_directory(
         return False
     report = worker
     if ray.is_initialized() and handler.node_id == this_node_id():
-        handler.link.call(
-            lambda agent: agent.store_report(report, source, handler.root, dest, config)
-        )
+        handler.link.call(NodeCheckpoints.store_report, report, source, handler.root, dest, config)
     else:
         _pack_and_store(
             checkpoint,
             config,
-            handler.link,
-            lambda agent, ref: agent.store_report(report, ref, handler.root, dest, config),
+            lambda ref: handler.link.call(
+                NodeCheckpoints.store_report, report, ref, handler.root, dest, config
+            ),
         )
     return True
 
@@ -423,14 +422,13 @@ def _store_directory(
 def _pack_and_store(
     checkpoint: Checkpoint,
     config: TransferConfig | None,
-    link: AgentLink,
-    store: Callable[[AgentClient, ray.ObjectRef[Any]], ray.ObjectRef[str]],
+    store: Callable[[ray.ObjectRef[Any]], object],
 ) -> None:
-    """Pack ``checkpoint`` (here, by this node's agent) while ``link``'s agent
-    stores what is packed so far (``store(agent, ref)``); returns once it is stored."""
+    """Pack ``checkpoint`` (here, by this node's agent) while an agent stores what is
+    packed so far (``store(ref)``, which returns once it is stored); returns then."""
     future = ChunkedCheckpoint.from_checkpoint(checkpoint).to_object_ref_async(config)
     # A top-level ref argument reaches the agent as the transferred checkpoint itself.
-    link.call(lambda agent: store(agent, future.ref))
+    store(future.ref)
     future.result()  # stored means packed, but any packing error is raised as such
 
 
@@ -472,7 +470,7 @@ def reclaim_reports(filesystem: pafs.FileSystem, workers: list[str], tracked: li
             deleted = replica_train.reclaim(handler, workers, tracked)
         else:
             deleted = handler.link.call(
-                lambda agent: agent.reclaim_reports(handler.root, workers, tracked)
+                NodeCheckpoints.reclaim_reports, handler.root, workers, tracked
             )
     except Exception as e:  # a cleanup: never fail Train's shutdown of the group
         logger.warning(
@@ -506,7 +504,7 @@ def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) 
         return replica_train.download(handler, path, local_path)
     local = storage_path(handler.root, path)
     if handler.durable is not None:
-        (_, _, _), here = handler.link.call(lambda a: a.durable_locate(handler.root, local))
+        (_, _, _), here = handler.link.call(NodeDurable.durable_locate, handler.root, local)
         if not here:
             return False  # only in the durable tier: Ray copies, file by file, verified
     try:
@@ -516,7 +514,7 @@ def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) 
             copy_tree(local, local_path, handler.config, root=handler.root)
             return True
         [ref, lease] = handler.link.call(
-            lambda agent: agent.directory_transfer(handler.root, local, handler.config)
+            NodeReads.directory_transfer, handler.root, local, handler.config
         )
     except NotADirectoryError:
         return False  # one file: Ray's own copy
@@ -532,4 +530,4 @@ def _release(handler: NodeStorageHandler, lease: str) -> None:
     it is kept only within the budget again; an agent gone meanwhile took the lease
     with it."""
     with contextlib.suppress(ray.exceptions.RayError):
-        ray.get(handler.link.agent().release_directory_transfer(lease))
+        ray.get(handler.link.agent().call(NodeReads.release_directory_transfer, lease))

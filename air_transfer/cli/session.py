@@ -22,6 +22,8 @@ from air_transfer.cluster.nodes import NAMESPACE, REGISTRY_NAME, head_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.streams import AgentLink
+from air_transfer.storage.node_api import NodeDurable
+from air_transfer.storage.replica_wire import RegistryCalls
 from air_transfer.train import storage_filesystem
 
 #: The transfers of a command: no per-file bars (a command draws one for the whole).
@@ -99,7 +101,7 @@ def open_storage(
         return Storage(node, top, fs, one, one)
     replicated, members, fresh, replicas = found
     # As the run made it: the registry keeps where its copies live (replica_root).
-    template = replica_set.call("template", f"{node}:{replicated}")
+    template = replica_set.call(RegistryCalls.template, f"{node}:{replicated}")
     fs = storage_filesystem(
         node=node, config=CONFIG, root=replicated, replicas=replicas, replica_root=template
     )
@@ -138,7 +140,7 @@ def _replicated(node: str, path: str) -> tuple[str, Copies, Copies, int] | None:
     except ValueError:
         return None
     best: str | None = None
-    for key in replica_set.call("keys"):
+    for key in replica_set.call(RegistryCalls.keys):
         owner, _, root = str(key).partition(":")
         holds = root == "/" or path == root or path.startswith(root + "/")
         if owner == node and holds and (best is None or len(root) > len(best)):
@@ -158,7 +160,7 @@ def _require_draining(node: str, root: str, durable: str) -> None:
     durable tier (which ``storage_filesystem`` then checks is ``durable``)."""
     link = AgentLink(node, root, CONFIG)
     try:
-        link.call(lambda agent: agent.durable_status(root))
+        link.call(NodeDurable.durable_status, root)
     except ValueError as e:
         raise ValueError(
             f"the agent of node {node[:12]} drains no durable tier for node storage {root!r}: "

@@ -25,6 +25,15 @@ from air_transfer.errors import CheckpointLostError
 OWN_ERRORS: tuple[type[Exception], ...] = (OSError, ValueError, TypeError, CheckpointLostError)
 
 
+def fresh(error: BaseException) -> BaseException:
+    """A copy of ``error`` to raise in its place. Raising an exception that a frame of
+    its own traceback still references (a loop variable, Ray's wrapper whose
+    ``cause`` it is) makes a reference cycle: the frames, and the handle with every
+    chunk ref they hold, would then stay alive until the garbage collector runs,
+    keeping the chunks pinned in the object store."""
+    return copy.copy(error)
+
+
 def innermost(error: BaseException) -> BaseException:
     """What the task or actor at the end of a chain of calls raised: ``error`` with
     every ``RayTaskError`` wrapper taken off (one per hop: an agent that called
@@ -47,7 +56,7 @@ def raise_own(error: BaseException) -> None:
     and chunk ref in it, alive until the cyclic garbage collector happens to run."""
     cause = innermost(error)
     if cause is not error and isinstance(cause, OWN_ERRORS):
-        raise copy.copy(cause) from None
+        raise fresh(cause) from None
 
 
 def get(ref: Any, timeout: float | None = None) -> Any:

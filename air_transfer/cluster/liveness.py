@@ -10,7 +10,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable
 
-from air_transfer.cluster.agent_client import AgentClient
+from air_transfer.cluster.agent_client import AgentClient, AgentSelf
 from air_transfer.cluster.fetch import get
 from air_transfer.cluster.nodes import live_node_ids, this_node_id
 from air_transfer.core import process_locks
@@ -42,7 +42,12 @@ def dead(processes: Iterable[Process], timeout_s: float = 60) -> set[Process]:
             found |= {p for p in procs if p.lock in gone}
             continue
         try:
-            gone = set(get(AgentClient(node).dead_processes([p.lock for p in procs]), timeout_s))
+            gone = set(
+                get(
+                    AgentClient(node).call(AgentSelf.dead_processes, [p.lock for p in procs]),
+                    timeout_s,
+                )
+            )
         except Exception as e:  # asked again at the next call
             logger.debug("air-transfer: node %s could not tell which processes died: %s", node, e)
             continue

@@ -7,7 +7,7 @@ borrowed tells the owner about the new holders only once it lets go of the ref
 itself (ray-project/ray#18456). A worker that hands the ref of a node-owned
 checkpoint to an evaluator and dies still holding it takes that report with it, and
 the agent, the owner, frees the checkpoint under the evaluator. So the agent holds
-every transfer it packs for another process (a lease, ``NodeAgent.submit_transfer``)
+every transfer it packs for another process (a lease, ``HeldTransfers``)
 until that process references none of the transfer's refs any more: this module, in
 that process, checks its own reference table every ``KNOBS.lease_poll_s`` on one
 daemon thread and tells the agent which leases to drop (by then Ray has that
@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from typing import Protocol
 
 from air_transfer.cluster import _ray
 from air_transfer.cluster.agent_client import AgentClient
@@ -30,6 +31,21 @@ from air_transfer.core.knobs import KNOBS
 from air_transfer.core.threads import start_daemon
 
 logger = logging.getLogger(__name__)
+
+
+class HeldTransfers(Protocol):
+    """What a node agent answers of the transfers it holds for other processes
+    (``transfer.node_owned``, above this layer)."""
+
+    def release(self, *keys: str) -> None:
+        """Drop the leases ``keys``: each transfer then lives as long as Ray counts
+        a reference to it, and no later transfer reuses its chunks."""
+
+    def leases(self) -> dict[str, tuple[int, str] | None]:
+        """The transfers held for another process: lease key -> requester (pid,
+        node); a requester that died leaves its leases until ``shutdown_agents()``."""
+        ...
+
 
 #: Lease key (the transfer's ref, hex) -> (the agent holding it, the hex ids of the
 #: refs of the transfer: while this process references any, the lease stays).
@@ -101,6 +117,6 @@ def _release(done: dict[str, AgentClient]) -> None:
         by_agent.setdefault(agent, []).append(key)
     for agent, keys in by_agent.items():
         try:
-            agent.release(keys)
+            agent.call(HeldTransfers.release, *keys)
         except Exception as e:
             logger.debug("air-transfer: could not release leases %s: %r", keys, e)

@@ -54,6 +54,7 @@ from air_transfer.core.confine import storage_path
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.location import node_storage_location
+from air_transfer.storage.node_api import NodeCheckpoints
 from air_transfer.train import run_storage_filesystem, storage_filesystem
 
 #: DCP's metadata file, written last: a checkpoint without it is incomplete.
@@ -132,7 +133,7 @@ class ReportFiles(ArrowFiles):
             super().mkdir(path)
             return
         root, local, worker = handler.root, storage_path(handler.root, os.fspath(path)), self.worker
-        handler.link.call(lambda agent: agent.note_report_dir(root, worker, local))
+        handler.link.call(NodeCheckpoints.note_report_dir, root, worker, local)
 
 
 class Upload(io.RawIOBase):

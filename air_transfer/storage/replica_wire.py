@@ -1,6 +1,8 @@
-"""Node storage replicas, what both rooms say to the registry: who makes a change
-(``Owner``, so that a change whose caller died is resolved at once) and what state a
-copy is in (``CopyState``, the answer of ``replica_status``).
+"""Node storage replicas, what both rooms say to the registry: the calls it answers
+(``RegistryCalls``, which the registry's class subclasses and callers name:
+``replica_set.call(RegistryCalls.view, key)``), who makes a change (``Owner``, so
+that a change whose caller died is resolved at once) and what state a copy is in
+(``CopyState``, the answer of ``replica_status``).
 
 The caller's side makes these and the registry, on the storage side, keeps them:
 typed here, below both, so that neither imports the other.
@@ -10,13 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 #: A copy's state: ``fresh`` (complete, read), ``syncing`` (being made again by
 #: repair), ``stale`` (missed a change; repair makes it again), ``failing`` (repair
 #: of it failed and is tried again later), ``failed`` (repair gave up on it: see
 #: ``error``; a copy is made on another node if one is free).
 State = Literal["fresh", "syncing", "stale", "failing", "failed"]
+#: A copy: (node id, the root its files live under on that node).
+Copy = tuple[str, str]
+#: The answer of ``begin``: (op id, the copies to apply it to, the fresh ones).
+Begun = tuple[str, list[Copy], list[str]]
 
 
 @dataclass(frozen=True)
@@ -55,3 +61,42 @@ def drain_leader(fresh: Iterable[str], primary: str) -> str | None:
     if primary in nodes:
         return primary
     return min(nodes) if nodes else None
+
+
+class RegistryCalls(Protocol):
+    """What the cluster's replica registry answers callers
+    (``storage.server.replica_registry.ReplicaRegistry`` says what each does)."""
+
+    def register(
+        self,
+        key: str,
+        copies: list[Copy],
+        wanted: int,
+        template: str,
+        fresh: list[str] | None = None,
+    ) -> None: ...
+
+    def view(self, key: str) -> tuple[list[Copy], list[str], list[str], int] | None: ...
+
+    def keys(self) -> list[str]: ...
+
+    def template(self, key: str) -> str: ...
+
+    def resize(self, key: str, wanted: int) -> int: ...
+
+    def status(self, key: str) -> list[CopyState]: ...
+
+    def begin(
+        self,
+        key: str,
+        paths: list[str],
+        op: str | None = None,
+        owner: Owner | None = None,
+        staging: dict[str, str] | None = None,
+    ) -> Begun | None: ...
+
+    def end(self, key: str, op: str, missed: list[str], paths: list[str]) -> list[str]: ...
+
+    def targets(self, key: str) -> tuple[list[Copy], list[str]]: ...
+
+    def retry_failed(self, key: str) -> None: ...

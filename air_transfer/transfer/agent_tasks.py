@@ -25,6 +25,7 @@ from air_transfer.cluster.nodes import this_node_id
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.scan import Source
+from air_transfer.transfer.packing_service import PackingService
 from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest
 from air_transfer.transfer.strategies.streamed import StreamSource
 
@@ -40,8 +41,11 @@ def pack_in_agent(layout: Layout, request: PackRequest) -> Packed:
         data, checksums = submit_plans(request.source, request.plans())
         return Packed(data, tuple(checksums))
     if layout is Layout.OBJECT:
-        stream, sums = AgentClient().pack_stream(request.source, list(request.plans()))
-        return Packed(stream, tuple(sums))
+        plans = list(request.plans())
+        returns = AgentClient().calls(
+            1 + len(plans), PackingService.pack_stream, request.source, plans
+        )
+        return Packed(returns[0], tuple(returns[1:]))
     if layout is Layout.STREAMED:
         refs = tuple(_checksum_plans(request.source, request.plans()))
         node_id = this_node_id()
@@ -81,9 +85,10 @@ def submit_plans(
     data: list[ray.ObjectRef[Any]] = []
     checksums: list[ray.ObjectRef[str]] = []
     for group in task_groups(plans):
-        chunks, sums = agent.pack_chunks(source, group)
-        data += chunks
-        checksums += sums
+        k = len(group)
+        refs = agent.calls(2 * k, PackingService.pack_chunks, source, group)
+        data += refs[:k]
+        checksums += refs[k:]
     return data, checksums
 
 
@@ -93,5 +98,5 @@ def _checksum_plans(source: Source, plans: Iterable[ChunkPlan]) -> list[ray.Obje
     agent = AgentClient()
     checksums: list[ray.ObjectRef[str]] = []
     for group in task_groups(plans):
-        checksums += agent.checksum_chunks(source, group)
+        checksums += agent.calls(len(group), PackingService.checksum_chunks, source, group)
     return checksums

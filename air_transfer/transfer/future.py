@@ -26,10 +26,11 @@ from typing import Any
 
 import ray
 
+from air_transfer.cluster.fetch import fresh
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.threads import start_daemon
 from air_transfer.errors import CheckpointLostError
-from air_transfer.transfer.handle import RAY_ERRORS, fresh, raise_transfer_error
+from air_transfer.transfer.handle import RAY_ERRORS, raise_transfer_error
 
 
 class TransferFuture(concurrent.futures.Future[ray.ObjectRef[Any]]):

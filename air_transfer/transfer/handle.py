@@ -11,7 +11,6 @@ chunk that is not there yet.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import io
 import os
@@ -22,7 +21,7 @@ from typing import Any, NoReturn
 import ray
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
-from air_transfer.cluster.fetch import fetch_in_order, innermost, raise_own
+from air_transfer.cluster.fetch import fetch_in_order, fresh, innermost, raise_own
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.reader import ChunkFileReader, buffered
@@ -221,15 +220,6 @@ def raise_transfer_error(
         raise lost_error(handle, what, cause) from error
     raise_own(error)
     raise error
-
-
-def fresh(error: BaseException) -> BaseException:
-    """A copy of ``error`` to raise in its place. Raising an exception that a frame of
-    its own traceback still references (a loop variable, Ray's wrapper whose
-    ``cause`` it is) makes a reference cycle: the frames, and the handle with every
-    chunk ref they hold, would then stay alive until the garbage collector runs,
-    keeping the chunks pinned in the object store."""
-    return copy.copy(error)
 
 
 def lost_error(

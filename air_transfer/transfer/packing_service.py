@@ -1,7 +1,8 @@
 """What a node agent runs for packing: the chunks of a transfer's tasks filled into
 the agent's buffers, their checksums, the completion a ``TransferFuture`` waits for,
 and the ``streamed`` strategy's reads at transfer time. The agent hosts one
-``PackingService`` and hands each of these calls to it unchanged.
+``PackingService``; callers name its methods (``AgentClient.call``), the packing
+ones run in the agent's packing threads (``PACK_GROUP``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from air_transfer.cluster.fetch import get
+from air_transfer.cluster.fetch import fresh, get
+from air_transfer.cluster.nodes import PACK_GROUP
+from air_transfer.cluster.rpc import in_group
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.entry import Entry
 from air_transfer.core.packer import ChunkPacker
@@ -23,7 +26,6 @@ from air_transfer.core.readahead import read_chunks_ahead
 from air_transfer.core.scan import Source, Stamp
 from air_transfer.errors import SourceChangedError
 from air_transfer.observe import metrics
-from air_transfer.transfer.handle import fresh
 
 
 class PackingService:
@@ -83,6 +85,7 @@ class PackingService:
             # resumes, so the reader thread may reuse this buffer afterwards.
             yield np.frombuffer(view, dtype=np.uint8)
 
+    @in_group(PACK_GROUP)
     def pack_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
         """The chunks of ``plans`` and then their checksums: ``2 * len(plans)``
         objects (the caller sets ``num_returns``), owned by whoever submitted this.
@@ -94,6 +97,7 @@ class PackingService:
         self._count(plans, "chunked")
         return _returns([*chunks, *checksums])
 
+    @in_group(PACK_GROUP)
     def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
         """Only the checksums of ``plans``' chunks (``streamed``), one object each."""
         try:
@@ -103,6 +107,7 @@ class PackingService:
         metrics.add_bytes("packed", sum(plan.length for plan in plans), "streamed")
         return _returns(checksums)
 
+    @in_group(PACK_GROUP)
     def store_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
         """The chunks of ``plans``, those mapped left unhashed, and a status per chunk
         (its checksum, None where it is to be taken of the stored copy, or the
@@ -114,12 +119,14 @@ class PackingService:
         self._count(plans, "chunked")
         return _returns([*chunks, *checksums])
 
+    @in_group(PACK_GROUP)
     def checksum_stored(self, *chunks: Any) -> Any:
         """The checksums of chunks already in the object store (Ray hands each over
         as a zero-copy view of the stored bytes), one object each: a blocking
         caller stored them straight from their mapped files (``shared_pack``)."""
         return _returns([chunk_checksum(chunk) for chunk in chunks])
 
+    @in_group(PACK_GROUP)
     def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
         """The whole (small, ``inline``) stream as one array, then the checksum of each
         chunk: ``1 + len(plans)`` objects (the caller sets ``num_returns``)."""

@@ -2,8 +2,10 @@
 
 ``to_object_ref_async`` returns the checkpoint's ref before its packing tasks are
 submitted (that runs on a background thread of the caller: docs/performance.md). The
-ref is the return of an agent call, ``relayed(key)``, which waits here until the
-caller's thread hands over the checkpoint (``relay(key, value)``) and returns it.
+ref is the return of an agent call, ``Relays.take(key)``, which waits here until the
+caller's thread hands over the checkpoint (``Relays.give(key, value)``) and returns
+it; each runs in its own concurrency group of the agent (waits cannot hold up the
+hand-overs that end them).
 Ray creates a task's return ref at submission, owned by the submitter, so the ref is
 the caller's as a ``ray.put`` would be, and a reader given it waits as for a chunk
 not yet packed. A value that is an exception (the submission failed) is raised to
@@ -16,8 +18,11 @@ import os
 import threading
 from typing import Any
 
+from air_transfer.cluster.fetch import fresh
+from air_transfer.cluster.nodes import HANDOVER_GROUP, RELAY_GROUP
+from air_transfer.cluster.rpc import in_group
+from air_transfer.core.knobs import KNOBS
 from air_transfer.errors import CheckpointLostError
-from air_transfer.transfer.handle import fresh
 
 
 class Relays:
@@ -27,18 +32,21 @@ class Relays:
         self._lock = threading.Lock()
         self._slots: dict[str, tuple[threading.Event, list[Any]]] = {}
 
+    @in_group(HANDOVER_GROUP)
     def give(self, key: str, value: Any) -> None:
         """Hand over the value of ``key`` (before or after its ``take`` started)."""
         ready, box = self._slot(key)
         box.append(value)
         ready.set()
 
-    def take(self, key: str, pid: int, poll_s: float) -> Any:
+    @in_group(RELAY_GROUP)
+    def take(self, key: str, pid: int, poll_s: float | None = None) -> Any:
         """The value of ``key`` once given (raised if it is an exception), checking
-        every ``poll_s`` that the giver, process ``pid`` of this node, still runs."""
+        every ``poll_s`` (default ``KNOBS.relay_poll_s``) that the giver, process
+        ``pid`` of this node, still runs."""
         ready, box = self._slot(key)
         try:
-            while not ready.wait(poll_s):
+            while not ready.wait(KNOBS.relay_poll_s if poll_s is None else poll_s):
                 if not _alive(pid):
                     raise CheckpointLostError(
                         f"process {pid} exited before it handed over the checkpoint it "

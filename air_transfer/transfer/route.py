@@ -31,6 +31,8 @@ from air_transfer.core.scan import Source
 from air_transfer.core.threads import start_daemon
 from air_transfer.observe.telemetry import packing
 from air_transfer.transfer.handle import RAY_ERRORS, raise_transfer_error
+from air_transfer.transfer.node_owned import NodeOwnedTransfers
+from air_transfer.transfer.relay import Relays
 from air_transfer.transfer.start import Prepared, prepare, start
 from air_transfer.transfer.strategies import registrations
 
@@ -61,7 +63,7 @@ def start_transfer(
         prepared = prepare(source, config)
         agent = AgentClient()
         key = uuid.uuid4().hex
-        ref = agent.relayed(key, os.getpid())
+        ref = agent.call(Relays.take, key, os.getpid())
         _in_background(lambda: _hand_over(agent, key, prepared, started), submitted)
         return ref, submitted
     ref, done, strategy = start_on_this_thread(source, config, blocking and not background)
@@ -93,11 +95,11 @@ def _hand_over(
         checkpoint = here.checkpoint()
     except Exception as e:
         try:
-            agent.relay(key, e)
+            agent.call(Relays.give, key, e)
         except Exception:  # an error that does not pickle: its text, then
-            agent.relay(key, RuntimeError(f"submitting the packing failed: {e!r}"))
+            agent.call(Relays.give, key, RuntimeError(f"submitting the packing failed: {e!r}"))
         raise
-    agent.relay(key, checkpoint)
+    agent.call(Relays.give, key, checkpoint)
     packing(here.handle.strategy.name, here.done, started)
     return here.done
 
@@ -147,7 +149,9 @@ def _in_agent(
     and holds the transfer until this process lets go of it (``cluster.transfer_leases``);
     the ref of its completion (None if packing is done); the strategy's name."""
     agent = AgentClient()
-    call = agent.submit_transfer(source, config, registrations(config), requester())
+    call = agent.call(
+        NodeOwnedTransfers.submit_transfer, source, config, registrations(config), requester()
+    )
     try:
         ref, done, strategy, ids = ray.get(call)
     except RAY_ERRORS as e:  # FileNotFoundError, ManifestError... as themselves

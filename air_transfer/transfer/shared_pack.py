@@ -30,6 +30,7 @@ from air_transfer.core.packer import ChunkPacker
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.observe import metrics
 from air_transfer.transfer.agent_tasks import task_groups
+from air_transfer.transfer.packing_service import PackingService
 from air_transfer.transfer.strategies.base import Packed, PackRequest
 
 #: Which chunks the caller stores itself (the agent stores the rest): every other
@@ -54,9 +55,10 @@ def pack_shared(request: PackRequest, here: Split = every_other) -> Packed:
     data: list[ray.ObjectRef[Any]] = []
     statuses: list[ray.ObjectRef[Any]] = []
     for group in task_groups(plan for plan in plans if not here(plan)):
-        chunks, done = agent.store_chunks(request.source, group)
-        data += chunks
-        statuses += done
+        k = len(group)
+        returns = agent.calls(2 * k, PackingService.store_chunks, request.source, group)
+        data += returns[:k]
+        statuses += returns[k:]
     their_sums = iter(_checksums_of_stored(data, request.chunk_bytes))
     ours = [plan for plan in plans if here(plan)]
     stored = ChunkPacker().store_each(request.source, ours, ray.put)
@@ -87,5 +89,6 @@ def _checksums_of_stored(
     per_task = max(1, KNOBS.pack_task_bytes // chunk_bytes)
     sums: list[ray.ObjectRef[Any]] = []
     for start in range(0, len(refs), per_task):
-        sums += agent.checksum_stored(refs[start : start + per_task])
+        chunks = refs[start : start + per_task]
+        sums += agent.calls(len(chunks), PackingService.checksum_stored, *chunks)
     return sums

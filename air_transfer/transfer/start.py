@@ -30,6 +30,7 @@ from air_transfer.core.scan import Scan, Source, scan
 from air_transfer.transfer.handle import TransferHandle, describe_current_process
 from air_transfer.transfer.live_chunks import LiveChunks
 from air_transfer.transfer.packers import Packer, agent_can_read, pack, select_packer
+from air_transfer.transfer.packing_service import PackingService
 from air_transfer.transfer.strategies import (
     PackRequest,
     Registrations,
@@ -141,7 +142,7 @@ def start(prepared: Prepared, live: LiveChunks | None = None, blocking: bool = F
         # A blocking call's copies and checksums alike (``Packed.stored``): once it
         # returns, nothing of the checkpoint depends on this node's agent.
         waits = (*(packed.stored or ()), *packed.checksums)
-        done = AgentClient(here).packed(waits) if pending and waits else None
+        done = AgentClient(here).call(PackingService.packed, *waits) if pending and waits else None
     except BaseException:
         if live is not None:  # no transfer: nothing of it to offer again
             live.drop([transfer_id])

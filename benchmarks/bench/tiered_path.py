@@ -46,6 +46,7 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 import air_transfer
 from air_transfer import StorageConfig, TransferConfig
 from air_transfer.storage.client.handler import node_storage_handler
+from air_transfer.storage.node_api import NodeDurable
 from benchmarks.bench.data import tree_digest
 from benchmarks.bench.incremental_path import REPORTS, make_sources, new_time_log, report_loop
 from benchmarks.bench.runner import progress
@@ -128,7 +129,7 @@ def _sent(contender: str, fs: pafs.FileSystem, sources: list[str]) -> tuple[int,
         return sum(_size(source) for source in sources), 0
     handler = node_storage_handler(fs)
     assert handler is not None
-    status = handler.link.call(lambda a: a.durable_status(handler.root))
+    status = handler.link.call(NodeDurable.durable_status, handler.root)
     return int(status.uploaded_bytes), int(status.copied_bytes)
 
 

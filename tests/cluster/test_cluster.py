@@ -14,7 +14,9 @@ import pytest
 import ray
 
 from air_transfer import CheckpointLostError, ChunkedCheckpoint, TransferConfig
+from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import NAMESPACE, agent_name, node_agent, shutdown_agents
+from air_transfer.cluster.transfer_leases import HeldTransfers
 from tests.support.checkpoints import (
     Holder,
     MiB,
@@ -171,11 +173,15 @@ def test_a_worker_that_lets_go_of_a_node_owned_checkpoint_ends_its_lease(
     src, expected = small_ckpt
     agent = node_agent(node_ids()["head"])
     ref = ChunkedCheckpoint.from_directory(src).to_object_ref(config_for("chunked", owner="node"))
-    assert len(ray.get(agent.leases.remote())) == 1
+    client = AgentClient(node_ids()["head"], agent)
+    assert len(ray.get(client.call(HeldTransfers.leases))) == 1
     holder = Holder.options(**on("node_b")).remote()
     ray.get(holder.keep.remote([ref], [], os.getpid()))
     del ref
-    eventually(lambda: not ray.get(agent.leases.remote()), "the lease to be dropped")
+    eventually(
+        lambda: not ray.get(client.call(HeldTransfers.leases)),
+        "the lease to be dropped",
+    )
     [ref] = ray.get(holder.refs.remote())
     _, digests = ray.get(consume_ref.options(**on("node_b")).remote([ref], str(tmp_path / "o")))
     assert digests == expected

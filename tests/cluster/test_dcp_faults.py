@@ -29,6 +29,7 @@ from air_transfer.cluster.nodes import node_agent
 from air_transfer.dcp import NodeStorageWriter
 from air_transfer.dcp.train import _unwrapped
 from air_transfer.storage.client.streams import read_chunk_bytes
+from air_transfer.storage.node_api import NodeReads
 from tests.support.checkpoints import kill_and_wait
 from tests.support.cluster import node_ids
 from tests.support.dcp_fns import MiB, Rank, free_port, pid, tensor, zeroed
@@ -218,7 +219,8 @@ def packed(path: str) -> None:
     cb = read_chunk_bytes(CONFIG)
     count = -(-size // cb)
     agent = AgentClient(node_ids()["head"])
-    [pairs] = ray.get(agent.file_chunks("/", path, size, cb, 0, count, CONFIG.cache_bytes))
+    call = agent.call(NodeReads.file_chunks, "/", path, size, cb, 0, count, CONFIG.cache_bytes)
+    [pairs] = ray.get(call)
     ray.get([checksum for _, checksum in pairs])  # each one's packing is done
     del pairs
 

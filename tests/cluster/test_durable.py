@@ -22,6 +22,7 @@ from air_transfer import ChecksumError, StorageConfig
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.durable.target import DurableTarget
+from air_transfer.storage.node_api import NodeDurable
 from tests.support.checkpoints import MiB
 from tests.support.cluster import node_ids
 from tests.support.s3 import S3Server, bucket_server
@@ -150,7 +151,7 @@ def test_max_lag_bytes_holds_a_report_back_until_the_tier_caught_up(
         _writers(fs, root, ["big.bin"], 3 * MiB)
 
         def lagging() -> bool:
-            return bool(handler.link.call(lambda a: a.durable_status(handler.root)).lag_bytes > MiB)
+            return bool(handler.link.call(NodeDurable.durable_status, handler.root).lag_bytes > MiB)
 
         eventually(lagging, "the drain to count the bytes it could not upload", 60)
         waiting = _room.options(scheduling_strategy=_on(node_ids()["node_b"])).remote(fs)

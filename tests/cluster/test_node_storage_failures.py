@@ -21,9 +21,11 @@ import pytest
 import ray
 
 from air_transfer import ChecksumError, ChunkedCheckpoint, storage_filesystem
+from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.storage.client.uploads import ChunkWriter
+from air_transfer.storage.node_api import NodeCheckpoints, NodeFiles, NodeReads
 from air_transfer.storage.server.metadata import STAGING_MARK
 from tests.support.checkpoints import MiB, kill_and_wait, make_checkpoint, on
 from tests.support.cluster import node_ids
@@ -143,9 +145,7 @@ def test_a_failed_write_frees_its_writer_without_the_garbage_collector(
     f, root = node_fs
     handler = f.handler
     local = f"{root}/d/out"
-    staging, start, expect = handler.link.call(
-        lambda agent: agent.fs_open_write(handler.root, local, False)
-    )
+    staging, start, expect = handler.link.call(NodeFiles.fs_open_write, handler.root, local, False)
     writer = ChunkWriter(handler.link, local, staging, start, expect)
     alive = weakref.ref(writer)
     sent: list[int] = []
@@ -181,9 +181,9 @@ def test_the_agent_refuses_every_path_outside_the_root(
     for name in ("secret", staged):
         (outside / name).write_bytes(b"outside")
     before = snapshot(outside)
-    agent, r = node_agent(node_ids()["node_a"]), str(root)
+    agent, r = AgentClient(node_ids()["node_a"]), str(root)
     ok = chunk_checksum(b"")
-    staging = ray.get(agent.fs_open_write.remote(r, f"{r}/d/new", False))[0]
+    staging = ray.get(agent.call(NodeFiles.fs_open_write, r, f"{r}/d/new", False))[0]
 
     def forms(name: str) -> list[str]:
         return [
@@ -193,33 +193,33 @@ def test_the_agent_refuses_every_path_outside_the_root(
             f"{r}/link/outside/{name}",
         ]
 
-    calls: list[tuple[str, Callable[[str], tuple[Any, ...]]]] = [
-        ("fs_info", lambda p: ([p],)),
-        ("fs_list", lambda p: (posixpath.dirname(p), True, False)),
-        ("fs_create_dir", lambda p: (p + "-dir/x", True)),
-        ("fs_delete_dir", lambda p: (posixpath.dirname(p),)),
-        ("fs_delete_dir_contents", lambda p: (posixpath.dirname(p), False)),
-        ("fs_delete_file", lambda p: (p,)),
-        ("fs_move", lambda p: (p, f"{r}/d/moved")),
-        ("fs_move", lambda p: (f"{r}/d/f", p)),
-        ("fs_copy_file", lambda p: (p, f"{r}/d/copy")),
-        ("fs_copy_file", lambda p: (f"{r}/d/f", p)),
-        ("fs_open_write", lambda p: (p, True)),
-        ("fs_write", lambda p: (posixpath.join(posixpath.dirname(p), staged), 0, b"", ok)),
+    calls: list[tuple[Callable[..., Any], Callable[[str], tuple[Any, ...]]]] = [
+        (NodeFiles.fs_info, lambda p: ([p],)),
+        (NodeFiles.fs_list, lambda p: (posixpath.dirname(p), True, False)),
+        (NodeFiles.fs_create_dir, lambda p: (p + "-dir/x", True)),
+        (NodeFiles.fs_delete_dir, lambda p: (posixpath.dirname(p),)),
+        (NodeFiles.fs_delete_dir_contents, lambda p: (posixpath.dirname(p), False)),
+        (NodeFiles.fs_delete_file, lambda p: (p,)),
+        (NodeFiles.fs_move, lambda p: (p, f"{r}/d/moved")),
+        (NodeFiles.fs_move, lambda p: (f"{r}/d/f", p)),
+        (NodeFiles.fs_copy_file, lambda p: (p, f"{r}/d/copy")),
+        (NodeFiles.fs_copy_file, lambda p: (f"{r}/d/f", p)),
+        (NodeFiles.fs_open_write, lambda p: (p, True)),
+        (NodeFiles.fs_write, lambda p: (posixpath.join(posixpath.dirname(p), staged), 0, b"", ok)),
         (
-            "fs_commit",
+            NodeFiles.fs_commit,
             lambda p: (f"{r}/d/f", posixpath.join(posixpath.dirname(p), staged), 0, b"", ok, 7),
         ),
-        ("fs_commit", lambda p: (p, staging, 0, b"", ok, 0)),
-        ("fs_abort", lambda p: (posixpath.join(posixpath.dirname(p), staged),)),
+        (NodeFiles.fs_commit, lambda p: (p, staging, 0, b"", ok, 0)),
+        (NodeFiles.fs_abort, lambda p: (posixpath.join(posixpath.dirname(p), staged),)),
     ]
     for op, args in calls:  # node_fs made root/link -> root.parent
         for path in forms("secret"):
             with pytest.raises(PermissionError):
-                ray.get(getattr(agent, op).remote(r, *args(path)))
+                ray.get(agent.call(op, r, *args(path)))
             assert snapshot(outside) == before, f"{op}{args(path)} changed a file outside"
     for path in forms("secret"):
-        reads = agent.disk_read.options(num_returns="streaming").remote(r, path, 7, MiB, 0)
+        reads = agent.stream(1, NodeReads.disk_read, r, path, 7, MiB, 0)
         with pytest.raises(PermissionError):
             ray.get(next(reads))
     assert (root / "d" / "f").read_bytes() == b"inside"
@@ -318,7 +318,10 @@ def test_a_storage_agent_killed_mid_report_leaves_nothing_listed_or_on_disk(
     agent = node_agent(node_ids()["node_a"])
     pid = ray.get(agent.pid.remote())
     checkpoint = gated(ChunkedCheckpoint.from_object_ref(ref), gate)
-    pending = agent.store_checkpoint.remote(checkpoint, f, str(exp / "checkpoint_000000"))
+    client = AgentClient(node_ids()["node_a"], agent)
+    pending = client.call(
+        NodeCheckpoints.store_checkpoint, checkpoint, f, str(exp / "checkpoint_000000")
+    )
     ray.get(gate.wait_for_arrivals.remote(1))  # the agent is mid-write
 
     def listed() -> list[str]:

@@ -21,10 +21,12 @@ from air_transfer import (
     TransferConfig,
     storage_filesystem,
 )
+from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.direct_io import MIN_DIRECT_FILE_BYTES
 from air_transfer.storage.client.handler import NodeStorageHandler
+from air_transfer.storage.node_api import NodeCheckpoints
 from tests.support.checkpoints import MiB, digest_tree, kill_and_wait, make_checkpoint, on
 from tests.support.cluster import node_ids
 from tests.support.gates import Gate, HoldPackingAt, hold_packing
@@ -160,7 +162,7 @@ def test_an_agent_stores_a_transferred_checkpoint(tmp_path: Path, storage: str) 
         "local": pafs.LocalFileSystem,
     }[storage]()
     dest = str(tmp_path / "exp" / "checkpoint_0")
-    ray.get(node_agent(ids["node_a"]).store_checkpoint.remote(handle, target, dest))
+    ray.get(AgentClient(ids["node_a"]).call(NodeCheckpoints.store_checkpoint, handle, target, dest))
     assert digest_tree(dest) == digest_tree(src)
 
 

@@ -22,7 +22,9 @@ import ray.cloudpickle
 
 from air_transfer import ChunkedCheckpoint, SourceChangedError, TransferConfig
 from air_transfer.cluster._ray import object_store_free_bytes
+from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import node_agent, this_node_id
+from air_transfer.cluster.transfer_leases import HeldTransfers
 from air_transfer.config import MiB
 from air_transfer.core.plan import Span
 from tests.support import leases
@@ -229,7 +231,7 @@ def test_a_transfer_released_before_the_next_one_is_packed_again(tmp_path: Path)
     key = first.hex()
     del first
     eventually(
-        lambda: key not in ray.get(node_agent().leases.remote()),
+        lambda: key not in ray.get(AgentClient().call(HeldTransfers.leases)),
         "the agent to drop the lease of the first transfer",
         60,
     )
@@ -256,11 +258,11 @@ def test_an_earlier_transfer_is_released_while_a_later_one_holds_its_chunks(
     assert same(first_ids, second_ids) == chunks_of({"a.bin", "c.bin", "w.bin"})
     del first
     eventually(
-        lambda: key not in ray.get(node_agent().leases.remote()),
+        lambda: key not in ray.get(AgentClient().call(HeldTransfers.leases)),
         "the agent to drop the lease of the earlier transfer",
         60,
     )
-    assert second.hex() in ray.get(node_agent().leases.remote())
+    assert second.hex() in ray.get(AgentClient().call(HeldTransfers.leases))
     assert_same_tree(src, restored(second, tmp_path, "out"))
 
 

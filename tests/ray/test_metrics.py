@@ -30,6 +30,7 @@ from air_transfer.storage.client.same_node import SameNodeWriter
 from air_transfer.storage.client.streams import open_reader
 from air_transfer.storage.client.uploads import ChunkWriter
 from air_transfer.storage.copy import copy_tree
+from air_transfer.storage.node_api import NodeFiles
 from tests.support.metrics import P, baseline, key, scrape, start_ray, wait_for_counts
 from tests.support.rewriters import RewriteOnce, install_in_agent
 from tests.support.waiting import eventually
@@ -262,9 +263,7 @@ def test_node_storage_counts_what_it_moves(endpoint: str, tmp_path: Path) -> Non
         for i in range(0, len(here), 1000):
             f.write(here[i : i + 1000])
     local = str(tmp_path / "wire.bin")  # the wire classes, to this node's own agent
-    staging, start, expect = handler.link.call(
-        lambda agent: agent.fs_open_write(handler.root, local, False)
-    )
+    staging, start, expect = handler.link.call(NodeFiles.fs_open_write, handler.root, local, False)
     writer = ChunkWriter(handler.link, local, staging, start, expect, handler._upload(local))
     writer.write(wire)
     writer.close()
@@ -272,9 +271,7 @@ def test_node_storage_counts_what_it_moves(endpoint: str, tmp_path: Path) -> Non
         assert reader.read() == wire
     copy_tree(str(src), str(tmp_path / "copied"), config, "upload")
     bad = str(tmp_path / "bad.bin")  # dropped unclosed (copy_files whose source failed)
-    staging, start, expect = handler.link.call(
-        lambda agent: agent.fs_open_write(handler.root, bad, False)
-    )
+    staging, start, expect = handler.link.call(NodeFiles.fs_open_write, handler.root, bad, False)
     dropped = SameNodeWriter(
         handler.link, bad, staging, start, expect, config, handler._upload(bad)
     )

@@ -3,10 +3,11 @@ replicated changes is a state, not a timing: "the commit is done on one copy and
 not yet on the other" holds until the test opens the gate.
 
 ``hold(node_id, "_uploads", "fs_commit", gate, match="f")`` makes the first call of
-that service method in that node's agent whose arguments name a path containing
-``match`` arrive at ``gate`` and wait; then it runs (or, ``drop=True``, returns
-without running: the call as if its caller had died before sending it). The rest
-run as always. ``release(node_id, ...)`` puts the method back.
+that method of a part of node storage's service (``NodeStorageService._uploads``) in
+that node's agent whose arguments name a path containing ``match`` arrive at
+``gate`` and wait; then it runs (or, ``drop=True``, returns without running: the
+call as if its caller had died before sending it). The rest run as always.
+``release(node_id, ...)`` puts the method back.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Hold:
 
 
 def _install(agent: Any, service: str, method: str, hold: Hold) -> None:
-    svc = getattr(agent, service)
+    svc = getattr(agent._storage, service)
     original = getattr(type(svc), method)
 
     def held(*args: Any, **kwargs: Any) -> Any:
@@ -53,7 +54,7 @@ def _install(agent: Any, service: str, method: str, hold: Hold) -> None:
 
 
 def _remove(agent: Any, service: str, method: str) -> None:
-    svc = getattr(agent, service)
+    svc = getattr(agent._storage, service)
     if method in vars(svc):
         delattr(svc, method)
 

@@ -17,7 +17,9 @@ import ray
 from ray.cluster_utils import Cluster
 
 from air_transfer.cluster._ray import object_store_free_bytes
+from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import NAMESPACE, agent_name
+from air_transfer.cluster.transfer_leases import HeldTransfers
 from tests.support import shared_ray
 from tests.support.procs import REPO_ROOT
 from tests.support.waiting import eventually
@@ -146,13 +148,13 @@ def release_dead_requesters_leases() -> None:
 
     for node_id in node_ids().values():
         try:
-            agent = ray.get_actor(agent_name(node_id), namespace=NAMESPACE)
-            leases = ray.get(agent.leases.remote())
+            agent = AgentClient(node_id, ray.get_actor(agent_name(node_id), namespace=NAMESPACE))
+            leases = ray.get(agent.call(HeldTransfers.leases))
         except (ValueError, ray.exceptions.RayActorError):
             continue
         dead = [key for key, requester in leases.items() if not psutil.pid_exists(requester[0])]
         with contextlib.suppress(ray.exceptions.RayActorError):
-            ray.get(agent.release.remote(*dead))
+            ray.get(agent.call(HeldTransfers.release, *dead))
 
 
 def chunks_back_to_baseline() -> Iterator[None]:

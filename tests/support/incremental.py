@@ -21,6 +21,7 @@ from air_transfer.core.file_chunks import ChunkedFiles, file_chunk_plans
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.proven_read import fill_chunk
 from air_transfer.core.scan import Source, scan
+from air_transfer.storage.node_api import NodeCheckpoints
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.senders import local_chunks
 from tests.support.cluster import node_ids
@@ -112,9 +113,14 @@ def report_changed_meanwhile(src: str, root: str, dest: str) -> tuple[str, str]:
     node = ray.get_runtime_context().get_node_id()
     try:
         link.call(
-            lambda a: a.store_incremental(
-                None, root, dest, source, node, files, INCREMENTAL_CONFIG
-            )
+            NodeCheckpoints.store_incremental,
+            None,
+            root,
+            dest,
+            source,
+            node,
+            files,
+            INCREMENTAL_CONFIG,
         )
     except Exception as e:
         return type(e).__name__, str(e)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from air_transfer.observe.progress import make_bar, progress_enabled
 from air_transfer.storage.client.streams import AgentLink
+from air_transfer.storage.node_api import NodeDurable
 
 logger = logging.getLogger(__name__)
 #: Polling of the drain's status: first and longest interval (seconds).
@@ -59,13 +60,13 @@ def _at(root: str, rel: str | None) -> str | None:
 
 def _request(link: AgentLink, root: str) -> tuple[str, int]:
     """``(epoch, ticket)`` of the drain of ``root`` (``Drainer.request``)."""
-    result: tuple[str, int] = link.call(lambda agent: agent.durable_request(root))
+    result: tuple[str, int] = link.call(NodeDurable.durable_request, root)
     return result
 
 
 def _status(link: AgentLink, root: str, at: str | None = None) -> Any:
     """The drain's ``DrainStatus`` (looking at ``at`` now, if given)."""
-    return link.call(lambda agent: agent.durable_status(root, at))
+    return link.call(NodeDurable.durable_status, root, at)
 
 
 def wait_until_durable(

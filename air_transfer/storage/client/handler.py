@@ -37,6 +37,7 @@ from air_transfer.storage.durable.reads import open_verified
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget, relative
 from air_transfer.storage.location import NodeStorageLocation
+from air_transfer.storage.node_api import NodeDurable, NodeFiles
 
 
 class NodeStorageHandler(pafs.FileSystemHandler):
@@ -101,16 +102,17 @@ class NodeStorageHandler(pafs.FileSystemHandler):
     def _attach_durable(self, link: AgentLink) -> None:
         """Have the storage node's agent drain this storage into its durable tier."""
         durable, drain = self.durable, self.drain
-        link.call(lambda agent: agent.durable_attach(self.root, durable, drain))
+        assert durable is not None and drain is not None  # called only with a tier
+        link.call(NodeDurable.durable_attach, self.root, durable, drain)
 
     def copies_holding(self, path: str) -> int:
         """On how many nodes node storage holds ``path`` now (0: not at all; the
         durable tier may)."""
         local = self._path(path)
         if self.durable is None:
-            [(ftype, _, _)] = self.link.call(lambda agent: agent.fs_info(self.root, [local]))
+            [(ftype, _, _)] = self.link.call(NodeFiles.fs_info, self.root, [local])
             return int(ftype != pafs.FileType.NotFound)
-        _, here = self.link.call(lambda agent: agent.durable_locate(self.root, local))
+        _, here = self.link.call(NodeDurable.durable_locate, self.root, local)
         return int(here)
 
     def drain_point(self) -> DrainPoint:
@@ -152,7 +154,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
     # -- metadata ----------------------------------------------------------------------
     def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
         local = [self._path(p) for p in paths]
-        infos = self.link.call(lambda agent: agent.fs_info(self.root, local))
+        infos = self.link.call(NodeFiles.fs_info, self.root, local)
         pairs = zip(paths, infos, strict=True)
         return [pafs.FileInfo(p, t, mtime_ns=m, size=s) for p, (t, s, m) in pairs]
 
@@ -163,36 +165,36 @@ class NodeStorageHandler(pafs.FileSystemHandler):
             selector.recursive,
             selector.allow_not_found,
         )
-        found = self.link.call(lambda agent: agent.fs_list(self.root, where, recursive, missing_ok))
+        found = self.link.call(NodeFiles.fs_list, self.root, where, recursive, missing_ok)
         prefix = base.rstrip("/") + "/" if base.strip("/") else base[:1]
         return [pafs.FileInfo(prefix + rel, t, mtime_ns=m, size=s) for rel, t, s, m in found]
 
     def create_dir(self, path: str, recursive: bool) -> None:
         local = self._path(path)
-        self.link.call(lambda agent: agent.fs_create_dir(self.root, local, recursive))
+        self.link.call(NodeFiles.fs_create_dir, self.root, local, recursive)
 
     def delete_dir(self, path: str) -> None:
         local = self._path(path)
-        self.link.call(lambda agent: agent.fs_delete_dir(self.root, local))
+        self.link.call(NodeFiles.fs_delete_dir, self.root, local)
 
     def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
         local = self._path(path)
-        self.link.call(lambda agent: agent.fs_delete_dir_contents(self.root, local, missing_dir_ok))
+        self.link.call(NodeFiles.fs_delete_dir_contents, self.root, local, missing_dir_ok)
 
     def delete_root_dir_contents(self) -> None:
-        self.link.call(lambda agent: agent.fs_delete_dir_contents(self.root, self.root, False))
+        self.link.call(NodeFiles.fs_delete_dir_contents, self.root, self.root, False)
 
     def delete_file(self, path: str) -> None:
         local = self._path(path)
-        self.link.call(lambda agent: agent.fs_delete_file(self.root, local))
+        self.link.call(NodeFiles.fs_delete_file, self.root, local)
 
     def move(self, src: str, dest: str) -> None:
         a, b = self._path(src), self._path(dest)
-        self.link.call(lambda agent: agent.fs_move(self.root, a, b))
+        self.link.call(NodeFiles.fs_move, self.root, a, b)
 
     def copy_file(self, src: str, dest: str) -> None:
         a, b = self._path(src), self._path(dest)
-        self.link.call(lambda agent: agent.fs_copy_file(self.root, a, b))
+        self.link.call(NodeFiles.fs_copy_file, self.root, a, b)
 
     # -- file bodies -------------------------------------------------------------------
     def open_input_stream(self, path: str) -> pa.NativeFile:
@@ -227,13 +229,11 @@ class NodeStorageHandler(pafs.FileSystemHandler):
                     raise
             return self._open_durable(path, local)
         if self.durable is not None:
-            (ftype, size, _), here = self.link.call(
-                lambda agent: agent.durable_locate(self.root, local)
-            )
+            (ftype, size, _), here = self.link.call(NodeDurable.durable_locate, self.root, local)
             if not here:
                 return self._open_durable(path, local)
         else:
-            [(ftype, size, _)] = self.link.call(lambda agent: agent.fs_info(self.root, [local]))
+            [(ftype, size, _)] = self.link.call(NodeFiles.fs_info, self.root, [local])
         if ftype == pafs.FileType.NotFound:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
         if ftype != pafs.FileType.File or size is None:
@@ -244,9 +244,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         """``path``, held only in the durable tier: read from there, each chunk checked
         against its record (``storage.durable.reads``), straight from this process."""
         assert self.durable is not None
-        (ftype, size, _), here = self.link.call(
-            lambda agent: agent.durable_locate(self.root, local)
-        )
+        (ftype, size, _), here = self.link.call(NodeDurable.durable_locate, self.root, local)
         if here:  # stored again meanwhile
             return self._open_input(path)
         if ftype == pafs.FileType.NotFound:
@@ -269,7 +267,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         local = self._path(path)
         process = this_process()  # its death discards the upload
         staging, start, expect = self.link.call(
-            lambda agent: agent.fs_open_write(self.root, local, append, process)
+            NodeFiles.fs_open_write, self.root, local, append, process
         )
         writer: SameNodeWriter | ChunkWriter
         if self._on_storage_node():  # the bytes go straight into the staging file

@@ -15,15 +15,16 @@ import pyarrow.fs as pafs
 from ray.exceptions import ObjectLostError, RayActorError
 
 from air_transfer.cluster.agent_client import AgentClient
-from air_transfer.cluster.fetch import get
+from air_transfer.cluster.fetch import fresh, get
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.core.file_chunks import ChunkedFiles, file_chunk_plans
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.scan import Source, scan
 from air_transfer.errors import CheckpointLostError
 from air_transfer.storage.client.streams import AgentLink
+from air_transfer.storage.node_api import NodeCheckpoints
 from air_transfer.transfer.agent_tasks import task_groups
-from air_transfer.transfer.handle import fresh
+from air_transfer.transfer.packing_service import PackingService
 
 
 def chunked_files(directory: str, chunk_bytes: int) -> tuple[Source, ChunkedFiles] | None:
@@ -35,7 +36,11 @@ def chunked_files(directory: str, chunk_bytes: int) -> tuple[Source, ChunkedFile
         return None
     plans = list(file_chunk_plans(scanned.files, scanned.stamps, chunk_bytes))
     agent = AgentClient()
-    refs = [ref for group in task_groups(plans) for ref in agent.checksum_chunks(source, group)]
+    refs = [
+        ref
+        for group in task_groups(plans)
+        for ref in agent.calls(len(group), PackingService.checksum_chunks, source, group)
+    ]
     checksums = []
     for ref in refs:
         try:
@@ -66,5 +71,5 @@ def store_incremental(
     source, files = described
     node, config = this_node_id(), link.config
     return link.call(
-        lambda agent: agent.store_incremental(worker, link.root, path, source, node, files, config)
+        NodeCheckpoints.store_incremental, worker, link.root, path, source, node, files, config
     )

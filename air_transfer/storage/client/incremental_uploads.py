@@ -25,6 +25,7 @@ import ray
 
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.storage.client.uploads import ChunkWriter
+from air_transfer.storage.node_api import NodeIndexedUploads
 
 
 class IncrementalChunkWriter(ChunkWriter):
@@ -43,9 +44,14 @@ class IncrementalChunkWriter(ChunkWriter):
         body = ray.put(chunk)  # a copy: the caller may reuse its buffer
         self.sums.append(checksum)
         return link.submit(
-            lambda agent: agent.fs_write_or_reuse(
-                link.root, self.staging, offset, checksum, length, [body], link.config.direct_io
-            )
+            NodeIndexedUploads.fs_write_or_reuse,
+            link.root,
+            self.staging,
+            offset,
+            checksum,
+            length,
+            [body],
+            link.config.direct_io,
         )
 
     def _commit(self, tail: Any, checksum: str, size: int) -> None:
@@ -57,17 +63,16 @@ class IncrementalChunkWriter(ChunkWriter):
             self.sums.append(checksum)
         sums = tuple(self.sums)
         link.call(
-            lambda agent: agent.fs_commit_indexed(
-                link.root,
-                self.local,
-                self.staging,
-                offset,
-                tail,
-                checksum,
-                size,
-                sums,
-                self.chunk_bytes,
-                link.config.direct_io,
-                self.expect,
-            )
+            NodeIndexedUploads.fs_commit_indexed,
+            link.root,
+            self.local,
+            self.staging,
+            offset,
+            tail,
+            checksum,
+            size,
+            sums,
+            self.chunk_bytes,
+            link.config.direct_io,
+            self.expect,
         )

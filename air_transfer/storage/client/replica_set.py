@@ -3,9 +3,11 @@ actor on the head node, started by the first user) and which copy to use.
 
 The registry's class sits in ``storage.server`` (the other room), so the package
 root hands it down (``REGISTRY_CLASS``, a ``core.provided`` slot), as it hands
-``cluster.nodes`` the agent class. Every call goes through
-``call``: when the registry's actor dies under it, the next caller starts another
-from the record it saved, and the call is made again there (each is idempotent).
+``cluster.nodes`` the agent class. Every call goes through ``call``, naming the
+method of ``RegistryCalls`` (``storage.replica_wire``) that answers it, so mypy
+checks its arguments: when the registry's actor dies under it, the next caller
+starts another from the record it saved, and the call is made again there (each is
+idempotent).
 
 ``begin`` starts a change: the registry answers at once, "busy" while another
 change holds one of its paths, and the caller waits here, asking again, so that no
@@ -29,7 +31,8 @@ import random
 import threading
 import time
 import zlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Concatenate
 
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
@@ -44,9 +47,10 @@ from air_transfer.cluster.nodes import (
     live_node_ids,
     this_node_id,
 )
+from air_transfer.cluster.rpc import P, R
 from air_transfer.core.provided import Provided
 from air_transfer.errors import CheckpointLostError
-from air_transfer.storage.replica_wire import Owner
+from air_transfer.storage.replica_wire import Copy, Owner, RegistryCalls
 
 #: The registry's class (``storage.server.replica_host.ReplicaHost``), provided by
 #: the package root and loaded on first start (see above).
@@ -59,9 +63,6 @@ MAX_PAUSE_S = 0.1
 WAIT_LOG_S = 60.0
 
 logger = logging.getLogger(__name__)
-
-#: A copy: (node id, its root on that node).
-Copy = tuple[str, str]
 
 
 @functools.cache
@@ -111,28 +112,34 @@ def _start() -> Any:
     return identity.checked(handle, REGISTRY_NAME)
 
 
-def call(method: str, *args: Any) -> Any:
-    """``method(*args)`` on the registry, made again on a registry started afresh
-    (from the saved record) when the actor died under it; ConnectionError if none
-    answers within ``RETRY_S``."""
+def call(
+    method: Callable[Concatenate[RegistryCalls, P], R], /, *args: P.args, **kwargs: P.kwargs
+) -> R:
+    """``method(*args, **kwargs)`` on the registry, made again on a registry started
+    afresh (from the saved record) when the actor died under it; ConnectionError if
+    none answers within ``RETRY_S``."""
     global _cached
     deadline = time.monotonic() + RETRY_S
+    name = method.__name__
     while True:
         actor = _registry_here()
         try:
-            return get(getattr(actor, method).remote(*args))
+            result: R = get(
+                actor.call.options(name=f"ReplicaRegistry:{name}").remote(method, *args, **kwargs)
+            )
+            return result
         except RayActorError as e:
             with _cached_lock:
                 if _cached is not None and _cached[1] is actor:
                     _cached = None
             if time.monotonic() > deadline:
                 raise ConnectionError(
-                    f"the replica registry did not answer {method} for {RETRY_S:.0f} s: {e}"
+                    f"the replica registry did not answer {name} for {RETRY_S:.0f} s: {e}"
                 ) from e
             logger.warning(
                 "air-transfer: the replica registry died during %s (%s); asking the "
                 "one started in its place",
-                method,
+                name,
                 type(e).__name__,
             )
             time.sleep(0.2)  # the dead actor's name is freed once Ray knows
@@ -149,7 +156,7 @@ def begin(
     pause, started = 0.002, time.monotonic()
     said = started
     while True:
-        got = call("begin", key, paths, op, owner, staging)
+        got = call(RegistryCalls.begin, key, paths, op, owner, staging)
         if got is not None:
             _, copies, fresh = got
             return copies, fresh
@@ -225,8 +232,7 @@ def fresh_at_start(copies: list[Copy], empty: dict[str, bool]) -> list[str]:
 
 def view(key: str) -> tuple[list[Copy], list[str], list[str], int] | None:
     """``(member copies, fresh nodes, syncing nodes, K)`` of storage ``key``."""
-    result: tuple[list[Copy], list[str], list[str], int] | None = call("view", key)
-    return result
+    return call(RegistryCalls.view, key)
 
 
 def read_order(key: str, copies: list[Copy], fresh: list[str], here: str) -> list[Copy]:

@@ -9,13 +9,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable
-from typing import Any
 
 import pyarrow.fs as pafs
 import ray
 
-from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.fetch import get
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.config import TransferConfig
@@ -25,6 +22,7 @@ from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.replica_set import is_lost, on_copy
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.copy import copy_tree
+from air_transfer.storage.node_api import NodeCheckpoints, NodeReads
 from air_transfer.transfer.route import start_on_this_thread
 
 logger = logging.getLogger(__name__)
@@ -48,7 +46,7 @@ def upload_report(
     handler.change(
         [path],
         lambda link, root, op: link.submit(
-            lambda a: a.store_report(worker, ref, root, on_copy(root, rel), config, op)
+            NodeCheckpoints.store_report, worker, ref, root, on_copy(root, rel), config, op
         ),
     )
     if done is not None:
@@ -73,7 +71,7 @@ def download(handler: ReplicatedHandler, path: str, local_path: str) -> bool:
                     return False
                 copy_tree(where, local_path, config, root=root)
                 return True
-            [ref, lease] = link.call(_transfer(root, where, config))
+            [ref, lease] = link.call(NodeReads.directory_transfer, root, where, config)
         except NotADirectoryError:
             return False
         except Exception as e:
@@ -95,7 +93,7 @@ def download(handler: ReplicatedHandler, path: str, local_path: str) -> bool:
             )
         finally:
             with contextlib.suppress(ray.exceptions.RayError, ConnectionError):
-                get(link.agent().release_directory_transfer(lease))
+                get(link.agent().call(NodeReads.release_directory_transfer, lease))
     raise ConnectionError(
         f"no live complete copy of {path!r} is left in node storage {handler.root!r} "
         f"(lost: {', '.join(n[:12] for n in lost) or 'none fresh'})"
@@ -111,18 +109,11 @@ def reclaim(handler: ReplicatedHandler, workers: list[str], tracked: list[str]) 
     for node, root in copies:
         keep = [on_copy(root, r) for r in rels]
         try:
-            gone = handler.link_to(node, root).call(_reclaim(root, workers, keep))
+            link = handler.link_to(node, root)
+            gone = link.call(NodeCheckpoints.reclaim_reports, root, workers, keep)
         except Exception as e:
             if not is_lost(e):
                 raise
             continue
         deleted.update(os.path.relpath(g, root) for g in gone)
     return sorted(deleted)
-
-
-def _transfer(root: str, where: str, config: TransferConfig) -> Callable[[AgentClient], Any]:
-    return lambda a: a.directory_transfer(root, where, config)
-
-
-def _reclaim(root: str, workers: list[str], keep: list[str]) -> Callable[[AgentClient], Any]:
-    return lambda a: a.reclaim_reports(root, workers, keep)

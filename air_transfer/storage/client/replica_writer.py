@@ -18,21 +18,21 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import ray
 
-from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.observe import deferred
 from air_transfer.storage.client import replica_set
-from air_transfer.storage.client.replica_set import Copy, full, is_lost, on_copy
+from air_transfer.storage.client.replica_set import full, is_lost, on_copy
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.client.uploads import UploadStream
+from air_transfer.storage.node_api import NodeFiles
+from air_transfer.storage.replica_wire import Copy, RegistryCalls
 
 
 class Replicas(Protocol):
@@ -41,7 +41,6 @@ class Replicas(Protocol):
     config: TransferConfig
     key: str
 
-    def registry(self, method: str, *args: Any) -> Any: ...
     def ensure(self) -> tuple[list[Copy], list[str], list[str], int]: ...
     def link_to(self, node: str, root: str) -> AgentLink: ...
     def rel(self, path: str) -> str: ...
@@ -76,7 +75,7 @@ class ReplicatedWriter(UploadStream):
         self.buffer = bytearray()
         deferred.start()  # here, never from a finalizer
         replicas.ensure()
-        copies, fresh = replicas.registry("targets", replicas.key)
+        copies, fresh = replica_set.call(RegistryCalls.targets, replicas.key)
         self.fresh = set(fresh)
         self.staged: dict[str, Staged] = {}
         outcomes: dict[str, BaseException | None] = {}
@@ -84,7 +83,9 @@ class ReplicatedWriter(UploadStream):
         for node, root in copies:
             link, where = replicas.link_to(node, root), on_copy(root, self.rel)
             try:
-                calls.append((node, link, where, link.submit(_opener(root, where, append))))
+                calls.append(
+                    (node, link, where, link.submit(NodeFiles.fs_open_write, root, where, append))
+                )
             except Exception as e:
                 outcomes[node] = e
         for node, link, where, call in calls:
@@ -127,14 +128,14 @@ class ReplicatedWriter(UploadStream):
             try:
                 while len(s.pending) >= self.window:
                     s.link.wait(s.pending.popleft())
-                s.pending.append(s.link.submit(self._write_call(s, ref, checksum)))
+                offset = s.start + self.sent
+                call = s.link.submit(
+                    NodeFiles.fs_write, s.link.root, s.staging, offset, ref, checksum
+                )
+                s.pending.append(call)
             except Exception as e:
                 self._lose(s, e)
         self.sent += len(chunk)
-
-    def _write_call(self, s: Staged, ref: Any, checksum: str) -> Any:
-        root, staging, offset = s.link.root, s.staging, s.start + self.sent
-        return lambda a: a.fs_write(root, staging, offset, ref, checksum)
 
     def _live(self) -> list[Staged]:
         live = [s for s in self.staged.values() if s.error is None]
@@ -169,7 +170,7 @@ class ReplicatedWriter(UploadStream):
     def _commit(self) -> None:
         tail, size = np.frombuffer(bytes(self.buffer), np.uint8), self.sent + len(self.buffer)
         checksum = chunk_checksum(tail)
-        reg, op = self.replicas.registry, uuid.uuid4().hex
+        op = uuid.uuid4().hex
         staging = {node: s.staging for node, s in self.staged.items()}
         targets, fresh = replica_set.begin(self.replicas.key, [self.rel], op, staging)
         # Copies staged here whose node the registry has since found gone: this write
@@ -185,7 +186,7 @@ class ReplicatedWriter(UploadStream):
                 outcomes[node] = s.error or self._commit_one(s, tail, checksum, size, op)
         finally:
             answer, missed = self.replicas.judge(outcomes, fresh)
-            reg("end", self.replicas.key, op, missed, [self.rel])
+            replica_set.call(RegistryCalls.end, self.replicas.key, op, missed, [self.rel])
         for node, s in self.staged.items():
             if node not in dict(targets) or outcomes.get(node) is not None:
                 _abort_one(s)
@@ -204,9 +205,17 @@ class ReplicatedWriter(UploadStream):
             root, where, staging, offset = s.link.root, s.path, s.staging, s.start + self.sent
             total, expect = s.start + size, s.expect
             s.link.call(
-                lambda a: a.fs_commit(
-                    root, where, staging, offset, tail, checksum, total, False, expect, op
-                )
+                NodeFiles.fs_commit,
+                root,
+                where,
+                staging,
+                offset,
+                tail,
+                checksum,
+                total,
+                False,
+                expect,
+                op,
             )
             return None
         except Exception as e:
@@ -234,13 +243,9 @@ def _abort_one(s: Staged) -> None:
         with contextlib.suppress(Exception):
             s.link.wait(ref)
     with contextlib.suppress(Exception):
-        s.link.call(lambda a: a.fs_abort(s.link.root, s.staging))
+        s.link.call(NodeFiles.fs_abort, s.link.root, s.staging)
 
 
 def _abort_all(staged: list[Staged]) -> None:
     for s in staged:
         _abort_one(s)
-
-
-def _opener(root: str, where: str, append: bool) -> Callable[[AgentClient], Any]:
-    return lambda a: a.fs_open_write(root, where, append)

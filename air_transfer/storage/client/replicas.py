@@ -24,7 +24,6 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import ray
 
-from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import (
     names_a_node_by_role_or_address,
     resolve_node,
@@ -36,14 +35,15 @@ from air_transfer.observe import replica_metrics
 from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.durable_wait import DrainPoint
 from air_transfer.storage.client.handler import NodeStorageHandler
-from air_transfer.storage.client.replica_set import Copy, full, is_lost, on_copy
+from air_transfer.storage.client.replica_set import full, is_lost, on_copy
 from air_transfer.storage.client.replica_writer import ReplicatedWriter
 from air_transfer.storage.client.same_node import open_native
 from air_transfer.storage.client.streams import AgentLink, _chunks, read_chunk_bytes
 from air_transfer.storage.durable.reads import open_verified
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
-from air_transfer.storage.replica_wire import CopyState, drain_leader
+from air_transfer.storage.node_api import NodeDurable, NodeFiles
+from air_transfer.storage.replica_wire import Copy, CopyState, RegistryCalls, drain_leader
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -100,10 +100,6 @@ class ReplicatedHandler(NodeStorageHandler):
         return f"{self.node_id}:{self.root}"
 
     # -- the copies --------------------------------------------------------------------
-    def registry(self, method: str, *args: Any) -> Any:
-        """``method(*args)`` on the cluster's replica registry (``replica_set.call``)."""
-        return replica_set.call(method, *args)
-
     def ensure(self) -> tuple[list[Copy], list[str], list[str], int]:
         """The registry's view of this storage, registering it on first use: each
         copy's root is claimed first (``claim_copy``: refused if two copies share a
@@ -117,13 +113,18 @@ class ReplicatedHandler(NodeStorageHandler):
             copies = replica_set.place(
                 self.node_id, self.root, self.replicas, named, self.replica_root
             )
-            members, taken = [n for n, _ in copies], self.registry("keys")
+            members, taken = [n for n, _ in copies], replica_set.call(RegistryCalls.keys)
             empty = {}
             for i, (node, root) in enumerate(copies):
-                claim = _claim(root, self.key, node, members, taken, adopt=i == 0)
-                empty[node] = not self.link_to(node, root).call(claim)
+                link, adopt = self.link_to(node, root), i == 0
+                claimed = link.call(
+                    NodeFiles.claim_copy, root, self.key, node, members, taken, adopt
+                )
+                empty[node] = not claimed
             fresh = replica_set.fresh_at_start(copies, empty)
-            self.registry("register", self.key, copies, self.replicas, self.replica_root, fresh)
+            replica_set.call(
+                RegistryCalls.register, self.key, copies, self.replicas, self.replica_root, fresh
+            )
             found = replica_set.view(self.key)
             assert found is not None
         if self.durable is not None:
@@ -139,11 +140,14 @@ class ReplicatedHandler(NodeStorageHandler):
         each notes the deletes it makes, reads fall through on every copy, and the
         copy that ``drain_leader`` names drains (another takes over when it goes)."""
         durable, drain, replica = self.durable, self.drain, (self.key, self.node_id)
+        assert durable is not None and drain is not None  # called only with a tier
         for node, root in copies:
             if (node, root) in self._draining:
                 continue
             try:
-                self.link_to(node, root).call(_attach(root, durable, drain, replica))
+                self.link_to(node, root).call(
+                    NodeDurable.durable_attach, root, durable, drain, replica
+                )
             except Exception as e:
                 if not is_lost(e):
                     raise
@@ -167,12 +171,12 @@ class ReplicatedHandler(NodeStorageHandler):
         if self.durable is None:
             [(ftype, _, _)] = self.read(
                 "answer",
-                lambda link, root: link.call(lambda a: a.fs_info(root, [on_copy(root, rel)])),
+                lambda link, root: link.call(NodeFiles.fs_info, root, [on_copy(root, rel)]),
             )
             return len(fresh) if ftype != pafs.FileType.NotFound else 0
         _, here = self.read(
             "answer",
-            lambda link, root: link.call(lambda a: a.durable_locate(root, on_copy(root, rel))),
+            lambda link, root: link.call(NodeDurable.durable_locate, root, on_copy(root, rel)),
         )
         return len(fresh) if here else 0
 
@@ -182,7 +186,7 @@ class ReplicatedHandler(NodeStorageHandler):
         would change them are refused, but more copies are made if asked; a copy
         repair gave up on is tried again (the cause may be fixed)."""
         _, _, _, had = self.ensure()
-        template = self.registry("template", self.key)
+        template = replica_set.call(RegistryCalls.template, self.key)
         if template != self.replica_root:
             raise ValueError(
                 f"node storage {self.root!r} on node {self.node_id[:12]} is kept already with "
@@ -196,7 +200,7 @@ class ReplicatedHandler(NodeStorageHandler):
                 f"copies it relies on: pass replicas={had} or more"
             )
         if self.replicas > had:
-            self.registry("resize", self.key, self.replicas)
+            replica_set.call(RegistryCalls.resize, self.key, self.replicas)
             logger.info(
                 "air-transfer: node storage %s now keeps %d copies (was %d); repair makes "
                 "the new ones",
@@ -204,13 +208,12 @@ class ReplicatedHandler(NodeStorageHandler):
                 self.replicas,
                 had,
             )
-        self.registry("retry_failed", self.key)
+        replica_set.call(RegistryCalls.retry_failed, self.key)
 
     def status(self) -> list[CopyState]:
         """Every copy of this storage and its state (``replica_status``)."""
         self.ensure()
-        states: list[CopyState] = self.registry("status", self.key)
-        return states
+        return replica_set.call(RegistryCalls.status, self.key)
 
     def link_to(self, node: str, root: str) -> AgentLink:
         link = self._links.get(node)
@@ -265,7 +268,7 @@ class ReplicatedHandler(NodeStorageHandler):
                     outcomes[node] = e
         finally:
             answer, missed = self.judge(outcomes, fresh)
-            self.registry("end", self.key, op, missed, rels)
+            replica_set.call(RegistryCalls.end, self.key, op, missed, rels)
         if missed:
             self.degraded(missed, rels)
         if answer is not None:
@@ -305,9 +308,7 @@ class ReplicatedHandler(NodeStorageHandler):
         rels = [self.rel(p) for p in paths]
         infos = self.read(
             "answer",
-            lambda link, root: link.call(
-                lambda a: a.fs_info(root, [on_copy(root, r) for r in rels])
-            ),
+            lambda link, root: link.call(NodeFiles.fs_info, root, [on_copy(root, r) for r in rels]),
         )
         pairs = zip(paths, infos, strict=True)
         return [pafs.FileInfo(p, t, mtime_ns=m, size=s) for p, (t, s, m) in pairs]
@@ -318,7 +319,7 @@ class ReplicatedHandler(NodeStorageHandler):
         found = self.read(
             "list",
             lambda link, root: link.call(
-                lambda a: a.fs_list(root, on_copy(root, rel), recursive, missing_ok)
+                NodeFiles.fs_list, root, on_copy(root, rel), recursive, missing_ok
             ),
         )
         prefix = base.rstrip("/") + "/" if base.strip("/") else base[:1]
@@ -329,7 +330,7 @@ class ReplicatedHandler(NodeStorageHandler):
         self.change(
             [path],
             lambda link, root, op: link.submit(
-                lambda a: a.fs_create_dir(root, on_copy(root, rel), recursive, op)
+                NodeFiles.fs_create_dir, root, on_copy(root, rel), recursive, op
             ),
         )
 
@@ -338,7 +339,7 @@ class ReplicatedHandler(NodeStorageHandler):
         self.change(
             [path],
             lambda link, root, op: link.submit(
-                lambda a: a.fs_delete_dir(root, on_copy(root, rel), op)
+                NodeFiles.fs_delete_dir, root, on_copy(root, rel), op
             ),
         )
 
@@ -347,7 +348,7 @@ class ReplicatedHandler(NodeStorageHandler):
         self.change(
             [path],
             lambda link, root, op: link.submit(
-                lambda a: a.fs_delete_dir_contents(root, on_copy(root, rel), missing_dir_ok, op)
+                NodeFiles.fs_delete_dir_contents, root, on_copy(root, rel), missing_dir_ok, op
             ),
         )
 
@@ -359,7 +360,7 @@ class ReplicatedHandler(NodeStorageHandler):
         self.change(
             [path],
             lambda link, root, op: link.submit(
-                lambda a: a.fs_delete_file(root, on_copy(root, rel), op)
+                NodeFiles.fs_delete_file, root, on_copy(root, rel), op
             ),
         )
 
@@ -368,7 +369,7 @@ class ReplicatedHandler(NodeStorageHandler):
         self.change(
             [src, dest],
             lambda link, root, op: link.submit(
-                lambda a: a.fs_move(root, on_copy(root, a_rel), on_copy(root, b_rel), op)
+                NodeFiles.fs_move, root, on_copy(root, a_rel), on_copy(root, b_rel), op
             ),
         )
 
@@ -379,7 +380,7 @@ class ReplicatedHandler(NodeStorageHandler):
         self.change(
             [src, dest],
             lambda link, root, op: link.submit(
-                lambda a: a.fs_copy_file(root, on_copy(root, a_rel), on_copy(root, b_rel), op)
+                NodeFiles.fs_copy_file, root, on_copy(root, a_rel), on_copy(root, b_rel), op
             ),
         )
 
@@ -398,7 +399,7 @@ class ReplicatedHandler(NodeStorageHandler):
         if self.durable is not None:
             (ftype, size, _), held = self.read(
                 "answer",
-                lambda link, root: link.call(lambda a: a.durable_locate(root, on_copy(root, rel))),
+                lambda link, root: link.call(NodeDurable.durable_locate, root, on_copy(root, rel)),
             )
             if not held and ftype == pafs.FileType.File and size is not None:
                 reader = open_verified(self.durable, rel, size)  # the durable tier's alone
@@ -406,7 +407,7 @@ class ReplicatedHandler(NodeStorageHandler):
         else:
             [(ftype, size, _)] = self.read(
                 "answer",
-                lambda link, root: link.call(lambda a: a.fs_info(root, [on_copy(root, rel)])),
+                lambda link, root: link.call(NodeFiles.fs_info, root, [on_copy(root, rel)]),
             )
         if ftype == pafs.FileType.NotFound:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
@@ -452,15 +453,3 @@ class ReplicatedHandler(NodeStorageHandler):
 
     def _open_output(self, path: str, append: bool) -> pa.NativeFile:
         return pa.PythonFile(ReplicatedWriter(self, path, append), mode="w")
-
-
-def _attach(
-    root: str, durable: DurableTarget | None, drain: DrainSettings | None, replica: tuple[str, str]
-) -> Callable[[AgentClient], ray.ObjectRef[str]]:
-    return lambda agent: agent.durable_attach(root, durable, drain, replica)
-
-
-def _claim(
-    root: str, key: str, node: str, members: list[str], taken: list[str], adopt: bool
-) -> Callable[[AgentClient], ray.ObjectRef[bool]]:
-    return lambda a: a.claim_copy(root, key, node, members, taken, adopt)

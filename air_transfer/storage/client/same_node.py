@@ -36,6 +36,7 @@ from air_transfer.observe.telemetry import (
 )
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.client.uploads import UploadStream
+from air_transfer.storage.node_api import NodeFiles, NodeIndexedUploads
 
 logger = logging.getLogger(__name__)
 
@@ -192,17 +193,24 @@ class SameNodeWriter(UploadStream):
         direct_io, expect = self.config.direct_io, self.expect
         if self.sums is None:
             self.link.call(
-                lambda agent: agent.fs_commit(
-                    root, local, staging, size, b"", empty, size, direct_io, expect
-                )
+                NodeFiles.fs_commit, root, local, staging, size, b"", empty, size, direct_io, expect
             )
             return
         sums = (*self.sums, self._hasher.hexdigest()) if self._hashed else tuple(self.sums)
         chunk_bytes = self.config.chunk_bytes
         self.link.call(
-            lambda agent: agent.fs_commit_indexed(
-                root, local, staging, size, b"", empty, size, sums, chunk_bytes, direct_io, expect
-            )
+            NodeIndexedUploads.fs_commit_indexed,
+            root,
+            local,
+            staging,
+            size,
+            b"",
+            empty,
+            size,
+            sums,
+            chunk_bytes,
+            direct_io,
+            expect,
         )
 
     def __del__(self) -> None:
@@ -229,6 +237,6 @@ def _abort(link: AgentLink, staging: str) -> None:
     """Remove the staging file ``staging`` through the storage node's agent; an agent
     gone meanwhile leaves it hidden (``air-transfer clean`` removes it)."""
     try:
-        link.call(lambda agent: agent.fs_abort(link.root, staging))
+        link.call(NodeFiles.fs_abort, link.root, staging)
     except (OSError, ConnectionError) as e:
         logger.warning("air-transfer: could not remove the staging file %s: %s", staging, e)

@@ -18,7 +18,7 @@ import contextlib
 import errno
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Concatenate, TypeVar
 
 import ray
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
@@ -26,6 +26,7 @@ from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.fetch import fetch_in_order, get, innermost, raise_own
 from air_transfer.cluster.nodes import agents_generation, live_node_ids
+from air_transfer.cluster.rpc import P, R, S
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.knobs import KNOBS
@@ -33,6 +34,7 @@ from air_transfer.core.reader import ChunkFileReader
 from air_transfer.errors import CheckpointLostError, ChecksumError, SourceChangedError
 from air_transfer.observe import metrics
 from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
+from air_transfer.storage.node_api import NodeReads
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -40,9 +42,10 @@ T = TypeVar("T")
 
 class AgentLink:
     """The connection from this process to the agent of storage node ``node_id``,
-    for files under ``root``, moving bodies as ``config`` says. Calls go through the
-    typed ``AgentClient`` (``link.call(lambda agent: agent.fs_info(root, paths))``),
-    and the agent's errors come back as the built-in errors it raised."""
+    for files under ``root``, moving bodies as ``config`` says. A call names the
+    method of node storage that answers it (``link.call(NodeFiles.fs_info, root,
+    paths)``, ``storage.node_api``), and the agent's errors come back as the built-in
+    errors it raised."""
 
     def __init__(self, node_id: str, root: str, config: TransferConfig) -> None:
         self.node_id, self.root, self.config = node_id, root, config
@@ -70,16 +73,20 @@ class AgentLink:
                 )
         return self._agent
 
-    def call(self, method: Callable[[AgentClient], ray.ObjectRef[T]]) -> T:
-        """Run ``method`` against the storage node's agent and wait for its result."""
+    def call(
+        self, method: Callable[Concatenate[S, P], R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """``method(*args, **kwargs)`` on the storage node's agent: its result."""
         with self.errors():
-            result: T = get(method(self.agent()))
+            result: R = get(self.agent().call(method, *args, **kwargs))
             return result
 
-    def submit(self, method: Callable[[AgentClient], ray.ObjectRef[T]]) -> ray.ObjectRef[T]:
-        """Start ``method`` against the agent and return its ref (wait with ``wait``)."""
+    def submit(
+        self, method: Callable[Concatenate[S, P], R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> ray.ObjectRef[R]:
+        """Start ``method(*args, **kwargs)`` on the agent: its ref (wait with ``wait``)."""
         with self.errors():
-            return method(self.agent())
+            return self.agent().call(method, *args, **kwargs)
 
     def wait(self, ref: ray.ObjectRef[T]) -> T:
         with self.errors():
@@ -209,8 +216,8 @@ def _chunk_refs(
     batch = 2 * link.config.window
     for index in range(first, stop, batch):
         count = min(batch, stop - index)
-        call = link.agent().file_chunks(
-            link.root, local, size, cb, index, count, link.config.cache_bytes
+        call = link.agent().call(
+            NodeReads.file_chunks, link.root, local, size, cb, index, count, link.config.cache_bytes
         )
         [pairs] = get(call)
         for chunk, checksum in pairs:

@@ -26,6 +26,7 @@ from air_transfer.core.checksum import chunk_checksum
 from air_transfer.observe import deferred
 from air_transfer.observe.telemetry import Transfer, dropped_error
 from air_transfer.storage.client.streams import AgentLink
+from air_transfer.storage.node_api import NodeFiles
 
 logger = logging.getLogger(__name__)
 
@@ -120,26 +121,29 @@ class ChunkWriter(UploadStream):
         into the object store on submit: the caller may reuse its buffer)."""
         link = self.link
         return link.submit(
-            lambda agent: agent.fs_write(
-                link.root, self.staging, offset, chunk, checksum, link.config.direct_io
-            )
+            NodeFiles.fs_write,
+            link.root,
+            self.staging,
+            offset,
+            chunk,
+            checksum,
+            link.config.direct_io,
         )
 
     def _commit(self, tail: Any, checksum: str, size: int) -> None:
         """Write the ``tail`` (the last, partial chunk) and publish the file."""
         link = self.link
         link.call(
-            lambda agent: agent.fs_commit(
-                link.root,
-                self.local,
-                self.staging,
-                self.offset,
-                tail,
-                checksum,
-                size,
-                link.config.direct_io,
-                self.expect,
-            )
+            NodeFiles.fs_commit,
+            link.root,
+            self.local,
+            self.staging,
+            self.offset,
+            tail,
+            checksum,
+            size,
+            link.config.direct_io,
+            self.expect,
         )
 
     def close(self) -> None:
@@ -196,6 +200,6 @@ def _abort_upload(
         with contextlib.suppress(Exception):
             link.wait(ref)
     try:
-        link.call(lambda agent: agent.fs_abort(link.root, staging))
+        link.call(NodeFiles.fs_abort, link.root, staging)
     except Exception as e:  # the agent is gone: the file stays hidden, goes with its dir
         logger.warning("air-transfer: could not remove the staging file %s: %s", staging, e)

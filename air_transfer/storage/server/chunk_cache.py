@@ -1,6 +1,6 @@
 """Node storage, the storage-node side: a file's chunks served as shared objects.
 
-Runs in the agent of the storage node (``NodeAgent.file_chunks``). A reader on
+Runs in the agent of the storage node (``NodeReads.file_chunks``). A reader on
 another node asks for the refs of a range of a file's chunks; the agent packs the
 ones it does not hold yet (the packing tasks of ``transfer.agent_tasks``, which it
 submits to itself, so it owns them) and keeps their refs, keyed by the file's

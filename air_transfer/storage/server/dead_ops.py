@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 
 from air_transfer.cluster.agent_client import AgentClient
+from air_transfer.storage.node_api import NodeFiles
 from air_transfer.storage.server.repair import Copier, Pace, get, repair_rate
 from air_transfer.storage.server.replica_record import BUSY_S, Op
 from air_transfer.storage.server.replica_registry import ReplicaRegistry
@@ -83,7 +84,7 @@ def resolve(registry: ReplicaRegistry, key: str, op_id: str, op: Op, live: set[s
     settled = []
     for node in targets:
         try:
-            if not get(AgentClient(node).fence_ops([op_id], FENCE_S)):
+            if not get(AgentClient(node).call(NodeFiles.fence_ops, [op_id], FENCE_S)):
                 settled.append(node)
         except Exception as e:  # its agent is gone: the copy is too
             logger.debug("air-transfer: could not fence %s on %s: %r", op_id, node, e)
@@ -91,7 +92,7 @@ def resolve(registry: ReplicaRegistry, key: str, op_id: str, op: Op, live: set[s
         staging = op.staging.get(node)
         if staging is not None:
             with contextlib.suppress(Exception):
-                get(AgentClient(node).fs_abort(roots[node], staging))
+                get(AgentClient(node).call(NodeFiles.fs_abort, roots[node], staging))
     primary = key.split(":", 1)[0]
     order = sorted(settled, key=lambda n: (n != primary, n))
     sources = [n for n in order if n in fresh]

@@ -1,7 +1,7 @@
 """Node storage, the storage-node side: metadata operations on this node's disk.
 
-Runs in the agent of the storage node (``NodeAgent.disk`` dispatches to these
-methods): every metadata operation of ``storage_filesystem`` is one call to one of
+Runs in the agent of the storage node (``node_service.NodeStorageService`` hands its calls to
+these methods): every metadata operation of ``storage_filesystem`` is one call to one of
 them (file bodies: ``disk_uploads``, ``disk_reads``). They keep no state between
 calls, and the agent runs up to 32 of them at once, for callers on every node.
 

@@ -1,6 +1,6 @@
 """Node storage, the storage-node side: file bodies read out in chunks.
 
-Runs in the agent of the storage node (``NodeAgent.disk_read``, a streaming
+Runs in the agent of the storage node (``NodeReads.disk_read``, a streaming
 generator): the file is opened once, confined to the storage root (``confine.at``),
 and its chunks are read from that open file into one reused buffer (Ray copies each
 yielded chunk into the object store before the generator resumes).

@@ -33,6 +33,7 @@ from air_transfer.config import TransferConfig
 from air_transfer.core import environ
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.observe import replica_metrics
+from air_transfer.storage.node_api import NodeFiles, NodeReads
 from air_transfer.storage.server.replica_record import MAX_ATTEMPTS
 from air_transfer.storage.server.replica_registry import Copy, ReplicaRegistry
 
@@ -89,31 +90,33 @@ class Copier:
         self.pace, self.cb = pace, TransferConfig().chunk_bytes
 
     def empty_target(self) -> None:
-        get(self.t.fs_create_dir(self.troot, self.troot, True))
-        get(self.t.fs_delete_dir_contents(self.troot, self.troot, True))
+        get(self.t.call(NodeFiles.fs_create_dir, self.troot, self.troot, True))
+        get(self.t.call(NodeFiles.fs_delete_dir_contents, self.troot, self.troot, True))
 
     def sync(self, rel: str) -> int:
         """Make ``rel`` on the target what it is on the source now; bytes copied."""
-        [(ftype, size, _)] = get(self.s.fs_info(self.sroot, [_join(self.sroot, rel)]))
+        [(ftype, size, _)] = get(
+            self.s.call(NodeFiles.fs_info, self.sroot, [_join(self.sroot, rel)])
+        )
         tpath = _join(self.troot, rel)
         if rel:
-            [(ttype, _, _)] = get(self.t.fs_info(self.troot, [tpath]))
+            [(ttype, _, _)] = get(self.t.call(NodeFiles.fs_info, self.troot, [tpath]))
             if ttype == pafs.FileType.Directory:
-                get(self.t.fs_delete_dir(self.troot, tpath))
+                get(self.t.call(NodeFiles.fs_delete_dir, self.troot, tpath))
             elif ttype != pafs.FileType.NotFound and ftype != pafs.FileType.File:
-                get(self.t.fs_delete_file(self.troot, tpath))
+                get(self.t.call(NodeFiles.fs_delete_file, self.troot, tpath))
         if ftype == pafs.FileType.File:
-            get(self.t.fs_create_dir(self.troot, posixpath.dirname(tpath), True))
+            get(self.t.call(NodeFiles.fs_create_dir, self.troot, posixpath.dirname(tpath), True))
             return self.copy_file(rel, size or 0)
         if ftype != pafs.FileType.Directory:
             return 0
-        get(self.t.fs_create_dir(self.troot, tpath, True))
-        listed = get(self.s.fs_list(self.sroot, _join(self.sroot, rel), True, True))
+        get(self.t.call(NodeFiles.fs_create_dir, self.troot, tpath, True))
+        listed = get(self.s.call(NodeFiles.fs_list, self.sroot, _join(self.sroot, rel), True, True))
         copied = 0
         for sub, kind, sub_size, _ in sorted(listed):
             path = posixpath.join(rel, sub) if rel else sub
             if kind == pafs.FileType.Directory:
-                get(self.t.fs_create_dir(self.troot, _join(self.troot, path), True))
+                get(self.t.call(NodeFiles.fs_create_dir, self.troot, _join(self.troot, path), True))
             elif kind == pafs.FileType.File:
                 try:
                     copied += self.copy_file(path, sub_size or 0)
@@ -124,27 +127,45 @@ class Copier:
     def copy_file(self, rel: str, size: int) -> int:
         """One file, chunk by chunk from the source's agent to the target's."""
         spath, tpath = _join(self.sroot, rel), _join(self.troot, rel)
-        staging, _, _ = get(self.t.fs_open_write(self.troot, tpath, False))
+        staging, _, _ = get(self.t.call(NodeFiles.fs_open_write, self.troot, tpath, False))
         try:
             count = -(-size // self.cb)
             for first in range(0, count, 4):
                 n = min(4, count - first)
-                [pairs] = get(self.s.file_chunks(self.sroot, spath, size, self.cb, first, n, 0))
+                [pairs] = get(
+                    self.s.call(
+                        NodeReads.file_chunks, self.sroot, spath, size, self.cb, first, n, 0
+                    )
+                )
                 writes = [
-                    self.t.fs_write(self.troot, staging, (first + i) * self.cb, chunk, checksum)
+                    self.t.call(
+                        NodeFiles.fs_write,
+                        self.troot,
+                        staging,
+                        (first + i) * self.cb,
+                        chunk,
+                        checksum,
+                    )
                     for i, (chunk, checksum) in enumerate(pairs)
                 ]
                 get(writes)
                 self.pace.take(min(size, (first + n) * self.cb) - first * self.cb)
             empty = b""
             get(
-                self.t.fs_commit(
-                    self.troot, tpath, staging, size, empty, chunk_checksum(empty), size
+                self.t.call(
+                    NodeFiles.fs_commit,
+                    self.troot,
+                    tpath,
+                    staging,
+                    size,
+                    empty,
+                    chunk_checksum(empty),
+                    size,
                 )
             )
         except BaseException:
             try:
-                get(self.t.fs_abort(self.troot, staging))
+                get(self.t.call(NodeFiles.fs_abort, self.troot, staging))
             except Exception as e:  # the target is gone: the staging file goes with it
                 logger.debug("air-transfer: could not remove repair staging %s: %r", staging, e)
             raise
@@ -163,7 +184,9 @@ def repair_one(registry: ReplicaRegistry, key: str, live: set[str], pace: Pace) 
         copier = Copier(source, target, pace)
         view = registry.view(key)
         members = [n for n, _ in view[0]] if view else []
-        claim = copier.t.claim_copy(target[1], key, target[0], members, registry.keys(), False)
+        claim = copier.t.call(
+            NodeFiles.claim_copy, target[1], key, target[0], members, registry.keys(), False
+        )
         get(claim)
         copier.empty_target()
         total = copier.sync("")
@@ -223,7 +246,9 @@ def measure(registry: ReplicaRegistry, key: str, live: set[str]) -> None:
     roots = dict(copies)
     for node in (n for n in fresh if n in live):
         try:
-            listed = get(AgentClient(node).fs_list(roots[node], roots[node], True, True))
+            listed = get(
+                AgentClient(node).call(NodeFiles.fs_list, roots[node], roots[node], True, True)
+            )
         except (OSError, ray.exceptions.RayError):
             continue
         registry.note_bytes(key, sum(size or 0 for _, kind, size, _ in listed if kind == 2))

@@ -5,7 +5,8 @@ is short of copies (``repair``), its record saved in the cluster's GCS key-value
 store (``GcsStore``), so that a registry started again after this one died knows
 every copy that is stale. Started by the first process that uses a replicated
 storage (``storage.client.replica_set``), from this class as the package root hands
-it down.
+it down. Callers reach it through one method, ``call``, naming a method of
+``RegistryCalls`` (``cluster.rpc``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from air_transfer.cluster import _ray
 from air_transfer.cluster.identity import Identity, this_process
 from air_transfer.cluster.nodes import NAMESPACE, live_node_ids
+from air_transfer.cluster.rpc import R, Services
 from air_transfer.core.threads import start_daemon
 from air_transfer.storage.server.dead_ops import resolve_dead
 from air_transfer.storage.server.repair import repair_pass
@@ -48,6 +51,7 @@ class ReplicaHost(ReplicaRegistry):
 
     def __init__(self) -> None:
         super().__init__(GcsStore())
+        self._services = Services(self)
         self._stop = threading.Event()
         # Two threads: a repair waits while a change is in flight, and the change of a
         # dead caller is in flight until the other resolves it.
@@ -71,6 +75,12 @@ class ReplicaHost(ReplicaRegistry):
                 job()
             except Exception as e:  # never let the thread die: log and look again
                 logger.warning("air-transfer: replica registry pass failed: %r", e)
+
+    def call(self, method: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """``method(*args, **kwargs)`` of this registry, named by the caller
+        (``RegistryCalls``, ``cluster.rpc``)."""
+        result: R = self._services.call(method, *args, **kwargs)
+        return result
 
     def ready(self) -> bool:
         return True

@@ -30,13 +30,9 @@ import time
 import uuid
 from dataclasses import replace
 
-from air_transfer.storage.replica_wire import CopyState, Owner, State
+from air_transfer.storage.replica_wire import Begun, Copy, CopyState, Owner, RegistryCalls, State
 from air_transfer.storage.server.replica_record import BUSY_S, Failure, Op, Replicated, Store
 
-#: A copy: (node id, the root its files live under on that node).
-Copy = tuple[str, str]
-#: The answer of ``begin``: (op id, the copies to apply it to, the fresh ones).
-Begun = tuple[str, list[Copy], list[str]]
 #: A caller waiting for a path that has not asked again for this long has given up.
 WAITER_S = 10.0
 
@@ -53,7 +49,7 @@ def _related(x: str, y: str) -> bool:
     return x == y or not x or not y or y.startswith(x + "/") or x.startswith(y + "/")
 
 
-class ReplicaRegistry:
+class ReplicaRegistry(RegistryCalls):
     """The copies of every replicated node storage of the cluster (thread-safe);
     with a ``store``, each change is saved there before it returns, and the
     records saved there are loaded at start (``replica_record``)."""

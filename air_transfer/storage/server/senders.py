@@ -20,7 +20,7 @@ import numpy as np
 from ray.exceptions import ObjectLostError, RayActorError
 
 from air_transfer.cluster.agent_client import AgentClient
-from air_transfer.cluster.fetch import get
+from air_transfer.cluster.fetch import fresh, get
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.plan import ChunkPlan
@@ -28,7 +28,7 @@ from air_transfer.core.proven_read import FileCursor, fill_chunk
 from air_transfer.core.scan import Source
 from air_transfer.errors import CheckpointLostError, ChecksumError
 from air_transfer.transfer.agent_tasks import task_groups
-from air_transfer.transfer.handle import fresh
+from air_transfer.transfer.packing_service import PackingService
 
 Sent = Iterator[tuple[ChunkPlan, memoryview]]
 
@@ -55,7 +55,9 @@ def remote_chunks(node_id: str, source: Source, plans: Sequence[ChunkPlan], wind
     def submit() -> None:
         group = next(groups, None)
         if group is not None:
-            pending.append((group, *agent.pack_chunks(source, group)))
+            k = len(group)
+            refs = agent.calls(2 * k, PackingService.pack_chunks, source, group)
+            pending.append((group, refs[:k], refs[k:]))
 
     for _ in range(window):
         submit()

@@ -28,18 +28,24 @@ from air_transfer.core.checksum import chunk_checksum, is_checksum
 from air_transfer.core.confine import checked_path, resolve
 from air_transfer.core.file_chunks import chunks_of
 from air_transfer.errors import ManifestError
+from air_transfer.storage.node_api import NodeIndexedUploads
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.uploads import DiskUploads
 
 
-class StreamUploads:
+class StreamUploads(NodeIndexedUploads):
     """Chunks of upload streams reused from this node's disk, or fetched (``fetch``:
-    a ref's value, ``ray.get`` but for tests of this layer alone)."""
+    a ref's value, ``ray.get`` but for tests of this layer alone); ``touched(root)``
+    after each commit (the durable tier's note that ``root`` changed)."""
 
     def __init__(
-        self, uploads: DiskUploads, store: IncrementalStore, fetch: Callable[[Any], Any] = get
+        self,
+        uploads: DiskUploads,
+        store: IncrementalStore,
+        fetch: Callable[[Any], Any] = get,
+        touched: Callable[[str], None] = lambda root: None,
     ) -> None:
-        self.uploads, self.store, self.fetch = uploads, store, fetch
+        self.uploads, self.store, self.fetch, self.touched = uploads, store, fetch, touched
 
     def fs_write_or_reuse(
         self,
@@ -128,6 +134,7 @@ class StreamUploads:
                 "bytes_written": 0 if linked else tail_bytes,
             }
         )
+        self.touched(root)
         if size >= chunk_bytes:  # a file all tail has no chunk a stream would ask for
             try:  # a hint only: a path changed since the commit is not offered
                 real = resolve(checked_path(root, path))

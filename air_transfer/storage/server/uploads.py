@@ -1,7 +1,7 @@
 """Node storage, the storage-node side: file bodies arriving in chunks.
 
-Runs in the agent of the storage node (``NodeAgent.disk`` dispatches to these
-methods). A write to ``path`` creates a hidden staging file next to it; each chunk,
+Runs in the agent of the storage node (``node_service.NodeStorageService`` hands its calls to
+these methods). A write to ``path`` creates a hidden staging file next to it; each chunk,
 checked against the checksum it was sent with, is written at its offset
 (``os.pwrite``), so the agent's threads may write chunks in any order; the commit
 checks the size and renames the staging file over ``path``. Readers see the old file

@@ -25,6 +25,7 @@ from air_transfer.cluster.nodes import this_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.scan import Source, Stamp
+from air_transfer.transfer.packing_service import PackingService
 from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest, TransferStrategy
 
 
@@ -71,6 +72,8 @@ class StreamedStrategy(TransferStrategy):
         if start >= stop:
             return
         refs = AgentClient(payload.node_id, payload.agent).stream(
+            config.window,
+            PackingService.stream,
             payload.source,
             list(manifest.files()),
             manifest.chunk_bytes,
@@ -79,7 +82,6 @@ class StreamedStrategy(TransferStrategy):
             stop,
             config.verify,
             payload.stamps,
-            config.window,
         )
         # Fetch up to `window` yielded chunks ahead, so cross-node pulls overlap with
         # the reader's writing as they do for `chunked`.

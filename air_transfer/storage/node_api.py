@@ -1,0 +1,220 @@
+"""Node storage, what a storage node's agent answers: one ``Protocol`` per service,
+declared below both rooms (the caller's side calls it, the storage node's side,
+``storage.server.node_service``, implements it), so that neither imports the other.
+
+A caller names a method here and its arguments (``link.call(NodeFiles.fs_info,
+root, paths)``): mypy checks them against the one signature written here, which the
+server's class, a subclass, must keep (``cluster.rpc``). Paths are confined to the
+root the caller names. ``op``: the replicated change a call belongs to (an agent
+refuses a call of one fenced off, ``fence_ops``); '' for none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow.fs as pafs
+
+from air_transfer.cluster.agent_client import Expect, Info, Listed
+from air_transfer.config import TransferConfig
+from air_transfer.core.file_chunks import ChunkedFiles
+from air_transfer.core.process_locks import Process
+from air_transfer.core.scan import Source
+from air_transfer.storage.durable.settings import DrainSettings
+from air_transfer.storage.durable.target import DurableTarget
+
+
+class NodeFiles(Protocol):
+    """Files and directories: what is there, changes, and uploads (staged, then
+    committed whole)."""
+
+    def fs_info(self, root: str, paths: list[str]) -> list[Info]: ...
+
+    def fs_list(
+        self, root: str, base: str, recursive: bool, allow_not_found: bool
+    ) -> list[Listed]: ...
+
+    def fs_create_dir(self, root: str, path: str, recursive: bool, op: str = "") -> None: ...
+
+    def fs_delete_dir(self, root: str, path: str, op: str = "") -> None: ...
+
+    def fs_delete_dir_contents(
+        self, root: str, path: str, missing_dir_ok: bool, op: str = ""
+    ) -> None: ...
+
+    def fs_delete_file(self, root: str, path: str, op: str = "") -> None: ...
+
+    def fs_move(self, root: str, src: str, dest: str, op: str = "") -> None: ...
+
+    def fs_copy_file(self, root: str, src: str, dest: str, op: str = "") -> None: ...
+
+    def fs_open_write(
+        self, root: str, path: str, append: bool, writer: Process | None = None
+    ) -> tuple[str, int, Expect]:
+        """Staging for a new version of ``path``: ``(staging, start offset, expect)``;
+        discarded if ``writer`` dies before it commits."""
+        ...
+
+    def fs_write(
+        self,
+        root: str,
+        staging: str,
+        offset: int,
+        data: Any,
+        checksum: str,
+        direct_io: bool = False,
+    ) -> None: ...
+
+    def fs_commit(
+        self,
+        root: str,
+        path: str,
+        staging: str,
+        offset: int,
+        tail: Any,
+        checksum: str,
+        size: int,
+        direct_io: bool = False,
+        expect: Expect = None,
+        op: str = "",
+    ) -> None: ...
+
+    def fs_abort(self, root: str, staging: str) -> None: ...
+
+    def claim_copy(
+        self, root: str, storage: str, node: str, members: list[str], taken: list[str], adopt: bool
+    ) -> bool:
+        """Make ``root`` the copy of ``storage`` on ``node`` (its marker); whether it
+        held anything. ValueError if it is another copy's or holds foreign files."""
+        ...
+
+    def fence_ops(self, ops: list[str], timeout_s: float) -> list[str]:
+        """Refuse every later call of ``ops``; those still running after ``timeout_s``."""
+        ...
+
+
+class NodeIndexedUploads(Protocol):
+    """Uploads of an incremental node storage: chunks a stored file holds are copied
+    on the storage node, and the committed file's chunks are indexed for later ones."""
+
+    def fs_write_or_reuse(
+        self,
+        root: str,
+        staging: str,
+        offset: int,
+        checksum: str,
+        length: int,
+        sent: list[Any],
+        direct_io: bool = False,
+    ) -> bool:
+        """Whether the chunk was copied from the storage node's disk (else fetched
+        through ``sent``, ``[ref]``)."""
+        ...
+
+    def fs_commit_indexed(
+        self,
+        root: str,
+        path: str,
+        staging: str,
+        offset: int,
+        tail: Any,
+        checksum: str,
+        size: int,
+        sums: tuple[str, ...],
+        chunk_bytes: int,
+        direct_io: bool = False,
+        expect: Expect = None,
+    ) -> None: ...
+
+
+class NodeReads(Protocol):
+    """File bodies and whole directories, read as chunks in the object store."""
+
+    def file_chunks(
+        self, root: str, path: str, size: int, chunk_bytes: int, first: int, count: int, budget: int
+    ) -> list[list[tuple[Any, Any]]]:
+        """``[[(chunk ref, checksum ref), ...]]`` of ``count`` chunks from ``first``."""
+        ...
+
+    def disk_read(
+        self, root: str, path: str, size: int, chunk_bytes: int, first: int
+    ) -> Iterator[np.ndarray]: ...
+
+    def directory_transfer(self, root: str, path: str, config: TransferConfig) -> list[Any]:
+        """A transfer of the directory ``path``, shared by readers: ``[checkpoint ref,
+        lease]`` (nested, so the caller borrows the ref); the lease goes back to
+        ``release_directory_transfer`` when the reader is done."""
+        ...
+
+    def release_directory_transfer(self, lease: str) -> None: ...
+
+
+class NodeCheckpoints(Protocol):
+    """Checkpoints written into node storage by the storage node itself."""
+
+    def store_checkpoint(self, checkpoint: Any, filesystem: pafs.FileSystem, path: str) -> str:
+        """Write a transferred checkpoint (a ``ChunkedCheckpoint`` or its handle, or
+        its ref, resolved by Ray) to ``path`` on ``filesystem``."""
+        ...
+
+    def store_report(
+        self, worker: str, source: Any, root: str, path: str, config: TransferConfig, op: str = ""
+    ) -> str:
+        """Store Ray Train worker ``worker``'s reported checkpoint (a transfer's ref,
+        resolved by Ray, or a directory on the storage node) at ``path``. Noted until
+        Train stops the worker's group (``reclaim_reports``)."""
+        ...
+
+    def store_incremental(
+        self,
+        worker: str | None,
+        root: str,
+        path: str,
+        source: Source,
+        sender_node: str,
+        files: ChunkedFiles,
+        config: TransferConfig,
+    ) -> dict[str, int]:
+        """Store the checkpoint ``files`` describes at ``path`` from what the storage
+        node holds, fetching the rest from ``source`` on ``sender_node``; what it
+        cost. A Ray Train report (``worker`` given) is noted as ``store_report``'s."""
+        ...
+
+    def note_report_dir(self, root: str, worker: str, path: str) -> None:
+        """Make the directory ``path`` that Ray Train worker ``worker`` writes its
+        report into itself (torch DCP), noted as ``store_report``'s are."""
+
+    def reclaim_reports(self, root: str, workers: list[str], tracked: list[str]) -> list[str]:
+        """Ray Train is stopping the group of ``workers``: end their reports still
+        being stored and delete what they stored that Train does not track."""
+        ...
+
+
+class NodeDurable(Protocol):
+    """The durable tier behind a node storage root (its drain)."""
+
+    def durable_attach(
+        self,
+        root: str,
+        target: DurableTarget,
+        settings: DrainSettings,
+        replica: tuple[str, str] | None = None,
+    ) -> str:
+        """Drain ``root`` into ``target`` from this agent with ``settings``;
+        ``replica``: the replicated storage's key and storage node, whose copy
+        ``root`` is. The drain's epoch."""
+        ...
+
+    def durable_request(self, root: str) -> tuple[str, int]:
+        """``(epoch, ticket)``: the ticket is completed by the next pass to end well."""
+        ...
+
+    def durable_status(self, root: str, path: str | None = None) -> Any:
+        """The drain's ``DrainStatus`` (of ``path`` too, if given)."""
+        ...
+
+    def durable_locate(self, root: str, path: str) -> tuple[Info, bool]:
+        """What ``path`` is, and whether node storage (not the durable tier) holds it."""
+        ...

@@ -1,0 +1,268 @@
+"""Node storage, what the storage node's agent runs: ``NodeStorageService``, the one
+object behind the Protocols of ``storage.node_api`` (its subclass, so mypy holds it to
+their signatures).
+
+Each method hands its call to the module that does the work (``metadata``,
+``uploads``, ``chunk_cache``, ``sink``, ``incremental``, ``tiered_disk``...) and adds
+what every call of its kind needs: a replicated change (``op``) runs fenced
+(``op_fence``), and a change tells the durable tier that ``root`` changed. The
+agent hosts one and hands it the two ways it packs (``FileChunks``' chunk tasks and
+``DirectoryTransfers``' whole-directory transfers), which sit above this layer;
+incremental uploads are a service of their own (``stream_uploads``), which the
+agent hosts beside this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow.fs as pafs
+
+from air_transfer.cluster import liveness
+from air_transfer.cluster.agent_client import Expect, Info, Listed
+from air_transfer.config import TransferConfig
+from air_transfer.core.file_chunks import ChunkedFiles
+from air_transfer.core.knobs import KNOBS
+from air_transfer.core.process_locks import Process
+from air_transfer.core.scan import Source
+from air_transfer.storage.durable.settings import DrainSettings
+from air_transfer.storage.durable.target import DurableTarget
+from air_transfer.storage.node_api import NodeCheckpoints, NodeDurable, NodeFiles, NodeReads
+from air_transfer.storage.server.chunk_cache import (
+    DirectoryTransfers,
+    FileChunks,
+    StartTransfer,
+    Submit,
+)
+from air_transfer.storage.server.drain import DrainStatus
+from air_transfer.storage.server.incremental import IncrementalStore
+from air_transfer.storage.server.metadata import DiskStorage, storage_path
+from air_transfer.storage.server.op_fence import OpFence
+from air_transfer.storage.server.reads import read_chunks
+from air_transfer.storage.server.replica_marker import claim as claim_copy
+from air_transfer.storage.server.report_ledger import ReportLedger
+from air_transfer.storage.server.senders import sender
+from air_transfer.storage.server.sink import store_checkpoint, store_report
+from air_transfer.storage.server.stream_uploads import StreamUploads
+from air_transfer.storage.server.tiered_disk import TieredDisk
+from air_transfer.storage.server.upload_writers import UploadWriters
+from air_transfer.storage.server.uploads import DiskUploads
+
+
+class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
+    """Node storage on this node's disk, for the agent of node ``node_id``."""
+
+    def __init__(
+        self,
+        node_id: str,
+        submit: Submit,
+        start: StartTransfer,
+        handle_of: Callable[[Any], Any],
+    ) -> None:
+        self._files = FileChunks(submit)
+        self._directories = DirectoryTransfers(start)
+        self._handle_of = handle_of  # a transfer's handle, of a checkpoint or handle
+        #: Metadata, with the durable tier of each root that has one (its drain).
+        self._disk = TieredDisk(DiskStorage(), node_id)
+        self._disk.resume()
+        self._ops = OpFence()  # replicated changes of a caller that died: refused
+        # Uploads of writers that died are discarded (their staging files removed).
+        self._uploads = DiskUploads(
+            UploadWriters(
+                liveness.dead,
+                lambda root, staging: self._uploads.fs_abort(root, staging),
+                KNOBS.upload_reap_s,
+            )
+        )
+        self._reports = ReportLedger()
+        self.incremental = IncrementalStore()
+        #: Incremental uploads: a service of their own (``NodeIndexedUploads``).
+        self.streams = StreamUploads(self._uploads, self.incremental, touched=self._disk.touch)
+        self._stored = 0  # checkpoints written by store_checkpoint and store_report
+
+    def counters(self) -> dict[str, int]:
+        """What node storage cost this node: bytes read from disk, served and held
+        (file chunks and whole-directory transfers), transfers packed and their
+        readers in flight, checkpoints stored."""
+        counters = self._files.counters()
+        counters["bytes_read"] += self._directories.bytes_read
+        counters["bytes_served"] += self._directories.bytes_served
+        counters["bytes_held"] += self._directories.bytes_held
+        return {
+            **counters,
+            "transfers_packed": self._directories.started,
+            "transfer_readers": self._directories.readers(),
+            "checkpoints_stored": self._stored,
+        }
+
+    def clear_cache(self) -> None:
+        """Let go of every cached chunk and directory transfer."""
+        self._files.clear()
+        self._directories.clear()
+
+    # -- checkpoints -------------------------------------------------------------------
+    def store_checkpoint(self, checkpoint: Any, filesystem: pafs.FileSystem, path: str) -> str:
+        stored = store_checkpoint(self._handle_of(checkpoint), filesystem, path)
+        self._stored += 1
+        return stored
+
+    def store_report(
+        self, worker: str, source: Any, root: str, path: str, config: TransferConfig, op: str = ""
+    ) -> str:
+        src = source if isinstance(source, str) else self._handle_of(source)
+        local = storage_path(root, path)
+        with self._ops.running(op):
+            stored = self._reports.store(
+                worker, local, lambda check: store_report(src, root, local, config, check)
+            )
+        self._stored += 1
+        self._disk.touch(root)
+        return stored
+
+    def store_incremental(
+        self,
+        worker: str | None,
+        root: str,
+        path: str,
+        source: Source,
+        sender_node: str,
+        files: ChunkedFiles,
+        config: TransferConfig,
+    ) -> dict[str, int]:
+        local, send = storage_path(root, path), sender(source, sender_node, config.window)
+        try:
+            if worker is None:
+                return self.incremental.store(root, local, files, send)
+            return self._reports.store(
+                worker, local, lambda c: self.incremental.store(root, local, files, send, c)
+            )
+        finally:
+            self._disk.touch(root)
+
+    def note_report_dir(self, root: str, worker: str, path: str) -> None:
+        local = storage_path(root, path)
+        self._reports.note(worker, local, lambda: self._disk.fs_create_dir(root, local, True))
+
+    def reclaim_reports(self, root: str, workers: list[str], tracked: list[str]) -> list[str]:
+        kept = [storage_path(root, path) for path in tracked]
+        return self._reports.reclaim(workers, kept, lambda p: self._disk.fs_delete_dir(root, p))
+
+    # -- reads -------------------------------------------------------------------------
+    def directory_transfer(self, root: str, path: str, config: TransferConfig) -> list[Any]:
+        return list(self._directories.ref(root, path, config))
+
+    def release_directory_transfer(self, lease: str) -> None:
+        self._directories.release(lease)
+
+    def file_chunks(
+        self, root: str, path: str, size: int, chunk_bytes: int, first: int, count: int, budget: int
+    ) -> list[list[tuple[Any, Any]]]:
+        return [self._files.refs(root, path, size, chunk_bytes, first, count, budget)]
+
+    def disk_read(
+        self, root: str, path: str, size: int, chunk_bytes: int, first: int
+    ) -> Iterator[np.ndarray]:
+        yield from read_chunks(root, path, size, chunk_bytes, first)
+
+    # -- metadata ----------------------------------------------------------------------
+    def fs_info(self, root: str, paths: list[str]) -> list[Info]:
+        return self._disk.fs_info(root, paths)
+
+    def fs_list(self, root: str, base: str, recursive: bool, allow_not_found: bool) -> list[Listed]:
+        return self._disk.fs_list(root, base, recursive, allow_not_found)
+
+    def fs_create_dir(self, root: str, path: str, recursive: bool, op: str = "") -> None:
+        with self._ops.running(op):
+            self._disk.fs_create_dir(root, path, recursive)
+
+    def fs_delete_dir(self, root: str, path: str, op: str = "") -> None:
+        with self._ops.running(op):
+            self._disk.fs_delete_dir(root, path)
+
+    def fs_delete_dir_contents(
+        self, root: str, path: str, missing_dir_ok: bool, op: str = ""
+    ) -> None:
+        with self._ops.running(op):
+            self._disk.fs_delete_dir_contents(root, path, missing_dir_ok)
+
+    def fs_delete_file(self, root: str, path: str, op: str = "") -> None:
+        with self._ops.running(op):
+            self._disk.fs_delete_file(root, path)
+
+    def fs_move(self, root: str, src: str, dest: str, op: str = "") -> None:
+        with self._ops.running(op):
+            self._disk.fs_move(root, src, dest)
+
+    # -- replicas ----------------------------------------------------------------------
+    def claim_copy(
+        self, root: str, storage: str, node: str, members: list[str], taken: list[str], adopt: bool
+    ) -> bool:
+        return claim_copy(root, storage, node, members, taken, adopt)
+
+    def fence_ops(self, ops: list[str], timeout_s: float) -> list[str]:
+        return self._ops.fence(ops, timeout_s)
+
+    # -- uploads -----------------------------------------------------------------------
+    def fs_copy_file(self, root: str, src: str, dest: str, op: str = "") -> None:
+        with self._ops.running(op):
+            self._uploads.fs_copy_file(root, src, dest)
+        self._disk.touch(root)
+
+    def fs_open_write(
+        self, root: str, path: str, append: bool, writer: Process | None = None
+    ) -> tuple[str, int, Expect]:
+        return self._uploads.fs_open_write(root, path, append, writer)
+
+    def fs_write(
+        self,
+        root: str,
+        staging: str,
+        offset: int,
+        data: Any,
+        checksum: str,
+        direct_io: bool = False,
+    ) -> None:
+        self._uploads.fs_write(root, staging, offset, data, checksum, direct_io)
+
+    def fs_commit(
+        self,
+        root: str,
+        path: str,
+        staging: str,
+        offset: int,
+        tail: Any,
+        checksum: str,
+        size: int,
+        direct_io: bool = False,
+        expect: Expect = None,
+        op: str = "",
+    ) -> None:
+        with self._ops.running(op):
+            self._uploads.fs_commit(
+                root, path, staging, offset, tail, checksum, size, direct_io, expect
+            )
+        self._disk.touch(root)
+
+    def fs_abort(self, root: str, staging: str) -> None:
+        self._uploads.fs_abort(root, staging)
+
+    # -- the durable tier --------------------------------------------------------------
+    def durable_attach(
+        self,
+        root: str,
+        target: DurableTarget,
+        settings: DrainSettings,
+        replica: tuple[str, str] | None = None,
+    ) -> str:
+        return self._disk.attach(root, target, settings, replica)
+
+    def durable_request(self, root: str) -> tuple[str, int]:
+        return self._disk.request(root)
+
+    def durable_status(self, root: str, path: str | None = None) -> DrainStatus:
+        return self._disk.status(root, path)
+
+    def durable_locate(self, root: str, path: str) -> tuple[Info, bool]:
+        return self._disk.locate(root, path)
