@@ -35,3 +35,32 @@ def test_a_custom_payload_is_read_as_a_list_of_refs_by_default() -> None:
     assert custom.refs(tuple(refs)) == refs
     assert custom.refs([refs[0], "not a ref", 3]) == [refs[0]]
     assert custom.refs({"nested": refs}) == []  # another shape: the strategy says
+
+
+def test_a_strategy_written_for_submit_is_refused_where_it_is_defined() -> None:
+    """``submit``/``submit_blocking`` are no longer called: a strategy defining them
+    fails at its class statement, naming them and where the code goes, rather than
+    running its ``pack`` without them."""
+    import pytest
+
+    from air_transfer.extend import Packed, PackRequest, TransferStrategy
+
+    with pytest.raises(TypeError, match=r"Old defines submit, submit_blocking.*pack\(\)"):
+
+        class Old(TransferStrategy):
+            name = "old"
+
+            def pack(self, request: PackRequest) -> Packed:
+                raise NotImplementedError
+
+            def submit(self) -> None: ...
+
+            def submit_blocking(self) -> None: ...
+
+    class New(TransferStrategy):  # the same without them is fine
+        name = "new"
+
+        def pack(self, request: PackRequest) -> Packed:
+            raise NotImplementedError
+
+    assert New.layout.value == "custom"

@@ -114,6 +114,20 @@ class TransferStrategy(ABC):
     #: chunk is asked for.
     chunks_kept: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse a strategy written for the former interface: its ``submit`` or
+        ``submit_blocking`` would never be called (where a strategy is packed is
+        now chosen from its ``layout``), which would change what it does unseen."""
+        super().__init_subclass__(**kwargs)
+        gone = sorted({"submit", "submit_blocking"} & set(vars(cls)))
+        if gone:
+            raise TypeError(
+                f"{cls.__qualname__} defines {', '.join(gone)}, which TransferStrategy "
+                "no longer calls: a custom strategy packs in pack() (run on the "
+                "caller's background thread) and says what its payload is by its "
+                "layout; move that code into pack()"
+            )
+
     @abstractmethod
     def pack(self, request: PackRequest) -> Packed:
         """Cut ``request``'s files into ``request.chunk_bytes`` chunks and store them
