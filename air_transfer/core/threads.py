@@ -3,14 +3,19 @@ does (``air-transfer-...``), so that a stack dump or ``threading.enumerate()`` s
 whose each thread is, and none keeps a process alive at exit.
 
 ``start_daemon`` runs a function once; ``Periodic`` runs one every few seconds, from
-its first ``start()`` until the process ends (the reapers of idle or dead entries,
-the watchers that notice what nobody asks about). Plain Python.
+its first ``start()`` while its owner lives (the reapers of idle or dead entries,
+the watchers that notice what nobody asks about), and no longer than the process's
+exit handlers: a thread that wakes while the interpreter and the native libraries
+(Ray's core worker, torch) are being torn down can crash the process. Plain Python.
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import types
+import weakref
 from collections.abc import Callable
 from typing import ParamSpec
 
@@ -35,13 +40,20 @@ def start_daemon(
 class Periodic:
     """Calls ``tick()`` every ``period()`` seconds (read before each wait, so that a
     changed knob applies) on one daemon thread named ``name``, started by the first
-    ``start()``. An exception from ``tick`` ends the thread, as in a plain loop:
-    a tick that must survive its errors catches them itself."""
+    ``start()``. A bound method ``tick`` is held weakly: the thread ends once its
+    object is gone (a cache's reaper does not keep the cache, and its chunk refs,
+    alive). Every such thread ends at the process's exit, before the interpreter is
+    torn down. An exception from ``tick`` ends the thread, as in a plain loop: a tick
+    that must survive its errors catches them itself."""
 
     def __init__(self, name: str, period: Callable[[], float], tick: Callable[[], object]) -> None:
         self.name = name
         self._period = period
-        self._tick = tick
+        self._tick: Callable[[], Callable[[], object] | None]
+        if isinstance(tick, types.MethodType):
+            self._tick = weakref.WeakMethod(tick)
+        else:
+            self._tick = lambda: tick
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -50,8 +62,46 @@ class Periodic:
         with self._lock:
             if self._thread is None:
                 self._thread = start_daemon(self.name, self._run)
+                _at_exit.add(self._thread)
 
     def _run(self) -> None:
-        while True:
-            time.sleep(self._period())
-            self._tick()
+        while not _at_exit.stopping.wait(self._period()):
+            tick = self._tick()
+            if tick is None:
+                return
+            tick()
+            del tick  # not held across the wait
+
+
+class _PeriodicThreads:
+    """The threads of ``Periodic``, told to stop and joined by an exit handler,
+    registered with the first: exit handlers run last-registered first, so this one
+    runs before those of Ray (``ray.shutdown``) and pyarrow, registered when they
+    were imported."""
+
+    #: How long the exit handler waits for the ticks in progress, all together.
+    JOIN_S = 2.0
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+        self._threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._registered = False
+
+    def add(self, thread: threading.Thread) -> None:
+        with self._lock:
+            self._threads.add(thread)
+            if not self._registered:
+                atexit.register(self.stop)
+                self._registered = True
+
+    def stop(self) -> None:
+        self.stopping.set()
+        with self._lock:
+            threads = [t for t in self._threads if t is not threading.current_thread()]
+        deadline = time.monotonic() + self.JOIN_S
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+_at_exit = _PeriodicThreads()

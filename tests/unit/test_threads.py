@@ -1,9 +1,14 @@
-"""Background threads: every one is started by ``core.threads`` (a named daemon), and
-the periodic helper ticks until the process ends. Plain Python, no Ray."""
+"""Background threads: every one is started by ``core.threads`` (a named daemon); the
+periodic helper ticks while its owner lives and stops at the process's exit, before
+the interpreter is torn down. Plain Python, no Ray."""
 
 from __future__ import annotations
 
 import ast
+import gc
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -11,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from air_transfer.core.threads import Periodic, start_daemon
-from tests.support.procs import REPO_ROOT
+from tests.support.procs import REPO_ROOT, child_env
 
 PACKAGE = Path(REPO_ROOT) / "air_transfer"
 #: The one module that makes threads.
@@ -91,3 +96,48 @@ def test_periodic_ends_on_an_error_of_its_tick() -> None:
         time.sleep(0.01)
     time.sleep(0.1)
     assert calls == [1]
+
+
+class _Owner:
+    def __init__(self) -> None:
+        self.ticked = threading.Event()
+
+    def tick(self) -> None:
+        self.ticked.set()
+
+
+def test_a_periodic_method_does_not_keep_its_object_and_ends_with_it() -> None:
+    owner = _Owner()
+    periodic = Periodic("air-transfer-test-owned", lambda: 0.01, owner.tick)
+    periodic.start()
+    assert owner.ticked.wait(5)
+    thread = periodic._thread
+    assert thread is not None and thread.is_alive()
+    del owner
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive(), "the thread outlived the object whose method it ran"
+
+
+def test_periodic_threads_stop_at_exit_before_earlier_exit_handlers() -> None:
+    """Ray and pyarrow register their exit handlers when imported (before any of
+    ours): a periodic thread must have stopped before those run."""
+    script = textwrap.dedent(
+        """
+        import atexit, threading
+        from air_transfer.core.threads import Periodic
+
+        ticked = threading.Event()
+        def earlier_handler():
+            alive = [t.name for t in threading.enumerate() if t.name.startswith("air-transfer")]
+            print("alive at the earlier exit handler:", alive, flush=True)
+        atexit.register(earlier_handler)
+        Periodic("air-transfer-test-exit", lambda: 0.001, ticked.set).start()
+        assert ticked.wait(5)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=child_env(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "alive at the earlier exit handler: []" in done.stdout, done.stdout

@@ -53,16 +53,12 @@ Submit = Callable[[Source, Iterable[ChunkPlan]], tuple[list[Any], list[Any]]]
 Key = tuple[str, int, int, int, int, int, int]
 
 
-def reaper(name: str, lock: threading.Lock, expire: Callable[[float], None]) -> Periodic:
+def reaper(name: str, expire_now: Callable[[], None]) -> Periodic:
     """Expires a cache's idle entries even when no reader asks any more: a thread
-    named ``name``, started by the cache's first request, that calls ``expire(now)``
-    under the cache's ``lock`` every half ``KNOBS.read_cache_idle_s``."""
-
-    def tick() -> None:
-        with lock:
-            expire(time.monotonic())
-
-    return Periodic(name, lambda: KNOBS.read_cache_idle_s / 2, tick)
+    named ``name``, started by the cache's first request, that calls ``expire_now``
+    (the cache's, which takes its lock) every half ``KNOBS.read_cache_idle_s``, while
+    the cache lives."""
+    return Periodic(name, lambda: KNOBS.read_cache_idle_s / 2, expire_now)
 
 
 @dataclass
@@ -82,7 +78,7 @@ class FileChunks:
         self._entries: OrderedDict[Key, _Entry] = OrderedDict()
         self._held = 0  # bytes of the entries
         self._counts = {"bytes_read": 0, "bytes_served": 0, "chunks_packed": 0, "hits": 0}
-        self._reaper = reaper("air-transfer-read-cache", self._lock, self._expire)
+        self._reaper = reaper("air-transfer-read-cache", self._expire_now)
 
     def refs(
         self,
@@ -164,6 +160,10 @@ class FileChunks:
         while self._held > budget and self._entries:
             _, entry = self._entries.popitem(last=False)
             self._held -= entry.nbytes
+
+    def _expire_now(self) -> None:
+        with self._lock:
+            self._expire(time.monotonic())
 
     def _expire(self, now: float) -> None:
         while self._entries:
@@ -256,7 +256,7 @@ class DirectoryTransfers:
         self.started = 0  # transfers packed (tests, the bench)
         self.bytes_read = 0  # file bytes of the transfers packed: each read once
         self.bytes_served = 0  # file bytes of every transfer handed to a reader
-        self._reaper = reaper("air-transfer-transfer-cache", self._lock, self._expire)
+        self._reaper = reaper("air-transfer-transfer-cache", self._expire_now)
 
     def ref(self, root: str, path: str, config: TransferConfig) -> tuple[Any, str]:
         """The ref of a transferred checkpoint of directory ``path`` (confined to
@@ -307,6 +307,10 @@ class DirectoryTransfers:
             self._held.clear()
             self._leases = DirectoryTransferLeases()
             self.bytes_held = 0
+
+    def _expire_now(self) -> None:
+        with self._lock:
+            self._expire(time.monotonic())
 
     def _expire(self, now: float) -> None:
         self._leases.expire(now)
