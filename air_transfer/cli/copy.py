@@ -23,7 +23,6 @@ import posixpath
 import threading
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ import pyarrow.fs as pafs
 
 from air_transfer.cli.trees import CHUNK_BYTES, FileSums, Tree, join, read_sums, tree_at
 from air_transfer.config import DURABLE_LAST
+from air_transfer.core.threads import pool
 from air_transfer.storage.client.handler import node_storage_handler
 
 #: Files copied at once (an object store's throughput grows with parallel uploads).
@@ -163,8 +163,8 @@ def _each(items: list[str], work: Callable[[str], None]) -> None:
     """``work`` on every item, ``THREADS`` at a time; the first error raised."""
     if not items:
         return
-    with ThreadPoolExecutor(THREADS, thread_name_prefix="air-transfer-cp") as pool:
-        for future in [pool.submit(work, item) for item in items]:
+    with pool("air-transfer-cp", THREADS) as copies:
+        for future in [copies.submit(work, item) for item in items]:
             future.result()
 
 

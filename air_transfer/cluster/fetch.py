@@ -17,6 +17,7 @@ import ray
 from ray.exceptions import RayTaskError
 
 from air_transfer.core.knobs import KNOBS
+from air_transfer.core.threads import pool
 from air_transfer.errors import CheckpointLostError
 
 #: What air-transfer raises as itself, whichever process raised it (README, Errors:
@@ -83,24 +84,24 @@ def fetch_in_order(refs: Iterable[Any], window: int) -> Iterator[Any]:
     """
     pending: deque[Future[Any]] = deque()
     threads = min(window, KNOBS.max_fetch_threads)
-    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="air-transfer-fetch")
+    fetches = pool("air-transfer-fetch", threads)
     try:
         upcoming = iter(refs)
         for ref in upcoming:
-            pending.append(_start(pool, ref))
+            pending.append(_start(fetches, ref))
             if len(pending) >= window:
                 break
         while pending:
             result = pending.popleft().result()
             nxt = next(upcoming, None)
             if nxt is not None:
-                pending.append(_start(pool, nxt))
+                pending.append(_start(fetches, nxt))
             yield result
             del result
     finally:
         for f in pending:
             f.cancel()
-        pool.shutdown(wait=False, cancel_futures=True)
+        fetches.shutdown(wait=False, cancel_futures=True)
 
 
 def _start(pool: ThreadPoolExecutor, ref: Any) -> Future[Any]:

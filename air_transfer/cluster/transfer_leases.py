@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable
 from typing import Protocol
 
 from air_transfer.cluster import _ray
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.core.knobs import KNOBS
-from air_transfer.core.threads import start_daemon
+from air_transfer.core.threads import exiting, start_daemon, stop_at_exit
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +60,7 @@ def hold(agent: AgentClient, key: str, ids: Iterable[str]) -> None:
     with _lock:
         _leases[key] = (agent, frozenset([key, *ids]))
         if _thread is None:
-            _thread = start_daemon("air-transfer-leases", _run)
+            _thread = stop_at_exit(start_daemon("air-transfer-leases", _run))
 
 
 def held() -> int:
@@ -72,8 +71,7 @@ def held() -> int:
 
 def _run() -> None:
     global _thread
-    while True:
-        time.sleep(KNOBS.lease_poll_s)
+    while not exiting(KNOBS.lease_poll_s):
         present = _ray.referenced_ids()
         with _lock:
             if present is None:  # not connected any more: to the agents, it is gone

@@ -27,7 +27,7 @@ import threading
 from typing import Protocol
 
 from air_transfer.core.knobs import KNOBS
-from air_transfer.core.threads import start_daemon
+from air_transfer.core.threads import exiting, start_daemon, stop_at_exit
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class _Watcher:
                 ready = threading.Event()
                 found: list[int] = []
                 try:
-                    start_daemon("air-transfer-lease-breaks", self._run, ready, found)
+                    stop_at_exit(start_daemon("air-transfer-lease-breaks", self._run, ready, found))
                 except RuntimeError:  # no more threads: read rather than map
                     return None
                 ready.wait()
@@ -75,7 +75,7 @@ class _Watcher:
             found.append(threading.get_native_id())
         finally:
             ready.set()
-        while True:
+        while not exiting(0):
             if signal.sigtimedwait({BREAK_SIGNAL}, KNOBS.lease_break_poll_s) is not None:
                 self.signals += 1
             with self.lock:

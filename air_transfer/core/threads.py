@@ -2,11 +2,14 @@
 does (``air-transfer-...``), so that a stack dump or ``threading.enumerate()`` says
 whose each thread is, and none keeps a process alive at exit.
 
-``start_daemon`` runs a function once; ``Periodic`` runs one every few seconds, from
+``start_daemon`` runs a function once; ``pool`` makes a named thread pool;
+``Periodic`` runs a function every few seconds, from
 its first ``start()`` while its owner lives (the reapers of idle or dead entries,
 the watchers that notice what nobody asks about), and no longer than the process's
 exit handlers: a thread that wakes while the interpreter and the native libraries
-(Ray's core worker, torch) are being torn down can crash the process. Plain Python.
+(Ray's core worker, torch) are being torn down can crash the process. A loop of
+its own that wakes on a timeout waits on ``exiting`` and is joined at exit
+(``stop_at_exit``) for the same reason. Plain Python.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 import types
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec
 
 P = ParamSpec("P")
@@ -30,10 +34,36 @@ def start_daemon(
 ) -> threading.Thread:
     """Start ``target(*args, **kwargs)`` on a new daemon thread named ``name``
     (which must start with ``air-transfer``); the thread, started."""
-    if not name.startswith(PREFIX):
-        raise ValueError(f"a thread of the library is named {PREFIX}...: got {name!r}")
+    _check(name)
     thread = threading.Thread(target=target, args=args, kwargs=kwargs, name=name, daemon=True)
     thread.start()
+    return thread
+
+
+def pool(
+    name: str, workers: int, initializer: Callable[[], object] | None = None
+) -> ThreadPoolExecutor:
+    """A pool of ``workers`` threads named ``name_N`` (``name`` starts with
+    ``air-transfer``), each running ``initializer`` first. Its threads are not
+    daemons: ``concurrent.futures`` lets the work in flight finish at exit."""
+    _check(name)
+    return ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=initializer)
+
+
+def _check(name: str) -> None:
+    if not name.startswith(PREFIX):
+        raise ValueError(f"a thread of the library is named {PREFIX}...: got {name!r}")
+
+
+def exiting(timeout: float) -> bool:
+    """Wait ``timeout`` seconds, or less if the process is exiting; whether it is.
+    The wait of a loop that wakes on a timeout (``stop_at_exit`` its thread)."""
+    return _at_exit.stopping.wait(timeout)
+
+
+def stop_at_exit(thread: threading.Thread) -> threading.Thread:
+    """Join ``thread``, whose loop waits on ``exiting``, at the process's exit."""
+    _at_exit.add(thread)
     return thread
 
 
@@ -65,7 +95,7 @@ class Periodic:
                 _at_exit.add(self._thread)
 
     def _run(self) -> None:
-        while not _at_exit.stopping.wait(self._period()):
+        while not exiting(self._period()):
             tick = self._tick()
             if tick is None:
                 return
@@ -73,8 +103,9 @@ class Periodic:
             del tick  # not held across the wait
 
 
-class _PeriodicThreads:
-    """The threads of ``Periodic``, told to stop and joined by an exit handler,
+class _ExitStop:
+    """The threads of ``Periodic`` and ``stop_at_exit``, told to stop and joined by
+    an exit handler,
     registered with the first: exit handlers run last-registered first, so this one
     runs before those of Ray (``ray.shutdown``) and pyarrow, registered when they
     were imported."""
@@ -104,4 +135,4 @@ class _PeriodicThreads:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-_at_exit = _PeriodicThreads()
+_at_exit = _ExitStop()

@@ -12,11 +12,13 @@ import mmap
 import os
 import tempfile
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import IO, Any
 
 import torch
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
+
+from air_transfer.core.threads import pool
 
 
 @contextlib.contextmanager
@@ -57,7 +59,7 @@ class StagedTensors:
         self.fd = file.fileno()
         self.size = 0
         self.tensors: list[tuple[ReadItem, torch.Tensor, int, torch.dtype, torch.Size]] = []
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="air-transfer-dcp-stage")
+        self._writer = pool("air-transfer-dcp-stage", 1)
         self._writing: Future[None] | None = None
 
     def add(self, item: ReadItem, tensor: torch.Tensor, target: torch.Tensor) -> None:

@@ -28,7 +28,7 @@ import ray
 
 from air_transfer.cluster.fetch import fresh
 from air_transfer.core.knobs import KNOBS
-from air_transfer.core.threads import start_daemon
+from air_transfer.core.threads import exiting, start_daemon, stop_at_exit
 from air_transfer.errors import CheckpointLostError
 from air_transfer.transfer.handle import RAY_ERRORS, raise_transfer_error
 
@@ -232,13 +232,12 @@ def _watch(future: TransferFuture, hold: bool) -> None:
     with _watched_lock:
         (_held if hold else _watched).add(future)
         if _watcher is None:
-            _watcher = start_daemon("air-transfer-futures", _run_watch)
+            _watcher = stop_at_exit(start_daemon("air-transfer-futures", _run_watch))
 
 
 def _run_watch() -> None:
     global _watcher
-    while True:
-        time.sleep(KNOBS.session_poll_s)
+    while not exiting(KNOBS.session_poll_s):
         with _watched_lock:
             pending = [*_held, *_watched]
         for future in pending:

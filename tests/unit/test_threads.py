@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from air_transfer.core.threads import Periodic, start_daemon
+from air_transfer.core.threads import Periodic, pool, start_daemon
 from tests.support.procs import REPO_ROOT, child_env
 
 PACKAGE = Path(REPO_ROOT) / "air_transfer"
@@ -24,13 +24,14 @@ HELPER = PACKAGE / "core" / "threads.py"
 
 
 def thread_constructions(source: str) -> list[int]:
-    """Lines of ``source`` that construct a ``threading.Thread`` (or a ``Thread``)."""
+    """Lines of ``source`` that construct a ``threading.Thread`` or a
+    ``ThreadPoolExecutor``."""
     lines = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-            if name == "Thread":
+            if name in ("Thread", "ThreadPoolExecutor"):
                 lines.append(node.lineno)
     return lines
 
@@ -41,7 +42,7 @@ def test_threads_are_started_only_by_the_helper() -> None:
         for path in sorted(PACKAGE.rglob("*.py"))
         if path != HELPER and (lines := thread_constructions(path.read_text()))
     }
-    assert offenders == {}, f"start threads with core.threads.start_daemon: {offenders}"
+    assert offenders == {}, f"start threads with core.threads (start_daemon, pool): {offenders}"
     assert thread_constructions(HELPER.read_text()), "the scan finds a construction"
 
 
@@ -59,6 +60,16 @@ def test_start_daemon_names_a_daemon_and_passes_arguments() -> None:
 def test_a_thread_not_named_for_the_library_is_refused() -> None:
     with pytest.raises(ValueError, match="air-transfer"):
         start_daemon("worker", lambda: None)
+    with pytest.raises(ValueError, match="air-transfer"):
+        pool("worker", 1)
+
+
+def test_a_pool_names_its_threads_and_runs_their_initializer() -> None:
+    started = []
+    with pool("air-transfer-test-pool", 2, lambda: started.append(1)) as threads:
+        names = list(threads.map(lambda _: threading.current_thread().name, range(4)))
+    assert names and all(n.startswith("air-transfer-test-pool_") for n in names)
+    assert started and len(started) <= 2
 
 
 def test_periodic_starts_once_and_ticks_every_period() -> None:
@@ -119,13 +130,14 @@ def test_a_periodic_method_does_not_keep_its_object_and_ends_with_it() -> None:
     assert not thread.is_alive(), "the thread outlived the object whose method it ran"
 
 
-def test_periodic_threads_stop_at_exit_before_earlier_exit_handlers() -> None:
+def test_threads_that_wake_stop_at_exit_before_earlier_exit_handlers() -> None:
     """Ray and pyarrow register their exit handlers when imported (before any of
-    ours): a periodic thread must have stopped before those run."""
+    ours): a periodic thread, or a loop waiting on ``exiting``, must have stopped
+    before those run."""
     script = textwrap.dedent(
         """
         import atexit, threading
-        from air_transfer.core.threads import Periodic
+        from air_transfer.core.threads import Periodic, exiting, start_daemon, stop_at_exit
 
         ticked = threading.Event()
         def earlier_handler():
@@ -134,6 +146,10 @@ def test_periodic_threads_stop_at_exit_before_earlier_exit_handlers() -> None:
         atexit.register(earlier_handler)
         Periodic("air-transfer-test-exit", lambda: 0.001, ticked.set).start()
         assert ticked.wait(5)
+        def loop():
+            while not exiting(0.001):
+                pass
+        stop_at_exit(start_daemon("air-transfer-test-loop", loop))
         """
     )
     done = subprocess.run(

@@ -26,11 +26,10 @@ import posixpath
 import threading
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from air_transfer.core.confine import open_regular, storage_path
-from air_transfer.core.threads import start_daemon
+from air_transfer.core.threads import pool, start_daemon
 from air_transfer.observe import durable_metrics
 from air_transfer.storage.durable.records import FileRecord, read_index, write_index
 from air_transfer.storage.durable.settings import LAST_FILE_MAX_BYTES, DrainSettings
@@ -253,10 +252,8 @@ class Drainer:
         a time, at nice ``BACKGROUND_NICE``."""
         if not todo:
             return
-        with ThreadPoolExecutor(
-            self.settings.concurrency, "air-transfer-upload", initializer=_background
-        ) as pool:
-            measured = list(pool.map(self._measure_one, todo))
+        with pool("air-transfer-upload", self.settings.concurrency, _background) as uploads:
+            measured = list(uploads.map(self._measure_one, todo))
             failed = [r for r in measured if isinstance(r, Exception)]
             if failed:
                 raise failed[0]
@@ -270,7 +267,7 @@ class Drainer:
                 else:
                     firsts[record.digest] = (seen, record)
             for batch in (list(firsts.values()), rest):
-                errors = [e for e in pool.map(self._upload_one, batch) if e is not None]
+                errors = [e for e in uploads.map(self._upload_one, batch) if e is not None]
                 if errors:
                     raise errors[0]
 
