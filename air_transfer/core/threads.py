@@ -3,13 +3,13 @@ does (``air-transfer-...``), so that a stack dump or ``threading.enumerate()`` s
 whose each thread is, and none keeps a process alive at exit.
 
 ``start_daemon`` runs a function once; ``pool`` makes a named thread pool;
-``Periodic`` runs a function every few seconds, from
-its first ``start()`` while its owner lives (the reapers of idle or dead entries,
-the watchers that notice what nobody asks about), and no longer than the process's
-exit handlers: a thread that wakes while the interpreter and the native libraries
-(Ray's core worker, torch) are being torn down can crash the process. A loop of
-its own that wakes on a timeout waits on ``exiting`` and is joined at exit
-(``stop_at_exit``) for the same reason. Plain Python.
+``Periodic`` runs a function every few seconds, from its first ``start()`` while its
+owner lives (the reapers of idle or dead entries, the watchers that notice what
+nobody asks about), and no longer than the process's exit handlers: a thread that
+wakes while the interpreter and the native libraries (Ray's core worker, torch) are
+being torn down can crash the process. A loop of its own that wakes on a timeout
+waits on ``exiting`` and is joined at exit (``stop_at_exit``) for the same reason.
+Plain Python.
 """
 
 from __future__ import annotations
@@ -91,8 +91,7 @@ class Periodic:
         """Start the thread unless it was started already."""
         with self._lock:
             if self._thread is None:
-                self._thread = start_daemon(self.name, self._run)
-                _at_exit.add(self._thread)
+                self._thread = stop_at_exit(start_daemon(self.name, self._run))
 
     def _run(self) -> None:
         while not exiting(self._period()):
@@ -105,10 +104,9 @@ class Periodic:
 
 class _ExitStop:
     """The threads of ``Periodic`` and ``stop_at_exit``, told to stop and joined by
-    an exit handler,
-    registered with the first: exit handlers run last-registered first, so this one
-    runs before those of Ray (``ray.shutdown``) and pyarrow, registered when they
-    were imported."""
+    an exit handler registered with the first: exit handlers run last-registered
+    first, so this one runs before those of Ray (``ray.shutdown``) and pyarrow,
+    registered when they were imported."""
 
     #: How long the exit handler waits for the ticks in progress, all together.
     JOIN_S = 2.0
