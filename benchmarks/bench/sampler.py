@@ -36,12 +36,15 @@ def object_store_used() -> int:
     return int(total - ray.available_resources().get("object_store_memory", 0))
 
 
-def wait_for_store_at_most(limit_bytes: int, timeout_s: float) -> None:
+def wait_for_store_at_most(limit_bytes: int, timeout_s: float) -> bool:
     """Wait until the object store's use falls to ``limit_bytes`` or ``timeout_s``
-    passes: objects are freed asynchronously, some time after their last reference."""
+    passes, and say whether it did: objects are freed asynchronously, some time
+    after their last reference (their owner frees them, and the raylets report the
+    store's use a moment later)."""
     deadline = time.monotonic() + timeout_s
-    while object_store_used() > limit_bytes and time.monotonic() < deadline:
+    while (over := object_store_used() > limit_bytes) and time.monotonic() < deadline:
         time.sleep(0.05)
+    return not over
 
 
 class Sampler:
