@@ -17,14 +17,14 @@ from typing import Any, TypeVar
 
 import ray
 import ray.train
-import ray.train.collective
 import torch.distributed as dist
 from ray.train import Checkpoint, CheckpointUploadMode, ValidationTaskConfig
 from torch.distributed.checkpoint import state_dict_saver
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import LoadPlanner, SavePlanner
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+from torch.distributed.checkpoint.stateful import Stateful
 
 from air_transfer.core.keywords import positional_at_most
 from air_transfer.dcp.storage import NodeStorageReader, report_writer
@@ -76,9 +76,12 @@ def report(
     ``checkpoint_dir_name`` and ``validation`` are passed on to ``ray.train.report``.
     ``checkpoint_upload_mode`` says when the call returns, as for Ray: ``SYNC`` once
     the checkpoint is saved and reported; ``ASYNC`` once the state dict is staged
-    (copied to CPU), the save going on in the background on a process group of its
-    own (training's collectives go on meanwhile) and the report following once it is
-    complete; a later save waits for this one first (``wait_for_pending_save``).
+    (copied to CPU) and Train has named the checkpoint, the save going on in Train's
+    upload thread on a process group of its own (training's collectives go on
+    meanwhile) and the report following once it is complete; a later save waits for
+    this one first (``wait_for_pending_save``). Either way the save is Train's
+    ``checkpoint_upload_fn``: it writes into the directory Train names, after the one
+    agreement on that name every report makes.
     ``NO_UPLOAD`` is refused: the save is the upload. ``async_save=True`` is the
     former spelling of ``ASYNC`` (deprecated).
     """
@@ -86,47 +89,55 @@ def report(
     mode = _upload_mode(checkpoint_upload_mode, async_save)
     wait_for_pending_save()
     storage = ray.train.get_context().get_storage()
-    name = checkpoint_dir_name or ray.train.collective.broadcast_from_rank_zero(
-        storage.make_default_checkpoint_dir_name()
-    )
-    path = storage.build_checkpoint_path_from_name(name)
-    checkpoint = Checkpoint(path, filesystem=storage.storage_filesystem)
     worker = ray.get_runtime_context().get_actor_id() or ""
-    writer = report_writer(path, storage.storage_filesystem, worker)
-    if mode == CheckpointUploadMode.SYNC:
-        _unwrapped(
-            lambda: state_dict_saver.save(state_dict, storage_writer=writer, planner=planner)
-        )
+    done: Future[None] | None = None
+    group = None
+    if mode == CheckpointUploadMode.ASYNC:
+        # Staged before Train's report, whose checkpoint-name barrier follows: no
+        # rank's background save has started while another rank still stages.
+        group = _save_group()
+        state_dict = BlockingAsyncStager().stage(_stateful_to_state_dict(state_dict))
+        done = Future()
+        with _lock:
+            _pending = done
+
+    def save_into(_placeholder: Checkpoint, name: str) -> Checkpoint:
+        """Train's upload step: DCP-save into the directory Train named (the name
+        every rank agreed on) and return it as the reported checkpoint."""
+        path = storage.build_checkpoint_path_from_name(name)
+        writer = report_writer(path, storage.storage_filesystem, worker)
+        try:
+            _unwrapped(
+                lambda: state_dict_saver.save(
+                    state_dict, storage_writer=writer, planner=planner, process_group=group
+                )
+            )
+        except BaseException as e:
+            if done is not None:
+                done.set_exception(e)
+            raise
+        if done is not None:
+            done.set_result(None)
+        return Checkpoint(path, filesystem=storage.storage_filesystem)
+
+    try:
         ray.train.report(
             metrics,
-            checkpoint=checkpoint,
-            checkpoint_dir_name=name,
-            checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
+            # Train hands this to save_into, which writes the real one: the state dict
+            # has no directory of its own to upload.
+            checkpoint=Checkpoint(storage.experiment_fs_path, storage.storage_filesystem),
+            checkpoint_dir_name=checkpoint_dir_name,
+            checkpoint_upload_mode=mode,
+            checkpoint_upload_fn=save_into,
+            delete_local_checkpoint_after_upload=False,
             validation=validation,
         )
-        return
-    started = _unwrapped(
-        lambda: state_dict_saver.async_save(
-            state_dict, storage_writer=writer, planner=planner, process_group=_save_group()
-        )
-    )
-    future = started.upload_completion if isinstance(started, AsyncSaveResponse) else started
-    with _lock:
-        _pending = future
-
-    def saved(checkpoint: Checkpoint, _name: str) -> Checkpoint:
-        _unwrapped(future.result)
-        return checkpoint
-
-    ray.train.report(
-        metrics,
-        checkpoint=checkpoint,
-        checkpoint_dir_name=name,
-        checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
-        checkpoint_upload_fn=saved,
-        delete_local_checkpoint_after_upload=False,  # it is the stored checkpoint
-        validation=validation,
-    )
+    except BaseException:
+        if done is not None and not done.done():  # refused before its save started
+            with _lock:
+                if _pending is done:
+                    _pending = None
+        raise
 
 
 def _upload_mode(mode: CheckpointUploadMode, async_save: bool | None) -> CheckpointUploadMode:
@@ -161,6 +172,13 @@ def wait_for_pending_save() -> None:
         pending, _pending = _pending, None
     if pending is not None:
         _unwrapped(pending.result)
+
+
+def _stateful_to_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``state_dict`` with each ``Stateful`` value replaced by its ``state_dict()``, as
+    ``dcp.async_save`` does before staging (a copy of the object itself would not be
+    a copy of its tensors)."""
+    return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
 
 
 def _save_group() -> Any:

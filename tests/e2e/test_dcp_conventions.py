@@ -8,6 +8,8 @@ the driver's, the run's storage on the driver's node):
 - ``air_transfer.dcp.report(metrics, state_dict=..., planner=..., validation=True)``:
   ``ray.train.report``'s order, DCP's planner used for the save, Ray's validation
   run on the reported checkpoint;
+- ``air_transfer.dcp.report(..., checkpoint_upload_mode=ASYNC)`` returns once the
+  state is staged: what it held then is saved, whatever changes after;
 - a setting made on the driver (``AIR_TRANSFER_PROGRESS``) is in force in the
   workers (Ray Train copied only its own variables to them).
 """
@@ -20,14 +22,16 @@ from typing import Any
 
 import pytest
 import ray.train
+import torch
 from ray.train import ValidationConfig
 from ray.train.torch import TorchTrainer
 
 import air_transfer
+import air_transfer.dcp
 from air_transfer.core import environ
 from air_transfer.dcp import NodeStorageReader
 from tests.support.cluster import shared_cluster
-from tests.support.dcp_conventions import DROPPED, conventions_loop, validate
+from tests.support.dcp_conventions import DROPPED, async_state, conventions_loop, validate
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +60,18 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ray.train.Re
     air_transfer.shutdown_agents()
 
 
+def first_report(result: ray.train.Result) -> tuple[ray.train.Checkpoint, dict[str, Any]]:
+    """The checkpoint and metrics of the run's first ``air_transfer.dcp.report``
+    (rank 0's, as Train keeps them); the latest is the async one."""
+    firsts = [(c, m) for c, m in result.best_checkpoints if m.get("step") != 2]
+    assert len(firsts) == 1, result.best_checkpoints
+    return firsts[0]
+
+
 def test_a_setting_made_on_the_driver_is_in_force_in_every_worker(
     run: tuple[ray.train.Result, Path],
 ) -> None:
-    result, _ = run
-    [(_, metrics)] = result.best_checkpoints  # rank 0's (Train keeps those)
+    _, metrics = first_report(run[0])
     assert metrics["progress_setting"] == "1" and metrics["progress_on"] is True
 
 
@@ -70,7 +81,7 @@ def test_dcp_storage_without_a_filesystem_is_the_runs_storage_in_train(
     """Both ranks' plain ``dcp.save`` landed in one directory on the driver's node,
     and each loaded its part back, with no filesystem passed."""
     result, storage = run
-    [(_, metrics)] = result.best_checkpoints
+    _, metrics = first_report(result)
     assert metrics["default_is_run_storage"] and metrics["plain_dcp_round_trip"]
     names = {p.name for p in (storage / "plain-dcp").iterdir()}
     assert names == {".metadata", "__0_0.distcp", "__1_0.distcp"}
@@ -79,10 +90,27 @@ def test_dcp_storage_without_a_filesystem_is_the_runs_storage_in_train(
 def test_report_saves_with_the_planner_and_ray_validates_the_checkpoint(
     run: tuple[ray.train.Result, Path],
 ) -> None:
-    result, _ = run
-    [(checkpoint, metrics)] = result.best_checkpoints
+    checkpoint, metrics = first_report(run[0])
     reader: Any = NodeStorageReader(checkpoint.path, checkpoint.filesystem)
     saved = set(reader.read_metadata().state_dict_metadata)
     assert saved == {"w0", "w1", "step"}  # the planner left DROPPED out
     assert DROPPED not in saved
     assert metrics["validated_step"] == 1 and metrics["validated_tensors"] is True
+
+
+def test_an_async_report_saves_the_state_as_it_was_when_the_call_returned(
+    run: tuple[ray.train.Result, Path],
+) -> None:
+    """Each rank overwrote its tensor and its module's weight as soon as the
+    ``ASYNC`` report returned; the checkpoint, loaded here, holds the values before.
+    A refused ``ASYNC`` report before it left no save pending."""
+    result, _ = run
+    assert result.checkpoint is not None and result.metrics["step"] == 2
+    assert result.metrics["refused_left_nothing_pending"] is True
+    expected = {**async_state(0), **async_state(1)}
+    loaded: dict[str, Any] = {k: torch.zeros_like(v) for k, v in expected.items()}
+    loaded["step"] = -1
+    air_transfer.dcp.load(loaded, result.checkpoint)
+    assert loaded.pop("step") == 2
+    for key, value in expected.items():
+        assert torch.equal(loaded[key], value), f"{key} holds what was written after the call"

@@ -60,6 +60,47 @@ def conventions_loop(config: dict[str, Any]) -> None:
     air_transfer.dcp.report(
         metrics, state_dict=rank_state(rank, 1), planner=DroppingPlanner(), validation=True
     )
+    async_report_then_overwrite(rank)
+
+
+def async_state(rank: int) -> dict[str, Any]:
+    """What rank ``rank``'s async report saves (``async_report_then_overwrite``), by
+    the keys DCP saves it under."""
+    return {f"a{rank}": tensor(100 + rank, (64, 64)), f"m{rank}.weight": tensor(200 + rank, (4, 4))}
+
+
+def async_report_then_overwrite(rank: int) -> None:
+    """An ``ASYNC`` report of ``async_state(rank)``: a tensor and a module (a
+    ``Stateful``, staged through its ``state_dict()``), both overwritten the moment
+    the call returns, while the save may still be running. Before it, an ``ASYNC``
+    report that Train refuses (a tensor among the metrics): it raises, and leaves
+    no save pending for the next report to wait on for ever."""
+    import air_transfer.dcp
+    import air_transfer.dcp.train
+
+    try:
+        air_transfer.dcp.report(
+            {"loss": torch.ones(1)},
+            state_dict={f"a{rank}": torch.ones(4)},
+            checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+        )
+        refused = False
+    except ValueError:
+        refused = air_transfer.dcp.train._pending is None
+    expected = async_state(rank)
+    module = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        module.weight.copy_(expected[f"m{rank}.weight"])
+    tensor_ = expected[f"a{rank}"].clone()
+    air_transfer.dcp.report(
+        {"step": 2, "refused_left_nothing_pending": refused},
+        state_dict={f"a{rank}": tensor_, f"m{rank}": module, "step": 2},
+        checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+    )
+    with torch.no_grad():
+        tensor_.fill_(-1)
+        module.weight.fill_(-1)
+    air_transfer.dcp.wait_for_pending_save()
 
 
 def validate(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
