@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import ray
 import ray.train
+import ray.train.collective
 import torch.distributed as dist
 from ray.train import Checkpoint, CheckpointUploadMode, ValidationTaskConfig
 from torch.distributed.checkpoint import state_dict_saver
@@ -79,7 +80,7 @@ def report(
     (copied to CPU) and Train has named the checkpoint, the save going on in Train's
     upload thread on a process group of its own (training's collectives go on
     meanwhile) and the report following once it is complete; a later save waits for
-    this one first (``wait_for_pending_save``). Either way the save is Train's
+    this one first (``wait_for_pending_save``). The async save is Train's
     ``checkpoint_upload_fn``: it writes into the directory Train names, after the one
     agreement on that name every report makes.
     ``NO_UPLOAD`` is refused: the save is the upload. ``async_save=True`` is the
@@ -90,53 +91,70 @@ def report(
     wait_for_pending_save()
     storage = ray.train.get_context().get_storage()
     worker = ray.get_runtime_context().get_actor_id() or ""
-    done: Future[None] | None = None
-    group = None
-    if mode == CheckpointUploadMode.ASYNC:
-        # Staged before Train's report, whose checkpoint-name barrier follows: no
-        # rank's background save has started while another rank still stages.
-        group = _save_group()
-        state_dict = BlockingAsyncStager().stage(_stateful_to_state_dict(state_dict))
-        done = Future()
-        with _lock:
-            _pending = done
 
-    def save_into(_placeholder: Checkpoint, name: str) -> Checkpoint:
-        """Train's upload step: DCP-save into the directory Train named (the name
-        every rank agreed on) and return it as the reported checkpoint."""
+    def save_into(name: str, state: dict[str, Any], group: Any) -> Checkpoint:
+        """DCP-save ``state`` into the run's checkpoint directory ``name``."""
         path = storage.build_checkpoint_path_from_name(name)
         writer = report_writer(path, storage.storage_filesystem, worker)
-        try:
-            _unwrapped(
-                lambda: state_dict_saver.save(
-                    state_dict, storage_writer=writer, planner=planner, process_group=group
-                )
+        _unwrapped(
+            lambda: state_dict_saver.save(
+                state, storage_writer=writer, planner=planner, process_group=group
             )
-        except BaseException as e:
-            if done is not None:
-                done.set_exception(e)
-            raise
-        if done is not None:
-            done.set_result(None)
+        )
         return Checkpoint(path, filesystem=storage.storage_filesystem)
+
+    if mode == CheckpointUploadMode.SYNC:
+        # Saved before Train's report is called: a save that fails (on every rank:
+        # DCP gathers the failures) leaves Train's report count as it was, so the
+        # loop may catch the error and report again.
+        name = checkpoint_dir_name or ray.train.collective.broadcast_from_rank_zero(
+            storage.make_default_checkpoint_dir_name()
+        )
+        ray.train.report(
+            metrics,
+            checkpoint=save_into(name, state_dict, None),
+            checkpoint_dir_name=name,
+            checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
+            validation=validation,
+        )
+        return
+    # ASYNC: staged first, then Train's report agrees on the name (a barrier) and
+    # starts the save in its upload thread: no rank's background save has started
+    # while another rank still stages. A report Train skips (a worker failed during
+    # that barrier) never saves; its worker group is being replaced.
+    group = _save_group()
+    staged = BlockingAsyncStager().stage(_stateful_to_state_dict(state_dict))
+    done: Future[None] = Future()
+    with _lock:
+        _pending = done
+
+    def save_staged(_placeholder: Checkpoint, name: str) -> Checkpoint:
+        """Train's upload step (``checkpoint_upload_fn``), in its upload thread."""
+        try:
+            saved = save_into(name, staged, group)
+        except BaseException as e:
+            done.set_exception(e)
+            raise
+        done.set_result(None)
+        return saved
 
     try:
         ray.train.report(
             metrics,
-            # Train hands this to save_into, which writes the real one: the state dict
-            # has no directory of its own to upload.
+            # Train hands this to save_staged, which writes the real one: a staged
+            # state dict has no directory of its own to upload.
             checkpoint=Checkpoint(storage.experiment_fs_path, storage.storage_filesystem),
             checkpoint_dir_name=checkpoint_dir_name,
-            checkpoint_upload_mode=mode,
-            checkpoint_upload_fn=save_into,
+            checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+            checkpoint_upload_fn=save_staged,
             delete_local_checkpoint_after_upload=False,
             validation=validation,
         )
     except BaseException:
-        if done is not None and not done.done():  # refused before its save started
-            with _lock:
-                if _pending is done:
-                    _pending = None
+        # Refused (Train starts the upload last): no save will end this one.
+        with _lock:
+            if _pending is done:
+                _pending = None
         raise
 
 

@@ -32,6 +32,7 @@ from air_transfer.core import environ
 from air_transfer.dcp import NodeStorageReader
 from tests.support.cluster import shared_cluster
 from tests.support.dcp_conventions import DROPPED, async_state, conventions_loop, validate
+from tests.support.dcp_fns import tensor
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +63,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ray.train.Re
 
 def first_report(result: ray.train.Result) -> tuple[ray.train.Checkpoint, dict[str, Any]]:
     """The checkpoint and metrics of the run's first ``air_transfer.dcp.report``
-    (rank 0's, as Train keeps them); the latest is the async one."""
-    firsts = [(c, m) for c, m in result.best_checkpoints if m.get("step") != 2]
+    (rank 0's, as Train keeps them); a retried one and an async one follow."""
+    firsts = [(c, m) for c, m in result.best_checkpoints if "progress_setting" in m]
     assert len(firsts) == 1, result.best_checkpoints
     return firsts[0]
 
@@ -114,3 +115,18 @@ def test_an_async_report_saves_the_state_as_it_was_when_the_call_returned(
     assert loaded.pop("step") == 2
     for key, value in expected.items():
         assert torch.equal(loaded[key], value), f"{key} holds what was written after the call"
+
+
+def test_a_sync_report_whose_save_failed_can_be_made_again(
+    run: tuple[ray.train.Result, Path],
+) -> None:
+    """Each rank's first try raised (the state held a lambda), and the same report
+    made again is the run's second checkpoint, whole: the failed try left Train's
+    count of reports as it was (the run would otherwise wait on it for ever)."""
+    result, _ = run
+    reports = [m for _, m in result.best_checkpoints]
+    assert [m.get("retried") for m in reports] == [None, True, None]
+    [retried] = [c for c, m in result.best_checkpoints if m.get("retried")]
+    loaded: dict[str, Any] = {"r0": torch.zeros(8, 8), "r1": torch.zeros(8, 8), "step": -1}
+    air_transfer.dcp.load(loaded, retried)
+    assert loaded["step"] == 3 and torch.equal(loaded["r1"], tensor(301, (8, 8)))

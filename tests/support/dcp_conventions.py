@@ -6,6 +6,8 @@ driver's ``AIR_TRANSFER_*`` settings as a worker sees them."""
 from __future__ import annotations
 
 import os
+import pickle
+import threading
 from typing import Any
 
 import ray.train
@@ -13,6 +15,10 @@ import torch
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from tests.support.dcp_fns import tensor
+
+#: How long the report made again after a failed save may take before its worker
+#: exits (it takes about a second).
+RETRY_DEADLINE_S = 60.0
 
 #: The key the planner leaves out of every save.
 DROPPED = "scratch"
@@ -60,7 +66,30 @@ def conventions_loop(config: dict[str, Any]) -> None:
     air_transfer.dcp.report(
         metrics, state_dict=rank_state(rank, 1), planner=DroppingPlanner(), validation=True
     )
+    sync_report_fails_then_saves(rank)
     async_report_then_overwrite(rank)
+
+
+def sync_report_fails_then_saves(rank: int) -> None:
+    """A ``SYNC`` report whose save fails on every rank (a value that cannot be
+    pickled: DCP gathers the failure to all ranks) raises, and the same report made
+    again saves and reports: the failed one did not count as a report."""
+    import air_transfer.dcp
+
+    state = {f"r{rank}": tensor(300 + rank, (8, 8)), "step": 3}
+    try:
+        air_transfer.dcp.report({"retried": False}, state_dict={**state, "bad": lambda: 0})
+        raise AssertionError("a state dict holding a lambda was saved")
+    except (AttributeError, TypeError, ValueError, pickle.PicklingError):
+        pass
+    # Were the failed try counted, this report would wait for it for ever: the
+    # worker exits at a deadline instead, and the run fails.
+    deadline = threading.Timer(RETRY_DEADLINE_S, os._exit, args=(3,))
+    deadline.start()
+    try:
+        air_transfer.dcp.report({"retried": True}, state_dict=state)
+    finally:
+        deadline.cancel()
 
 
 def async_state(rank: int) -> dict[str, Any]:
