@@ -36,6 +36,8 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("ray._private.worker", "global_worker"),
     ("ray._raylet", "CoreWorker.get_all_reference_counts"),
     ("ray.train.v2._internal.execution.context", "TrainContext.report"),
+    ("ray.train.v2._internal.execution.context", "TrainContext.report_call_index"),
+    ("ray.train.v2._internal.execution.context", "get_train_context"),
     ("ray.train.v2._internal.execution.context", "TrainContext.get_all_reported_checkpoints"),
     (
         "ray.train.v2._internal.execution.checkpoint.checkpoint_manager",
@@ -189,6 +191,15 @@ def checkpoint_uuid(checkpoint: Any) -> uuid.UUID:
     across pickling so copies of a checkpoint share their download directory."""
     value: uuid.UUID = checkpoint._uuid
     return value
+
+
+def train_reports_made() -> int:
+    """How many reports this Ray Train worker has made, by Train's own count. A
+    report Train skips (a worker failed at its checkpoint-name barrier: it returns
+    without uploading) leaves the count as it was, and says so no other way."""
+    from ray.train.v2._internal.execution.context import get_train_context
+
+    return int(get_train_context().report_call_index)
 
 
 def require_train_v2() -> None:

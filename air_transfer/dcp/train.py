@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.stateful import Stateful
 
+from air_transfer.cluster._ray import train_reports_made
 from air_transfer.core.keywords import positional_at_most
 from air_transfer.dcp.storage import NodeStorageReader, report_writer
 
@@ -92,10 +93,12 @@ def report(
     storage = ray.train.get_context().get_storage()
     worker = ray.get_runtime_context().get_actor_id() or ""
 
-    def save_into(name: str, state: dict[str, Any], group: Any) -> Checkpoint:
+    def save_into(name: str, state: dict[str, Any], group: Any, staged: bool) -> Checkpoint:
         """DCP-save ``state`` into the run's checkpoint directory ``name``."""
         path = storage.build_checkpoint_path_from_name(name)
         writer = report_writer(path, storage.storage_filesystem, worker)
+        if staged:  # on CPU already: no copy-ahead (and no CUDA stream in Train's thread)
+            writer.per_thread_copy_ahead = 0
         _unwrapped(
             lambda: state_dict_saver.save(
                 state, storage_writer=writer, planner=planner, process_group=group
@@ -112,7 +115,7 @@ def report(
         )
         ray.train.report(
             metrics,
-            checkpoint=save_into(name, state_dict, None),
+            checkpoint=save_into(name, state_dict, None, staged=False),
             checkpoint_dir_name=name,
             checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
             validation=validation,
@@ -120,8 +123,7 @@ def report(
         return
     # ASYNC: staged first, then Train's report agrees on the name (a barrier) and
     # starts the save in its upload thread: no rank's background save has started
-    # while another rank still stages. A report Train skips (a worker failed during
-    # that barrier) never saves; its worker group is being replaced.
+    # while another rank still stages.
     group = _save_group()
     staged = BlockingAsyncStager().stage(_stateful_to_state_dict(state_dict))
     done: Future[None] = Future()
@@ -130,14 +132,18 @@ def report(
 
     def save_staged(_placeholder: Checkpoint, name: str) -> Checkpoint:
         """Train's upload step (``checkpoint_upload_fn``), in its upload thread."""
+        if done.done():  # Train retries an upload whose error reads like S3's: a
+            # collective save is not made again by one rank alone
+            raise done.exception() or RuntimeError("air-transfer: this save already ended")
         try:
-            saved = save_into(name, staged, group)
+            saved = save_into(name, staged, group, staged=True)
         except BaseException as e:
             done.set_exception(e)
             raise
         done.set_result(None)
         return saved
 
+    made = train_reports_made()
     try:
         ray.train.report(
             metrics,
@@ -151,11 +157,18 @@ def report(
             validation=validation,
         )
     except BaseException:
-        # Refused (Train starts the upload last): no save will end this one.
-        with _lock:
-            if _pending is done:
-                _pending = None
+        _forget(done)  # refused: Train starts the upload last, so none started
         raise
+    if train_reports_made() == made:  # skipped (a worker failed at Train's barrier)
+        _forget(done)
+
+
+def _forget(save: Future[None]) -> None:
+    """No save will end ``save``: the next report must not wait for it."""
+    global _pending
+    with _lock:
+        if _pending is save:
+            _pending = None
 
 
 def _upload_mode(mode: CheckpointUploadMode, async_save: bool | None) -> CheckpointUploadMode:
@@ -194,8 +207,10 @@ def wait_for_pending_save() -> None:
 
 def _stateful_to_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
     """``state_dict`` with each ``Stateful`` value replaced by its ``state_dict()``, as
-    ``dcp.async_save`` does before staging (a copy of the object itself would not be
-    a copy of its tensors)."""
+    ``dcp.async_save`` does before staging: the stager would otherwise deep-copy the
+    object itself (its tensors left on their device, whatever else it refers to
+    copied too, and an object that cannot be deep-copied failing), and DCP would call
+    ``state_dict()`` later, in Train's upload thread."""
     return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
 
 

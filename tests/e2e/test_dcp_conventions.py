@@ -102,8 +102,9 @@ def test_report_saves_with_the_planner_and_ray_validates_the_checkpoint(
 def test_an_async_report_saves_the_state_as_it_was_when_the_call_returned(
     run: tuple[ray.train.Result, Path],
 ) -> None:
-    """Each rank overwrote its tensor and its module's weight as soon as the
-    ``ASYNC`` report returned; the checkpoint, loaded here, holds the values before.
+    """Each rank overwrote its tensor and its ``Stateful``'s weight as soon as the
+    ``ASYNC`` report returned, before the save read anything (its planner waited for
+    that); the checkpoint, loaded here, holds the values from before.
     A refused ``ASYNC`` report before it left no save pending."""
     result, _ = run
     assert result.checkpoint is not None and result.metrics["step"] == 2
@@ -129,4 +130,19 @@ def test_a_sync_report_whose_save_failed_can_be_made_again(
     [retried] = [c for c, m in result.best_checkpoints if m.get("retried")]
     loaded: dict[str, Any] = {"r0": torch.zeros(8, 8), "r1": torch.zeros(8, 8), "step": -1}
     air_transfer.dcp.load(loaded, retried)
-    assert loaded["step"] == 3 and torch.equal(loaded["r1"], tensor(301, (8, 8)))
+    assert loaded["step"] == 3
+    assert torch.equal(loaded["r0"], tensor(300, (8, 8)))
+    assert torch.equal(loaded["r1"], tensor(301, (8, 8)))
+
+
+def test_the_runs_storage_holds_only_the_checkpoints_train_tracks(
+    run: tuple[ray.train.Result, Path],
+) -> None:
+    """Neither the failed ``SYNC`` save nor the refused ``ASYNC`` report left a
+    checkpoint directory behind (Ray Train's contract: nothing it does not track
+    stays in storage): each checkpoint directory in the run's storage is one Train
+    tracks."""
+    result, storage = run
+    tracked = {Path(c.path).name for c, _ in result.best_checkpoints}
+    stored = {p.name for p in (storage / "conventions").glob("checkpoint_*") if p.is_dir()}
+    assert len(tracked) == 3 and stored == tracked

@@ -1,13 +1,18 @@
 """What ``tests/e2e/test_dcp_conventions.py``'s Train run does in its workers and its
 validation task: DCP's storage classes without a filesystem,
-``air_transfer.dcp.report`` with a DCP planner and Ray's ``validation``, and the
-driver's ``AIR_TRANSFER_*`` settings as a worker sees them."""
+``air_transfer.dcp.report`` with a DCP planner and Ray's ``validation``, a ``SYNC``
+report whose save fails made again, a refused ``ASYNC`` report and an ``ASYNC``
+report whose state is overwritten before its save reads it, and the driver's
+``AIR_TRANSFER_*`` settings as a worker sees them."""
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
 import pickle
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import ray.train
@@ -16,9 +21,21 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from tests.support.dcp_fns import tensor
 
-#: How long the report made again after a failed save may take before its worker
-#: exits (it takes about a second).
-RETRY_DEADLINE_S = 60.0
+#: How long a report of this run may take (about a second each) before its worker
+#: exits, printing where it waits: a report waiting for ever on a failed or refused
+#: one would otherwise hang the run.
+REPORT_DEADLINE_S = 60.0
+
+
+@contextlib.contextmanager
+def deadline() -> Iterator[None]:
+    """The worker exits, its threads' stacks printed, unless the block ends within
+    ``REPORT_DEADLINE_S``."""
+    faulthandler.dump_traceback_later(REPORT_DEADLINE_S, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 #: The key the planner leaves out of every save.
 DROPPED = "scratch"
@@ -33,14 +50,46 @@ class DroppingPlanner(DefaultSavePlanner):
         super().set_up_planner(kept, *args, **kwargs)
 
 
+class GatedPlanner(DefaultSavePlanner):
+    """DCP's default planner, which plans only once ``gate`` is set: the save reads
+    its state dict after the test has overwritten the caller's."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__()
+        self.gate = gate
+
+    def set_up_planner(self, state_dict: Any, *args: Any, **kwargs: Any) -> None:
+        if not self.gate.wait(REPORT_DEADLINE_S):
+            raise TimeoutError("the save's gate was never opened")
+        super().set_up_planner(state_dict, *args, **kwargs)
+
+
+class Weights:
+    """A ``Stateful`` holding one tensor that refuses to be deep-copied: staged, it
+    must go through its ``state_dict()``."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"weight": self.weight}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.weight.copy_(state_dict["weight"])
+
+    def __deepcopy__(self, memo: object) -> Weights:
+        raise TypeError("Weights are staged through state_dict(), never deep-copied")
+
+
 def rank_state(rank: int, step: int) -> dict[str, Any]:
     return {f"w{rank}": tensor(10 * step + rank, (64, 64)), DROPPED: torch.ones(8), "step": step}
 
 
 def conventions_loop(config: dict[str, Any]) -> None:
     """Each rank: a DCP save and load without a filesystem (the run's storage, by
-    default, inside Train), then one ``air_transfer.dcp.report`` with a planner and
-    ``validation=True``; the metrics say what the rank saw."""
+    default, inside Train), then an ``air_transfer.dcp.report`` with a planner and
+    ``validation=True`` (the metrics say what the rank saw), then a ``SYNC`` report
+    made again after its save failed, then ``ASYNC`` reports."""
     import torch.distributed.checkpoint as dcp
 
     import air_transfer.dcp
@@ -82,14 +131,8 @@ def sync_report_fails_then_saves(rank: int) -> None:
         raise AssertionError("a state dict holding a lambda was saved")
     except (AttributeError, TypeError, ValueError, pickle.PicklingError):
         pass
-    # Were the failed try counted, this report would wait for it for ever: the
-    # worker exits at a deadline instead, and the run fails.
-    deadline = threading.Timer(RETRY_DEADLINE_S, os._exit, args=(3,))
-    deadline.start()
-    try:
+    with deadline():  # were the failed try counted, this one would wait on it
         air_transfer.dcp.report({"retried": True}, state_dict=state)
-    finally:
-        deadline.cancel()
 
 
 def async_state(rank: int) -> dict[str, Any]:
@@ -99,37 +142,38 @@ def async_state(rank: int) -> dict[str, Any]:
 
 
 def async_report_then_overwrite(rank: int) -> None:
-    """An ``ASYNC`` report of ``async_state(rank)``: a tensor and a module (a
-    ``Stateful``, staged through its ``state_dict()``), both overwritten the moment
-    the call returns, while the save may still be running. Before it, an ``ASYNC``
-    report that Train refuses (a tensor among the metrics): it raises, and leaves
-    no save pending for the next report to wait on for ever."""
+    """An ``ASYNC`` report of ``async_state(rank)``: a tensor and a ``Stateful``'s
+    weight, both overwritten as soon as the call returns and before the save reads
+    anything (its planner waits for that). Before it, an ``ASYNC`` report that Train
+    refuses (a tensor among the metrics): it raises, and leaves no save pending for
+    the next report to wait on."""
     import air_transfer.dcp
     import air_transfer.dcp.train
 
-    try:
+    with deadline():
+        try:
+            air_transfer.dcp.report(
+                {"loss": torch.ones(1)},
+                state_dict={f"a{rank}": torch.ones(4)},
+                checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+            )
+            refused = False
+        except ValueError:
+            refused = air_transfer.dcp.train._pending is None
+        expected = async_state(rank)
+        weights = Weights(expected[f"m{rank}.weight"].clone())
+        tensor_ = expected[f"a{rank}"].clone()
+        gate = threading.Event()
         air_transfer.dcp.report(
-            {"loss": torch.ones(1)},
-            state_dict={f"a{rank}": torch.ones(4)},
+            {"step": 2, "refused_left_nothing_pending": refused},
+            state_dict={f"a{rank}": tensor_, f"m{rank}": weights, "step": 2},
+            planner=GatedPlanner(gate),
             checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
         )
-        refused = False
-    except ValueError:
-        refused = air_transfer.dcp.train._pending is None
-    expected = async_state(rank)
-    module = torch.nn.Linear(4, 4)
-    with torch.no_grad():
-        module.weight.copy_(expected[f"m{rank}.weight"])
-    tensor_ = expected[f"a{rank}"].clone()
-    air_transfer.dcp.report(
-        {"step": 2, "refused_left_nothing_pending": refused},
-        state_dict={f"a{rank}": tensor_, f"m{rank}": module, "step": 2},
-        checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
-    )
-    with torch.no_grad():
         tensor_.fill_(-1)
-        module.weight.fill_(-1)
-    air_transfer.dcp.wait_for_pending_save()
+        weights.weight.fill_(-1)
+        gate.set()
+        air_transfer.dcp.wait_for_pending_save()
 
 
 def validate(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
