@@ -6,12 +6,14 @@ A caller names a method here and its arguments (``link.call(NodeFiles.fs_info,
 root, paths)``): mypy checks them against the one signature written here, which the
 server's class, a subclass, must keep (``cluster.rpc``). Paths are confined to the
 root the caller names. ``op``: the replicated change a call belongs to (an agent
-refuses a call of one fenced off, ``fence_ops``); '' for none.
+refuses a call of one fenced off, ``fence_ops``); '' for none. An upload's commit
+travels as one value (``Commit``, ``IndexedCommit``), its arguments written once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -24,6 +26,35 @@ from air_transfer.core.process_locks import Process
 from air_transfer.core.scan import Source
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What an upload's commit says: write ``tail`` (the last bytes, ``checksum``
+    theirs) at ``offset`` of the staging file ``staging`` (around the page cache with
+    ``direct_io``), check that it then holds ``size`` bytes and rename it over
+    ``path``; ``expect``: what an append expects to find there (``fs_open_write``'s).
+    Made by the caller, unpickled as sent (no ``__init__`` runs there): the storage
+    node checks each field where it uses it, as it would an argument."""
+
+    path: str
+    staging: str
+    offset: int
+    tail: Any
+    checksum: str
+    size: int
+    direct_io: bool = False
+    expect: Expect = None
+
+
+@dataclass(frozen=True)
+class IndexedCommit(Commit):
+    """A ``Commit`` of an incremental upload, whose file is then indexed by its
+    chunks of ``chunk_bytes``: ``sums``, their checksums (one per chunk, the tail's
+    too). Both are given by name, after the ``Commit``'s fields."""
+
+    sums: tuple[str, ...] = field(kw_only=True)
+    chunk_bytes: int = field(kw_only=True)
 
 
 class NodeFiles(Protocol):
@@ -67,19 +98,7 @@ class NodeFiles(Protocol):
         direct_io: bool = False,
     ) -> None: ...
 
-    def fs_commit(
-        self,
-        root: str,
-        path: str,
-        staging: str,
-        offset: int,
-        tail: Any,
-        checksum: str,
-        size: int,
-        direct_io: bool = False,
-        expect: Expect = None,
-        op: str = "",
-    ) -> None: ...
+    def fs_commit(self, root: str, commit: Commit, op: str = "") -> None: ...
 
     def fs_abort(self, root: str, staging: str) -> None: ...
 
@@ -113,20 +132,7 @@ class NodeIndexedUploads(Protocol):
         through ``sent``, ``[ref]``)."""
         ...
 
-    def fs_commit_indexed(
-        self,
-        root: str,
-        path: str,
-        staging: str,
-        offset: int,
-        tail: Any,
-        checksum: str,
-        size: int,
-        sums: tuple[str, ...],
-        chunk_bytes: int,
-        direct_io: bool = False,
-        expect: Expect = None,
-    ) -> None: ...
+    def fs_commit_indexed(self, root: str, commit: IndexedCommit) -> None: ...
 
 
 class NodeReads(Protocol):

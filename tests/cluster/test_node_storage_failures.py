@@ -25,7 +25,7 @@ from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.storage.client.uploads import ChunkWriter
-from air_transfer.storage.node_api import NodeCheckpoints, NodeFiles, NodeReads
+from air_transfer.storage.node_api import Commit, NodeCheckpoints, NodeFiles, NodeReads
 from air_transfer.storage.server.metadata import STAGING_MARK
 from tests.support.checkpoints import MiB, kill_and_wait, make_checkpoint, on
 from tests.support.cluster import node_ids
@@ -208,9 +208,11 @@ def test_the_agent_refuses_every_path_outside_the_root(
         (NodeFiles.fs_write, lambda p: (posixpath.join(posixpath.dirname(p), staged), 0, b"", ok)),
         (
             NodeFiles.fs_commit,
-            lambda p: (f"{r}/d/f", posixpath.join(posixpath.dirname(p), staged), 0, b"", ok, 7),
+            lambda p: (
+                Commit(f"{r}/d/f", posixpath.join(posixpath.dirname(p), staged), 0, b"", ok, 7),
+            ),
         ),
-        (NodeFiles.fs_commit, lambda p: (p, staging, 0, b"", ok, 0)),
+        (NodeFiles.fs_commit, lambda p: (Commit(p, staging, 0, b"", ok, 0),)),
         (NodeFiles.fs_abort, lambda p: (posixpath.join(posixpath.dirname(p), staged),)),
     ]
     for op, args in calls:  # node_fs made root/link -> root.parent

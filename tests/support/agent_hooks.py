@@ -4,16 +4,17 @@ not yet on the other" holds until the test opens the gate.
 
 ``hold(node_id, "_uploads", "fs_commit", gate, match="f")`` makes the first call of
 that method of a part of node storage's service (``NodeStorageService._uploads``) in
-that node's agent whose arguments name a path containing ``match`` arrive at
-``gate`` and wait; then it runs (or, ``drop=True``, returns without running: the
-call as if its caller had died before sending it). The rest run as always.
+that node's agent whose arguments (or their fields: a ``Commit``'s) name a path
+containing ``match`` arrive at ``gate`` and wait; then it runs (or, ``drop=True``,
+returns without running: the call as if its caller had died before sending it). The
+rest run as always.
 ``release(node_id, ...)`` puts the method back.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from typing import Any
 
 import ray
@@ -31,12 +32,18 @@ class Hold:
     fired: list[bool] = field(default_factory=list)
 
     def take(self, args: tuple[Any, ...]) -> bool:
-        named = any(isinstance(a, str) and self.match in a for a in args)
+        named = any(isinstance(a, str) and self.match in a for a in _named(args))
         with _fired:
             if self.fired or not named:
                 return False
             self.fired.append(True)
             return True
+
+
+def _named(args: tuple[Any, ...]) -> list[Any]:
+    """The arguments, and the fields of those that are dataclasses."""
+    fields = [vars(a).values() for a in args if is_dataclass(a) and not isinstance(a, type)]
+    return [*args, *(v for f in fields for v in f)]
 
 
 def _install(agent: Any, service: str, method: str, hold: Hold) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.errors import SourceChangedError
+from air_transfer.storage.node_api import Commit
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.report_ledger import GroupStoppedError
 from air_transfer.storage.server.senders import local_chunks
@@ -138,10 +139,11 @@ def test_overwriting_a_linked_file_leaves_the_other_checkpoint_alone(
     uploads, new = DiskUploads(), os.urandom(100)
     for append in (False, True):  # every write through node storage replaces the file
         staging, start, expect = uploads.fs_open_write(str(root), str(root / "run/c2/f1"), append)
-        uploads.fs_commit(
-            str(root), str(root / "run/c2/f1"), staging, start, new, chunk_checksum(new),
-            start + len(new), expect=expect,
+        commit = Commit(
+            str(root / "run/c2/f1"), staging, start, new, chunk_checksum(new), start + len(new),
+            expect=expect,
         )  # fmt: skip
+        uploads.fs_commit(str(root), commit)
     assert digest_tree(root / "run/c1") == before
     assert (root / "run/c2/f1").stat().st_ino != (root / "run/c1/f1").stat().st_ino
 

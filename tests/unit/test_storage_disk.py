@@ -17,6 +17,7 @@ from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import checked_path, storage_path
 from air_transfer.core.direct_io import MIN_DIRECT_FILE_BYTES
 from air_transfer.errors import ChecksumError
+from air_transfer.storage.node_api import Commit
 from air_transfer.storage.server import uploads as disk_uploads
 from air_transfer.storage.server.metadata import STAGING_MARK
 from tests.support.disk import Disk
@@ -73,7 +74,7 @@ def test_upload_in_chunks_any_order_then_commit(tmp_path: Path) -> None:
     disk.fs_write(root, staging, 0, first, chunk_checksum(first))
     assert disk.fs_list(root, root, False, False) == [("f", *disk.fs_info(root, [target])[0])]
     assert Path(target).read_bytes() == b"old"  # nothing visible before the commit
-    disk.fs_commit(root, target, staging, 11, b"!", chunk_checksum(b"!"), 12)
+    disk.fs_commit(root, Commit(target, staging, 11, b"!", chunk_checksum(b"!"), 12))
     assert Path(target).read_bytes() == b"hello world!"
     assert os.listdir(tmp_path) == ["f"]
 
@@ -101,7 +102,7 @@ def test_large_chunks_upload_the_same_with_or_without_direct_io(
         disk.fs_write(root, staging, index * chunk, piece, chunk_checksum(piece), direct_io)
     tail = body[2 * chunk :]
     disk.fs_commit(
-        root, target, staging, 2 * chunk, tail, chunk_checksum(tail), len(body), direct_io
+        root, Commit(target, staging, 2 * chunk, tail, chunk_checksum(tail), len(body), direct_io)
     )
     assert Path(target).read_bytes() == body
     assert os.listdir(tmp_path) == ["model.bin"]
@@ -116,7 +117,7 @@ def test_append_starts_after_the_existing_bytes(tmp_path: Path) -> None:
     os.chmod(target, 0o600)
     staging, start, expect = disk.fs_open_write(root, target, append=True)
     de = chunk_checksum(b"de")
-    disk.fs_commit(root, target, staging, start, b"de", de, start + 2, expect=expect)
+    disk.fs_commit(root, Commit(target, staging, start, b"de", de, start + 2, expect=expect))
     assert Path(target).read_bytes() == b"abcde"
     assert Path(target).stat().st_mode & 0o777 == 0o600  # the mode is kept
 
@@ -127,7 +128,7 @@ def test_an_altered_chunk_or_a_short_upload_is_not_published(tmp_path: Path) -> 
     with pytest.raises(ChecksumError, match="arrived altered"):
         disk.fs_write(root, staging, 0, b"abcd", chunk_checksum(b"abcX"))
     with pytest.raises(OSError, match=r"incomplete: 0 of 4 bytes"):
-        disk.fs_commit(root, target, staging, 0, b"", chunk_checksum(b""), 4)
+        disk.fs_commit(root, Commit(target, staging, 0, b"", chunk_checksum(b""), 4))
     assert os.listdir(tmp_path) == []  # no target, no staging file left
 
 
@@ -153,7 +154,8 @@ def test_names_of_255_bytes_are_written_and_deleted(tmp_path: Path, name: str) -
     disk.fs_create_dir(root, f"{d}/{name}", True)
     staging, _, _ = disk.fs_open_write(root, f"{d}/{name}/{name}", append=False)
     assert len(os.fsencode(posixpath.basename(staging))) <= 255
-    disk.fs_commit(root, f"{d}/{name}/{name}", staging, 0, b"abc", chunk_checksum(b"abc"), 3)
+    commit = Commit(f"{d}/{name}/{name}", staging, 0, b"abc", chunk_checksum(b"abc"), 3)
+    disk.fs_commit(root, commit)
     disk.fs_copy_file(root, f"{d}/{name}/{name}", f"{d}/{name}/c")
     assert Path(d, name, "c").read_bytes() == b"abc"
     disk.fs_delete_dir_contents(root, d, False)

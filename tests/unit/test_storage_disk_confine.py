@@ -14,6 +14,7 @@ import pytest
 
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import storage_path
+from air_transfer.storage.node_api import Commit
 from air_transfer.storage.server.metadata import STAGING_MARK
 from air_transfer.storage.server.reads import read_chunks
 from tests.support.disk import Disk
@@ -61,7 +62,8 @@ def test_commit_confines_its_staging_path(jail: tuple[Path, Path]) -> None:
     for staging in escapes(root, outside, f".secret{STAGING_MARK}x"):
         for size in (7, 8):  # the size the file has (a rename), and not (a delete)
             with pytest.raises(PermissionError):
-                disk.fs_commit(str(root), f"{root}/d/f", staging, 0, b"", chunk_checksum(b""), size)
+                commit = Commit(f"{root}/d/f", staging, 0, b"", chunk_checksum(b""), size)
+                disk.fs_commit(str(root), commit)
     assert untouched(outside) and (root / "d" / "f").read_bytes() == b"inside"
 
 
@@ -89,7 +91,9 @@ def test_every_operation_confines_every_path(jail: tuple[Path, Path], op: str) -
         "fs_copy_file_dest": lambda p: disk.fs_copy_file(r, f"{r}/d/f", p),
         "fs_open_write": lambda p: disk.fs_open_write(r, p, True),
         "fs_write": lambda p: disk.fs_write(r, p, 0, b"x", chunk_checksum(b"x")),
-        "fs_commit_path": lambda p: disk.fs_commit(r, p, staging, 0, b"", chunk_checksum(b""), 0),
+        "fs_commit_path": lambda p: disk.fs_commit(
+            r, Commit(p, staging, 0, b"", chunk_checksum(b""), 0)
+        ),
         "fs_abort": lambda p: disk.fs_abort(r, p),
     }
     name = {"fs_write": f".secret{STAGING_MARK}x", "fs_abort": f".secret{STAGING_MARK}x"}.get(
@@ -130,7 +134,7 @@ def test_a_directory_swapped_for_a_symlink_after_the_check_is_not_followed(
     calls: dict[str, Callable[[], object]] = {
         "delete_file": lambda: disk.fs_delete_file(r, f"{r}/d/secret"),
         "write": lambda: disk.fs_commit(
-            r, f"{r}/d/secret", staging, 0, b"x", chunk_checksum(b"x"), 1
+            r, Commit(f"{r}/d/secret", staging, 0, b"x", chunk_checksum(b"x"), 1)
         ),
         "create_dir": lambda: disk.fs_create_dir(r, f"{r}/d/sub/x", False),
         "move": lambda: disk.fs_move(r, f"{r}/d/secret", f"{r}/moved"),

@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from air_transfer.core.checksum import chunk_checksum
+from air_transfer.storage.node_api import Commit
 from tests.support.disk import Disk
 
 THREADS, ROUNDS = 8, 40
@@ -124,7 +125,7 @@ def test_concurrent_appends_lose_nothing_silently(tmp_path: Path) -> None:
         def append() -> None:
             staging, start, expect = disk.fs_open_write(root, target, append=True)
             check, end = chunk_checksum(block), start + len(block)
-            disk.fs_commit(root, target, staging, start, block, check, end, False, expect)
+            disk.fs_commit(root, Commit(target, staging, start, block, check, end, False, expect))
 
         outcomes = race([append] * THREADS)
         assert outcomes["ok"] >= 1 and set(outcomes) <= {"ok", "OSError"}, f"round {r}"

@@ -14,6 +14,7 @@ import pytest
 
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.errors import ManifestError
+from air_transfer.storage.node_api import IndexedCommit
 from air_transfer.storage.server.chunk_index import KEEP, ChunkIndex
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.senders import local_chunks
@@ -52,10 +53,11 @@ class Streams:
         tail = body[full:]
         if tail:
             sums.append(chunk_checksum(tail))
-        self.streams.fs_commit_indexed(
-            self.root, local, staging, full, tail, chunk_checksum(tail), len(body),
-            tuple(sums), CHUNK,
+        commit = IndexedCommit(
+            local, staging, full, tail, chunk_checksum(tail), len(body),
+            sums=tuple(sums), chunk_bytes=CHUNK,
         )  # fmt: skip
+        self.streams.fs_commit_indexed(self.root, commit)
         return answers
 
 
@@ -110,8 +112,11 @@ def test_a_commit_with_wrong_checksums_stores_nothing(tmp_path: Path) -> None:
     staging, _, _ = s.uploads.fs_open_write(str(tmp_path), local, False)
     with pytest.raises(ManifestError, match="1 chunk checksums for a file of 8292 bytes"):
         s.streams.fs_commit_indexed(
-            str(tmp_path), local, staging, 0, b"x" * 8292, chunk_checksum(b"x"), 8292,
-            (chunk_checksum(b"x"),), CHUNK,
+            str(tmp_path),
+            IndexedCommit(
+                local, staging, 0, b"x" * 8292, chunk_checksum(b"x"), 8292,
+                sums=(chunk_checksum(b"x"),), chunk_bytes=CHUNK,
+            ),
         )  # fmt: skip
     assert os.listdir(tmp_path) == []
     staging, _, _ = s.uploads.fs_open_write(str(tmp_path), local, False)

@@ -25,7 +25,7 @@ import ray
 
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.storage.client.uploads import ChunkWriter
-from air_transfer.storage.node_api import NodeIndexedUploads
+from air_transfer.storage.node_api import IndexedCommit, NodeIndexedUploads
 
 
 class IncrementalChunkWriter(ChunkWriter):
@@ -61,18 +61,8 @@ class IncrementalChunkWriter(ChunkWriter):
             offset, tail, checksum = offset + len(tail), b"", chunk_checksum(b"")
         elif len(tail):
             self.sums.append(checksum)
-        sums = tuple(self.sums)
-        link.call(
-            NodeIndexedUploads.fs_commit_indexed,
-            link.root,
-            self.local,
-            self.staging,
-            offset,
-            tail,
-            checksum,
-            size,
-            sums,
-            self.chunk_bytes,
-            link.config.direct_io,
-            self.expect,
-        )
+        commit = IndexedCommit(
+            self.local, self.staging, offset, tail, checksum, size, link.config.direct_io,
+            self.expect, sums=tuple(self.sums), chunk_bytes=self.chunk_bytes,
+        )  # fmt: skip
+        link.call(NodeIndexedUploads.fs_commit_indexed, link.root, commit)

@@ -31,7 +31,7 @@ from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.replica_set import full, is_lost, on_copy
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.client.uploads import UploadStream
-from air_transfer.storage.node_api import NodeFiles
+from air_transfer.storage.node_api import Commit, NodeFiles
 from air_transfer.storage.replica_wire import Copy, RegistryCalls
 
 
@@ -202,21 +202,9 @@ class ReplicatedWriter(UploadStream):
         try:
             while s.pending:
                 s.link.wait(s.pending.popleft())
-            root, where, staging, offset = s.link.root, s.path, s.staging, s.start + self.sent
-            total, expect = s.start + size, s.expect
-            s.link.call(
-                NodeFiles.fs_commit,
-                root,
-                where,
-                staging,
-                offset,
-                tail,
-                checksum,
-                total,
-                False,
-                expect,
-                op,
-            )
+            offset, total = s.start + self.sent, s.start + size
+            commit = Commit(s.path, s.staging, offset, tail, checksum, total, False, s.expect)
+            s.link.call(NodeFiles.fs_commit, s.link.root, commit, op)
             return None
         except Exception as e:
             return e

@@ -36,7 +36,7 @@ from air_transfer.observe.telemetry import (
 )
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.client.uploads import UploadStream
-from air_transfer.storage.node_api import NodeFiles, NodeIndexedUploads
+from air_transfer.storage.node_api import Commit, IndexedCommit, NodeFiles, NodeIndexedUploads
 
 logger = logging.getLogger(__name__)
 
@@ -189,29 +189,17 @@ class SameNodeWriter(UploadStream):
     def _commit(self, size: int) -> None:
         """Have the agent rename the staging file over the target (commits of one
         storage are serialized there, whichever node wrote the bytes)."""
-        root, local, staging, empty = self.root, self.local, self.staging, chunk_checksum(b"")
+        # Every byte is in the staging file already: the commit has no tail to write.
+        whole = (self.local, self.staging, size, b"", chunk_checksum(b""), size)
         direct_io, expect = self.config.direct_io, self.expect
         if self.sums is None:
-            self.link.call(
-                NodeFiles.fs_commit, root, local, staging, size, b"", empty, size, direct_io, expect
-            )
+            self.link.call(NodeFiles.fs_commit, self.root, Commit(*whole, direct_io, expect))
             return
         sums = (*self.sums, self._hasher.hexdigest()) if self._hashed else tuple(self.sums)
-        chunk_bytes = self.config.chunk_bytes
-        self.link.call(
-            NodeIndexedUploads.fs_commit_indexed,
-            root,
-            local,
-            staging,
-            size,
-            b"",
-            empty,
-            size,
-            sums,
-            chunk_bytes,
-            direct_io,
-            expect,
+        indexed = IndexedCommit(
+            *whole, direct_io, expect, sums=sums, chunk_bytes=self.config.chunk_bytes
         )
+        self.link.call(NodeIndexedUploads.fs_commit_indexed, self.root, indexed)
 
     def __del__(self) -> None:
         if not self.closed:  # dropped unclosed: not self.close(), that would commit

@@ -26,7 +26,7 @@ from air_transfer.core.checksum import chunk_checksum
 from air_transfer.observe import deferred
 from air_transfer.observe.telemetry import Transfer, dropped_error
 from air_transfer.storage.client.streams import AgentLink
-from air_transfer.storage.node_api import NodeFiles
+from air_transfer.storage.node_api import Commit, NodeFiles
 
 logger = logging.getLogger(__name__)
 
@@ -133,18 +133,11 @@ class ChunkWriter(UploadStream):
     def _commit(self, tail: Any, checksum: str, size: int) -> None:
         """Write the ``tail`` (the last, partial chunk) and publish the file."""
         link = self.link
-        link.call(
-            NodeFiles.fs_commit,
-            link.root,
-            self.local,
-            self.staging,
-            self.offset,
-            tail,
-            checksum,
-            size,
-            link.config.direct_io,
-            self.expect,
-        )
+        commit = Commit(
+            self.local, self.staging, self.offset, tail, checksum, size,
+            link.config.direct_io, self.expect,
+        )  # fmt: skip
+        link.call(NodeFiles.fs_commit, link.root, commit)
 
     def close(self) -> None:
         """Commit the file: it appears whole, or (after a failed write) not at all."""

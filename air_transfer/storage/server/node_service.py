@@ -29,7 +29,13 @@ from air_transfer.core.process_locks import Process
 from air_transfer.core.scan import Source
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
-from air_transfer.storage.node_api import NodeCheckpoints, NodeDurable, NodeFiles, NodeReads
+from air_transfer.storage.node_api import (
+    Commit,
+    NodeCheckpoints,
+    NodeDurable,
+    NodeFiles,
+    NodeReads,
+)
 from air_transfer.storage.server.chunk_cache import (
     DirectoryTransfers,
     FileChunks,
@@ -226,23 +232,9 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
     ) -> None:
         self._uploads.fs_write(root, staging, offset, data, checksum, direct_io)
 
-    def fs_commit(
-        self,
-        root: str,
-        path: str,
-        staging: str,
-        offset: int,
-        tail: Any,
-        checksum: str,
-        size: int,
-        direct_io: bool = False,
-        expect: Expect = None,
-        op: str = "",
-    ) -> None:
+    def fs_commit(self, root: str, commit: Commit, op: str = "") -> None:
         with self._ops.running(op):
-            self._uploads.fs_commit(
-                root, path, staging, offset, tail, checksum, size, direct_io, expect
-            )
+            self._uploads.fs_commit(root, commit)
         self._disk.touch(root)
 
     def fs_abort(self, root: str, staging: str) -> None:

@@ -33,7 +33,7 @@ from air_transfer.config import TransferConfig
 from air_transfer.core import environ
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.observe import replica_metrics
-from air_transfer.storage.node_api import NodeFiles, NodeReads
+from air_transfer.storage.node_api import Commit, NodeFiles, NodeReads
 from air_transfer.storage.server.replica_record import MAX_ATTEMPTS
 from air_transfer.storage.server.replica_registry import Copy, ReplicaRegistry
 
@@ -150,19 +150,8 @@ class Copier:
                 ]
                 get(writes)
                 self.pace.take(min(size, (first + n) * self.cb) - first * self.cb)
-            empty = b""
-            get(
-                self.t.call(
-                    NodeFiles.fs_commit,
-                    self.troot,
-                    tpath,
-                    staging,
-                    size,
-                    empty,
-                    chunk_checksum(empty),
-                    size,
-                )
-            )
+            commit = Commit(tpath, staging, size, b"", chunk_checksum(b""), size)
+            get(self.t.call(NodeFiles.fs_commit, self.troot, commit))
         except BaseException:
             try:
                 get(self.t.call(NodeFiles.fs_abort, self.troot, staging))

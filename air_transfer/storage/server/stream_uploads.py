@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from air_transfer.cluster.agent_client import Expect
 from air_transfer.cluster.fetch import get
 from air_transfer.config import MAX_CHUNK_BYTES
 from air_transfer.core.checksum import chunk_checksum, is_checksum
 from air_transfer.core.confine import checked_path, resolve
 from air_transfer.core.file_chunks import chunks_of
 from air_transfer.errors import ManifestError
-from air_transfer.storage.node_api import NodeIndexedUploads
+from air_transfer.storage.node_api import IndexedCommit, NodeIndexedUploads
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.uploads import DiskUploads
 
@@ -88,25 +88,13 @@ class StreamUploads(NodeIndexedUploads):
             self.store.count({"files_linked": 1, "bytes_linked": size})
         return linked
 
-    def fs_commit_indexed(
-        self,
-        root: str,
-        path: str,
-        staging: str,
-        offset: int,
-        tail: Any,
-        checksum: str,
-        size: int,
-        sums: tuple[str, ...],
-        chunk_bytes: int,
-        direct_io: bool = False,
-        expect: Expect = None,
-    ) -> None:
-        """``DiskUploads.fs_commit``, then ``path`` noted as holding per-file chunks
-        of ``chunk_bytes`` with checksums ``sums`` (one per chunk, the tail's too),
-        unless it is smaller than one chunk (a run's small files, rewritten at every
-        report, would only grow the index)."""
-        sums = tuple(sums)
+    def fs_commit_indexed(self, root: str, commit: IndexedCommit) -> None:
+        """``DiskUploads.fs_commit``, then the commit's ``path`` noted as holding
+        per-file chunks of ``chunk_bytes`` with checksums ``sums`` (one per chunk, the
+        tail's too), unless it is smaller than one chunk (a run's small files,
+        rewritten at every report, would only grow the index)."""
+        path, staging, size = commit.path, commit.staging, commit.size
+        sums, chunk_bytes = tuple(commit.sums), commit.chunk_bytes
         if not isinstance(chunk_bytes, int) or not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             self.uploads.fs_abort(root, staging)
             raise ValueError(f"a chunk size of 1..{MAX_CHUNK_BYTES} bytes, got {chunk_bytes!r}")
@@ -117,15 +105,15 @@ class StreamUploads(NodeIndexedUploads):
                 f"chunks of {chunk_bytes} (it has {chunks_of(size, chunk_bytes)}); "
                 "nothing was stored"
             )
-        tail_bytes = len(memoryview(tail).cast("B"))
+        tail_bytes = len(memoryview(commit.tail).cast("B"))
         try:
             linked = size >= chunk_bytes and self._linked(root, staging, size, sums, chunk_bytes)
         except BaseException:
             self.uploads.fs_abort(root, staging)
             raise
         if linked:  # the staging file holds every byte now, the tail's too
-            offset, tail, checksum = size, b"", chunk_checksum(b"")
-        self.uploads.fs_commit(root, path, staging, offset, tail, checksum, size, direct_io, expect)
+            commit = replace(commit, offset=size, tail=b"", checksum=chunk_checksum(b""))
+        self.uploads.fs_commit(root, commit)
         self.store.count(
             {
                 "files": 1,

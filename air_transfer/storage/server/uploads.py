@@ -43,6 +43,7 @@ from air_transfer.core.confine import (
 from air_transfer.core.direct_io import pwrite_direct, should_write_direct
 from air_transfer.core.reuse import link_at
 from air_transfer.errors import ChecksumError
+from air_transfer.storage.node_api import Commit
 from air_transfer.storage.server.tree import STAGING_MARK, hidden_name
 from air_transfer.storage.server.upload_writers import UploadWriters
 
@@ -140,29 +141,19 @@ class DiskUploads:
 
         at(root, staging, write, follow=False)
 
-    def fs_commit(
-        self,
-        root: str,
-        path: str,
-        staging: str,
-        offset: int,
-        tail: Any,
-        checksum: str,
-        size: int,
-        direct_io: bool = False,
-        expect: Expect = None,
-    ) -> None:
-        """Write the last bytes, check the staging file holds ``size`` bytes, and
-        rename it over ``path``; on any error the staging file is removed."""
-        _require_staging(staging)  # before anything, the clean-up included
-        checked_path(root, path)  # and a refused path before any byte is written
+    def fs_commit(self, root: str, commit: Commit) -> None:
+        """Write the last bytes, check the staging file holds ``commit.size`` bytes,
+        and rename it over ``commit.path``; on any error the staging file is removed."""
+        c = commit
+        _require_staging(c.staging)  # before anything, the clean-up included
+        checked_path(root, c.path)  # and a refused path before any byte is written
         try:
-            if len(memoryview(tail)):
-                self.fs_write(root, staging, offset, tail, checksum, direct_io)
-            self._publish(root, path, staging, size, expect)
+            if len(memoryview(c.tail)):
+                self.fs_write(root, c.staging, c.offset, c.tail, c.checksum, c.direct_io)
+            self._publish(root, c.path, c.staging, c.size, c.expect)
         except BaseException:
             with contextlib.suppress(OSError):
-                self.fs_abort(root, staging)
+                self.fs_abort(root, c.staging)
             raise
 
     def fs_link_staging(self, root: str, staging: str, source: int) -> bool:
