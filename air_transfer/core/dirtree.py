@@ -1,14 +1,23 @@
 """Walking and removing directory trees of any depth, without following symlinks.
 
-Every deep walk of the package is one of the two here:
+Every deep walk of the package is one of the two here, and every removal of a tree
+is ``remove_tree`` (``rmtree`` for a path):
 
-- ``walk`` (and ``rmtree`` on it), holding ONE directory descriptor (below): for a
-  tree this process owns, such as its staging, of any depth whatever the limit on
-  open files; a tree moved while it is walked stops the walk.
+- ``walk``, holding ONE directory descriptor (below): for a tree this process owns,
+  such as a target being merged, of any depth whatever the limit on open files; a
+  tree moved while it is walked stops the walk.
 - ``walk_dirs``, holding a descriptor per level: for trees others change meanwhile
   (node storage, where 32 agent threads and Train's workers work at once). Each
   level stays open, so a directory moved or removed under the walk is still the one
   it lists, and an entry that vanished since it was listed is skipped.
+- ``remove_tree`` walks like ``walk``, ONE descriptor at any depth, and works in
+  trees others change too: what vanished was removed by another remover working on
+  the same tree at once (``air-transfer clean`` and a delete share the trash of node
+  storage), and is skipped, as is a ``..`` gone with it (the removal starts again
+  from the top); a directory that fills up while it is removed is emptied again
+  (``ROUNDS``, then ``ENOTEMPTY``). It never enters another filesystem mounted
+  inside (EXDEV, like ``rm --one-file-system``) and gives its owner rwx on a
+  directory it may not empty (a checkpoint may hold read-only directories).
 
 Why not ``os.walk`` / ``shutil.rmtree``: on Python 3.11 both recurse once per level, so
 a 1,200-level checkpoint raised ``RecursionError`` from the writer's cleanup; and paths
@@ -17,7 +26,7 @@ Here one loop walks the tree holding ONE directory descriptor: it goes down by n
 (``O_NOFOLLOW``, relative to the open directory) and back up through ``..``, checking
 that ``..`` is the very directory it came down from (device and inode), so a tree moved
 while it is walked stops the walk instead of leading it astray. Memory is the pending
-names of the directories above the current one.
+names of the directories above the current one. Errors name the path they hit.
 
 Plain Python (POSIX ``*at`` calls through ``dir_fd``): unit-tested without Ray.
 """
@@ -77,11 +86,7 @@ class DirCursor:
             raise error_at(e, self.here(), "opening its parent") from e
         if _identity(fd) != self._ids[-2]:
             os.close(fd)
-            raise OSError(
-                errno.ESTALE,
-                "the directory was moved while it was being walked; nothing more was done",
-                self.here(),
-            )
+            raise _moved(self.here())
         os.close(self.fd)
         self.fd = fd
         self._ids.pop()
@@ -206,43 +211,244 @@ def walk_dirs(
             os.close(level.fd)
 
 
-def rmtree(path: str) -> None:
-    """Remove ``path`` and everything under it, never following a symlink nor entering
-    another filesystem mounted inside; a missing ``path`` is fine. Directories without
-    owner permissions get them first (a checkpoint may hold read-only directories).
-    Errors name the path they hit."""
+#: How often a directory that keeps filling up while it is removed is emptied again.
+ROUNDS = 4
+
+
+def rmtree(path: str) -> int:
+    """Remove ``path`` and everything under it: ``remove_tree`` on its entry in the
+    directory above. A missing ``path`` is fine."""
+    head, name = os.path.split(path.rstrip("/"))
+    if name in ("", ".", ".."):
+        raise ValueError(f"{path!r} names no directory entry to remove")
     try:
-        st = os.lstat(path)
+        parent = os.open(head or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        _unlink(path)
-        return
-    _let_owner_in(path, st)
-    try:
-        cursor = DirCursor(path)
-    except FileNotFoundError:
-        return
-    with cursor:
-        for visit in walk(cursor):
-            if visit.event == "enter":
-                if visit.st.st_dev != st.st_dev:  # like rm --one-file-system
-                    raise OSError(
-                        errno.EXDEV,
-                        "a mount point inside a tree being removed; nothing under it was removed",
-                        cursor.where(visit.name),
-                    )
-                _let_owner_in(visit.name, visit.st, cursor)
-            elif visit.event == "leave":
-                _rm(os.rmdir, visit.name, cursor)
-            else:
-                _rm(os.unlink, visit.name, cursor)
-    try:
-        os.rmdir(path)
-    except FileNotFoundError:
-        pass
+        return 0
     except OSError as e:
-        raise error_at(e, path, "removing a directory") from e
+        raise error_at(e, head or ".", "opening a directory") from e
+    try:
+        return remove_tree(Where(parent, name, path))
+    finally:
+        os.close(parent)
+
+
+def remove_tree(where: Where) -> int:
+    """Remove entry ``where.name`` of the open directory ``where.fd`` and everything
+    under it, as the module says (``where.real`` names it in errors); something not a
+    directory is unlinked, a missing one is fine. Returns how many entries this call
+    removed: a remover working on the same tree at once removes the others."""
+    return _Removal(where).run()
+
+
+@dataclass
+class _Frame:
+    """A directory of a removal, the one it is in or one above: its name in the
+    directory above, its identity (device, inode), its subdirectories still to
+    remove, and how often it filled up again before it could be removed."""
+
+    name: str
+    ident: tuple[int, int]
+    subdirs: list[str] = field(default_factory=list)
+    rounds: int = 0
+
+
+class _Removal:
+    """One ``remove_tree``: ``fd`` is the ONE directory it holds open, the last of
+    ``frames``; it goes down by name and back up through ``..``."""
+
+    def __init__(self, where: Where) -> None:
+        self.where = where
+        self.fd = -1
+        self.frames: list[_Frame] = []
+        self.dev = -1
+        self.removed = 0
+
+    def run(self) -> int:
+        try:
+            going = self._start(None)
+            top = self.frames[0].ident if going else None
+            while going and self.frames:
+                frame = self.frames[-1]
+                if frame.subdirs:
+                    self._down(frame.subdirs.pop())
+                elif not self._up():
+                    going = self._start(top)  # the way back up is gone: again from the top
+        finally:
+            self._close()
+        return self.removed
+
+    def _start(self, ident: tuple[int, int] | None) -> bool:
+        """Open the top (if ``ident``, only the directory it was) and empty it of all
+        but its subdirectories; False if there is no such directory."""
+        self._close()
+        self.frames = []
+        if ident is not None and _identity_of(self.where) != ident:
+            return False  # gone, or replaced after it was removed: not the tree asked for
+        opened = self._open(self.where.fd, self.where.name, None)
+        if opened is None:
+            return False
+        self.fd, st = opened
+        self.dev = st.st_dev
+        self.frames.append(_Frame(self.where.name, (st.st_dev, st.st_ino)))
+        self.frames[-1].subdirs = self._clear()
+        return True
+
+    def _down(self, name: str) -> None:
+        opened = self._open(self.fd, name, self.dev)
+        if opened is None:
+            return
+        fd, st = opened
+        os.close(self.fd)
+        self.fd = fd
+        self.frames.append(_Frame(name, (st.st_dev, st.st_ino)))
+        self.frames[-1].subdirs = self._clear()
+
+    def _up(self) -> bool:
+        """Remove the emptied directory the removal is in and go up; one filled again
+        meanwhile is emptied again (``ROUNDS`` times). False if the directory above
+        cannot be reached (``..`` gone: another remover removed this one)."""
+        frame, top = self.frames[-1], len(self.frames) == 1
+        parent = self.where.fd if top else self._parent()
+        if parent < 0:
+            return False
+        try:
+            os.rmdir(frame.name, dir_fd=parent)
+            self.removed += 1
+        except FileNotFoundError:
+            pass  # another remover removed it
+        except OSError as e:
+            if not top:
+                os.close(parent)
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise error_at(e, self._path(), "removing a directory") from e
+            if frame.rounds >= ROUNDS:
+                raise error_at(e, self._path(), "it kept filling up while being deleted") from e
+            frame.rounds += 1
+            frame.subdirs = self._clear()
+            return True
+        os.close(self.fd)
+        self.frames.pop()
+        self.fd = -1 if top else parent
+        return True
+
+    def _parent(self) -> int:
+        """The directory above, through ``..``, checked to be the one the removal came
+        down from (else ESTALE); -1 if ``..`` is gone."""
+        try:
+            fd = os.open("..", _DIR_FLAGS, dir_fd=self.fd)
+        except FileNotFoundError:
+            return -1
+        except OSError as e:
+            raise error_at(e, self._path(), "opening its parent") from e
+        if _identity(fd) != self.frames[-2].ident:
+            os.close(fd)
+            raise _moved(self._path())
+        return fd
+
+    def _open(self, parent: int, name: str, dev: int | None) -> tuple[int, os.stat_result] | None:
+        """Directory ``name`` of ``parent`` opened, never through a symlink, with rwx
+        for its owner (removing entries needs them; files are never chmodded, as they
+        may be hard links shared with a published tree); EXDEV if it is not on ``dev``
+        (a mount point, like ``rm --one-file-system``). None if it is gone, or is not
+        a directory (then unlinked)."""
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except PermissionError:  # one its owner may not read: let the owner in first
+            fd = self._let_owner_in(parent, name, dev)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+                raise error_at(e, self._path(name), "opening a directory") from e
+            fd = -1
+        if fd < 0:
+            self._unlink(parent, name)
+            return None
+        st = os.fstat(fd)
+        if dev is not None and st.st_dev != dev:
+            os.close(fd)
+            raise _mount_point(self._path(name))
+        if st.st_mode & stat.S_IRWXU != stat.S_IRWXU and st.st_uid == os.geteuid():
+            try:
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) | stat.S_IRWXU)
+            except OSError as e:
+                os.close(fd)
+                raise error_at(e, self._path(name), "making a directory removable") from e
+        return fd, st
+
+    def _let_owner_in(self, parent: int, name: str, dev: int | None) -> int:
+        """``_open`` for a directory its owner may not read: chmod by name, never
+        following a symlink, then open; -1 if it is not (or no longer) a directory."""
+        try:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return -1
+        except OSError as e:
+            raise error_at(e, self._path(name), "lstat") from e
+        if not stat.S_ISDIR(st.st_mode):
+            return -1
+        if dev is not None and st.st_dev != dev:
+            raise _mount_point(self._path(name))
+        mode = stat.S_IMODE(st.st_mode) | stat.S_IRWXU
+        try:
+            os.chmod(name, mode, dir_fd=parent, follow_symlinks=False)
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except FileNotFoundError:
+            return -1
+        except OSError as e:
+            raise error_at(e, self._path(name), "making a directory removable") from e
+        except (NotImplementedError, ValueError) as e:  # a symlink now, or no lchmod here
+            raise OSError(
+                errno.EOPNOTSUPP, f"{e} (making a directory removable)", self._path(name)
+            ) from e
+
+    def _clear(self) -> list[str]:
+        """Unlink every entry but the subdirectories of the directory the removal is
+        in; return those."""
+        try:
+            with os.scandir(self.fd) as it:
+                entries = [(d.name, d.is_dir(follow_symlinks=False)) for d in it]
+        except FileNotFoundError:
+            return []  # another remover removed it
+        except OSError as e:
+            raise error_at(e, self._path(), "listing a directory") from e
+        subdirs = [name for name, is_dir in entries if is_dir]
+        for name, is_dir in entries:
+            if not is_dir and self._unlink(self.fd, name):
+                subdirs.append(name)  # replaced by a directory meanwhile
+        return subdirs
+
+    def _unlink(self, parent: int, name: str) -> bool:
+        """Unlink ``name`` of ``parent`` (gone already is fine); True if it is a
+        directory."""
+        try:
+            os.unlink(name, dir_fd=parent)
+            self.removed += 1
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            return True
+        except OSError as e:
+            raise error_at(e, self._path(name), "removing") from e
+        return False
+
+    def _path(self, name: str = "") -> str:
+        """The path of ``name`` in the directory the removal is in (of that directory
+        if no ``name``; of the top before it is open), for messages."""
+        if not self.frames:
+            return self.where.real
+        names = [f.name for f in self.frames[1:]]
+        return (
+            os.path.join(self.where.real, *names, name)
+            if name
+            else os.path.join(self.where.real, *names)
+        )
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def kind_of(mode: int) -> Kind:
@@ -267,37 +473,26 @@ def _identity(fd: int) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _let_owner_in(name: str, st: os.stat_result, cursor: DirCursor | None = None) -> None:
-    """Give the owner rwx on a directory about to be emptied (removing entries needs
-    write and search permission on it). Directories only: files are never chmodded,
-    as they may be hard links shared with a published tree."""
-    if st.st_mode & stat.S_IRWXU == stat.S_IRWXU:
-        return
+def _identity_of(where: Where) -> tuple[int, int] | None:
+    """The identity of entry ``where`` (not followed), None if it is gone."""
     try:
-        if cursor is None:
-            os.chmod(name, stat.S_IMODE(st.st_mode) | stat.S_IRWXU)
-        else:
-            os.chmod(name, stat.S_IMODE(st.st_mode) | stat.S_IRWXU, dir_fd=cursor.fd)
+        st = os.stat(where.name, dir_fd=where.fd, follow_symlinks=False)
     except FileNotFoundError:
-        pass
+        return None
     except OSError as e:
-        where = name if cursor is None else cursor.where(name)
-        raise error_at(e, where, "making a directory removable") from e
+        raise error_at(e, where.real, "lstat") from e
+    return st.st_dev, st.st_ino
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        raise error_at(e, path, "removing") from e
+def _moved(path: str) -> OSError:
+    return OSError(
+        errno.ESTALE,
+        "the directory was moved while it was being walked; nothing more was done",
+        path,
+    )
 
 
-def _rm(remove: Callable[..., None], name: str, cursor: DirCursor) -> None:
-    try:
-        remove(name, dir_fd=cursor.fd)
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        raise error_at(e, cursor.where(name), "removing") from e
+def _mount_point(path: str) -> OSError:
+    return OSError(
+        errno.EXDEV, "a mount point inside a tree being removed; nothing under it was removed", path
+    )

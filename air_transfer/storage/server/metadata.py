@@ -39,6 +39,7 @@ from air_transfer.core.confine import (
     oserror,
     storage_path,
 )
+from air_transfer.core.dirtree import remove_tree
 from air_transfer.core.staging import REPLICA_MARK, is_internal
 from air_transfer.storage.server.tree import (
     NOT_FOUND,
@@ -47,7 +48,6 @@ from air_transfer.storage.server.tree import (
     UNKNOWN,
     hidden_name,
     list_tree,
-    remove_tree,
     to_info,
 )
 

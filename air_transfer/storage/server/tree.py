@@ -1,20 +1,19 @@
-"""Node storage, the storage-node side: walking and removing directory trees.
+"""Node storage, the storage-node side: listing directory trees, and the names and
+infos of what is listed.
 
-Both go through directory fds (``dir_fd=``), never following a symlink, so a tree
-cannot lead out of the storage root while it is walked; and both loop over an explicit
-stack, since a tree can be deeper than Python's recursion limit (1,200+ levels).
+The walk goes through directory fds (``dir_fd=``), never following a symlink, so a
+tree cannot lead out of the storage root while it is walked; and it loops over an
+explicit stack (``core.dirtree.walk_dirs``), since a tree can be deeper than Python's
+recursion limit (1,200+ levels). Trees are removed by ``core.dirtree.remove_tree``.
 
 Other callers work in the same directories at the same time (the agent runs 32
 threads; Ray Train's workers report at once), so what is seen may change under the
 walk: an entry that vanishes is skipped, as a listing taken a moment later would not
-show it; an entry that appears inside a tree being removed is removed too (a few
-rounds, then ``ENOTEMPTY``). Plain Python.
+show it. Plain Python.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
 import os
 import posixpath
@@ -24,8 +23,8 @@ import uuid
 import pyarrow.fs as pafs
 
 from air_transfer.cluster.agent_client import Info
-from air_transfer.core.confine import Raced, Where, open_listable, oserror
-from air_transfer.core.dirtree import Level, walk_dirs
+from air_transfer.core.confine import Where
+from air_transfer.core.dirtree import Level, remove_tree, walk_dirs
 from air_transfer.core.staging import TRASH_MARK as TRASH_MARK  # marks a directory being deleted
 from air_transfer.core.staging import UPLOAD_MARK, internal_name, is_internal, reclaim_dead
 
@@ -33,8 +32,6 @@ logger = logging.getLogger(__name__)
 
 #: Marks the staging files of uploads in progress (``disk_uploads``).
 STAGING_MARK = UPLOAD_MARK
-#: How often a directory that keeps filling up while it is removed is emptied again.
-ROUNDS = 4
 
 NOT_FOUND: Info = (pafs.FileType.NotFound, None, None)
 #: A symlink whose target is outside the root: it exists, but is not served.
@@ -71,53 +68,6 @@ def list_tree(
         lambda level: _scan(level.fd, real, level.rel, recursive, out, links),
     )
     return out, links
-
-
-def remove_tree(where: Where) -> None:
-    """Remove the directory ``where`` and everything in it (see the module)."""
-    fd = _open_or_unlink(where.fd, where.name)
-    if fd is not None:
-        walk_dirs(Level(fd, where.fd, where.name, ""), _clear, _rmdir, _open_or_unlink)
-
-
-def _clear(level: Level) -> list[str]:
-    return clear_files(level.fd)
-
-
-def _rmdir(level: Level) -> list[str] | None:
-    """Remove the emptied directory ``level``; None once it is gone, else what
-    appeared in it meanwhile (its files removed: its subdirectories to empty)."""
-    try:
-        os.rmdir(level.name, dir_fd=level.parent)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-            raise
-        if level.rounds >= ROUNDS:
-            detail = " (it kept filling up while being deleted)"
-            raise oserror(OSError, e.errno, level.name, detail) from e
-        level.rounds += 1
-        return clear_files(level.fd)  # entries that appeared meanwhile
-    return None
-
-
-def clear_files(fd: int) -> list[str]:
-    """Remove every non-directory entry of the open directory ``fd``; return the
-    names of its subdirectories."""
-    subdirs = []
-    with os.scandir(fd) as it:
-        for d in it:
-            if d.is_dir(follow_symlinks=False):
-                subdirs.append(d.name)
-                continue
-            try:
-                os.unlink(d.name, dir_fd=fd)
-            except FileNotFoundError:
-                continue
-            except IsADirectoryError:  # replaced by a directory meanwhile
-                subdirs.append(d.name)
-    return subdirs
 
 
 def _scan(
@@ -168,16 +118,3 @@ def reclaim(fd: int, real: str, names: list[str]) -> None:
         reclaim_dead(fd, real, names, remove)
     except OSError as e:
         logger.warning("could not reclaim the staging of dead writers: %s", e)
-
-
-def _open_or_unlink(parent: int, name: str) -> int | None:
-    """Directory ``name`` of ``parent`` opened for listing; None if it vanished or
-    is no longer a directory (then removed)."""
-    try:
-        return open_listable(Where(parent, name, name))
-    except FileNotFoundError:
-        return None
-    except (NotADirectoryError, Raced):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=parent)
-        return None
