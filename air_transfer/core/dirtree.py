@@ -63,10 +63,10 @@ class DirCursor:
 
     def where(self, name: str = "") -> str:
         """The path of ``name`` in the current directory, for messages."""
-        return os.path.join(self.root, *self._names, name) if name else self.here()
+        return _path_of(self.root, self._names, name)
 
     def here(self) -> str:
-        return os.path.join(self.root, *self._names)
+        return _path_of(self.root, self._names)
 
     def down(self, name: str) -> None:
         try:
@@ -80,13 +80,7 @@ class DirCursor:
 
     def up(self) -> str:
         """Go back to the parent; returns the name of the directory left."""
-        try:
-            fd = os.open("..", _DIR_FLAGS, dir_fd=self.fd)
-        except OSError as e:
-            raise error_at(e, self.here(), "opening its parent") from e
-        if _identity(fd) != self._ids[-2]:
-            os.close(fd)
-            raise _moved(self.here())
+        fd = _open_parent(self.fd, self._ids[-2], self.here())
         os.close(self.fd)
         self.fd = fd
         self._ids.pop()
@@ -336,15 +330,9 @@ class _Removal:
         """The directory above, through ``..``, checked to be the one the removal came
         down from (else ESTALE); -1 if ``..`` is gone."""
         try:
-            fd = os.open("..", _DIR_FLAGS, dir_fd=self.fd)
+            return _open_parent(self.fd, self.frames[-2].ident, self._path())
         except FileNotFoundError:
             return -1
-        except OSError as e:
-            raise error_at(e, self._path(), "opening its parent") from e
-        if _identity(fd) != self.frames[-2].ident:
-            os.close(fd)
-            raise _moved(self._path())
-        return fd
 
     def _open(self, parent: int, name: str, dev: int | None) -> tuple[int, os.stat_result] | None:
         """Directory ``name`` of ``parent`` opened, never through a symlink, with rwx
@@ -438,12 +426,7 @@ class _Removal:
         if no ``name``; of the top before it is open), for messages."""
         if not self.frames:
             return self.where.real
-        names = [f.name for f in self.frames[1:]]
-        return (
-            os.path.join(self.where.real, *names, name)
-            if name
-            else os.path.join(self.where.real, *names)
-        )
+        return _path_of(self.where.real, [f.name for f in self.frames[1:]], name)
 
     def _close(self) -> None:
         if self.fd >= 0:
@@ -482,6 +465,27 @@ def _identity_of(where: Where) -> tuple[int, int] | None:
     except OSError as e:
         raise error_at(e, where.real, "lstat") from e
     return st.st_dev, st.st_ino
+
+
+def _path_of(root: str, names: list[str], name: str = "") -> str:
+    """The path of ``name`` (of the directory itself if none) in the directory
+    reached from ``root`` down ``names``, for messages."""
+    return os.path.join(root, *names, name) if name else os.path.join(root, *names)
+
+
+def _open_parent(fd: int, ident: tuple[int, int], here: str) -> int:
+    """The directory above the open directory ``fd`` (``here``), through ``..``,
+    checked to be ``ident``, the one the walk came down from (else ESTALE: the tree
+    was moved). An error names ``here`` and keeps its errno (a ``..`` gone with a
+    removed directory is a ``FileNotFoundError``)."""
+    try:
+        parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+    except OSError as e:
+        raise error_at(e, here, "opening its parent") from e
+    if _identity(parent) != ident:
+        os.close(parent)
+        raise _moved(here)
+    return parent
 
 
 def _moved(path: str) -> OSError:
