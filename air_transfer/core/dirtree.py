@@ -1,11 +1,13 @@
-"""Walking and removing directory trees of any depth, without following symlinks.
+"""Walking and removing directory trees of any depth, following no symlink unasked.
 
 Every deep walk of the package is one of the two here, and every removal of a tree
 is ``remove_tree`` (``rmtree`` for a path):
 
 - ``walk``, holding ONE directory descriptor (below): for a tree this process owns,
-  such as a target being merged, of any depth whatever the limit on open files; a
-  tree moved while it is walked stops the walk.
+  such as a target being merged or a checkpoint being scanned (``core.scan``, which
+  follows some symlinks into the directories they lead to: ``DirCursor.follow``,
+  a directory met again on the way down is a ``Loop``), of any depth whatever the
+  limit on open files; a tree moved while it is walked stops the walk.
 - ``walk_dirs``, holding a descriptor per level: for trees others change meanwhile
   (node storage, where 32 agent threads and Train's workers work at once). Each
   level stays open, so a directory moved or removed under the walk is still the one
@@ -38,7 +40,7 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from air_transfer.core.confine import Raced, Where, open_listable
 from air_transfer.errors import error_at
@@ -50,16 +52,28 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class DirCursor:
-    """One open directory of a tree that moves down by name and up through ``..``."""
+    """One open directory of a tree that moves down by name and up through ``..``.
 
-    def __init__(self, root: str) -> None:
+    ``fd``: the top already open (the cursor owns it from then on), for a caller that
+    opens it its own way (``core.scan``: through a symlink, or confined to a root)."""
+
+    def __init__(self, root: str, fd: int | None = None) -> None:
         self.root = root
-        try:
-            self.fd = os.open(root, _DIR_FLAGS)
-        except OSError as e:
-            raise error_at(e, root, "opening a directory") from e
+        if fd is None:
+            try:
+                fd = os.open(root, _DIR_FLAGS)
+            except OSError as e:
+                raise error_at(e, root, "opening a directory") from e
+        self.fd = fd
         self._ids = [_identity(self.fd)]
         self._names: list[str] = []
+        #: Per level below the top: None (its parent is its ``..``), or how to open
+        #: its parent again (a directory entered through a symlink: ``follow``).
+        self._reopen: list[Callable[[], int] | None] = []
+
+    @property
+    def depth(self) -> int:
+        return len(self._names)
 
     def where(self, name: str = "") -> str:
         """The path of ``name`` in the current directory, for messages."""
@@ -69,21 +83,48 @@ class DirCursor:
         return _path_of(self.root, self._names)
 
     def down(self, name: str) -> None:
+        """Into subdirectory ``name``, never through a symlink."""
         try:
             fd = os.open(name, _DIR_FLAGS, dir_fd=self.fd)
         except OSError as e:
             raise error_at(e, self.where(name), "opening a directory") from e
+        self._enter(fd, name, None)
+
+    def follow(self, name: str, fd: int, reopen_parent: Callable[[], int]) -> None:
+        """Into the directory open as ``fd`` (owned by the cursor from now), which the
+        symlink ``name`` here leads to; on the way back up, ``reopen_parent`` opens
+        this directory again (the followed one's ``..`` is elsewhere)."""
+        self._enter(fd, name, reopen_parent)
+
+    def _enter(self, fd: int, name: str, reopen: Callable[[], int] | None) -> None:
+        try:
+            ident = _identity(fd)
+            if ident in self._ids:  # a directory above, reached again: a loop
+                raise Loop(errno.ELOOP, "a directory above it, reached again", self.where(name))
+        except BaseException:
+            os.close(fd)
+            raise
         os.close(self.fd)
         self.fd = fd
-        self._ids.append(_identity(fd))
+        self._ids.append(ident)
         self._names.append(name)
+        self._reopen.append(reopen)
 
     def up(self) -> str:
-        """Go back to the parent; returns the name of the directory left."""
-        fd = _open_parent(self.fd, self._ids[-2], self.here())
+        """Go back to the parent (checked to be the directory the cursor came down
+        from, else ESTALE); returns the name of the directory left."""
+        reopen = self._reopen[-1]
+        if reopen is None:
+            fd = _open_parent(self.fd, self._ids[-2], self.here())
+        else:
+            fd = reopen()
+            if _identity(fd) != self._ids[-2]:
+                os.close(fd)
+                raise _moved(_path_of(self.root, self._names[:-1]))
         os.close(self.fd)
         self.fd = fd
         self._ids.pop()
+        self._reopen.pop()
         return self._names.pop()
 
     def close(self) -> None:
@@ -98,8 +139,12 @@ class DirCursor:
         self.close()
 
 
-@dataclass(frozen=True)
-class Visit:
+class Loop(OSError):
+    """A walk reached a directory that is above it on its path (through a symlink it
+    followed, or a bind mount): walking on would never end."""
+
+
+class Visit(NamedTuple):
     """One step of ``walk``: ``enter`` (a directory, before its entries), ``leave``
     (after them) or ``entry`` (anything else). During the step ``cursor`` is open on
     the directory that contains ``name``."""
@@ -111,35 +156,51 @@ class Visit:
     st: os.stat_result
 
 
-def walk(cursor: DirCursor) -> Iterator[Visit]:
-    """Every entry under the cursor's directory, depth first, by ``lstat``. An entry
-    that vanishes while listed is skipped; the cursor ends where it started."""
+def walk(cursor: DirCursor, ordered: bool = False, missing_ok: bool = True) -> Iterator[Visit]:
+    """Every entry under the cursor's directory, depth first, by ``lstat`` (siblings
+    in name order if ``ordered``: parents first, as a manifest lists them). An entry
+    that vanishes while listed is skipped (FileNotFoundError naming it unless
+    ``missing_ok``: a scan must not list less than the tree); the cursor ends where
+    it started.
+
+    During the ``entry`` step of a symlink, the caller may ``cursor.follow`` it into
+    the directory it leads to: the walk then goes through that directory as through
+    any other (a ``leave`` step ends it)."""
     frames: list[tuple[str, str, os.stat_result | None, list[str]]] = [
-        ("", "", None, _listdir(cursor))
+        ("", "", None, _listdir(cursor, ordered))
     ]
+    lstat, is_file = os.stat, stat.S_ISREG  # bound once: a file costs its lstat, little more
     while frames:
         relpath, name, st, pending = frames[-1]
-        if not pending:
+        prefix = f"{relpath}/" if relpath else ""
+        while pending:  # this directory's entries, until one is a directory to walk
+            child = pending.pop()
+            try:
+                child_st = lstat(child, dir_fd=cursor.fd, follow_symlinks=False)
+            except OSError as e:
+                if missing_ok and isinstance(e, FileNotFoundError):
+                    continue
+                raise error_at(e, cursor.where(child), "lstat") from e
+            if is_file(child_st.st_mode):
+                yield Visit("entry", prefix + child, child, "file", child_st)
+                continue
+            child_rel, kind = prefix + child, kind_of(child_st.st_mode)
+            if kind != "dir":
+                depth = cursor.depth
+                yield Visit("entry", child_rel, child, kind, child_st)
+                if cursor.depth == depth:
+                    continue
+                child_st = os.fstat(cursor.fd)  # followed: a directory to walk
+            else:
+                yield Visit("enter", child_rel, child, kind, child_st)
+                cursor.down(child)
+            frames.append((child_rel, child, child_st, _listdir(cursor, ordered)))
+            break
+        else:  # done with this directory: back up
             frames.pop()
             if st is not None:
                 cursor.up()
                 yield Visit("leave", relpath, name, "dir", st)
-            continue
-        child = pending.pop()
-        child_rel = f"{relpath}/{child}" if relpath else child
-        try:
-            child_st = os.stat(child, dir_fd=cursor.fd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        except OSError as e:
-            raise error_at(e, cursor.where(child), "lstat") from e
-        kind = kind_of(child_st.st_mode)
-        if kind != "dir":
-            yield Visit("entry", child_rel, child, kind, child_st)
-            continue
-        yield Visit("enter", child_rel, child, kind, child_st)
-        cursor.down(child)
-        frames.append((child_rel, child, child_st, _listdir(cursor)))
 
 
 @dataclass
@@ -444,9 +505,14 @@ def kind_of(mode: int) -> Kind:
     return "other"
 
 
-def _listdir(cursor: DirCursor) -> list[str]:
+def _listdir(cursor: DirCursor, ordered: bool = False) -> list[str]:
+    """The names in the cursor's directory, last first if ``ordered`` (the walk
+    takes them from the end)."""
     try:
-        return os.listdir(cursor.fd)
+        names = os.listdir(cursor.fd)
+        if ordered:
+            names.sort(reverse=True)
+        return names
     except OSError as e:
         raise error_at(e, cursor.here(), "listing a directory") from e
 

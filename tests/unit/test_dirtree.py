@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from air_transfer.core.dirtree import DirCursor, Level, walk, walk_dirs
+from air_transfer.core.dirtree import DirCursor, Level, Loop, walk, walk_dirs
 
 
 def test_walk_visits_everything_once_and_ends_where_it_started(tmp_path: Path) -> None:
@@ -25,6 +25,44 @@ def test_walk_visits_everything_once_and_ends_where_it_started(tmp_path: Path) -
         ("entry", "a/b/f", "file"), ("entry", "g", "file"), ("entry", "l", "symlink"),
         ("leave", "a", "dir"), ("leave", "a/b", "dir"),
     ]  # fmt: skip
+
+
+def test_a_followed_symlink_is_walked_and_one_back_to_an_ancestor_is_a_loop(
+    tmp_path: Path,
+) -> None:
+    """``follow`` during a symlink's step walks the directory it leads to, in name
+    order, and comes back to the link's directory through ``reopen_parent``; a
+    link leading to a directory already on the way down raises ``Loop``."""
+    (tmp_path / "t" / "a").mkdir(parents=True)
+    (tmp_path / "x" / "y").mkdir(parents=True)
+    (tmp_path / "x" / "y" / "f").touch()
+    (tmp_path / "t" / "a" / "z").touch()
+    os.symlink(tmp_path / "x", tmp_path / "t" / "a" / "l")
+    os.symlink(tmp_path / "t", tmp_path / "t" / "a" / "up")
+    reopened: list[str] = []
+
+    def reopen(path: Path) -> int:
+        reopened.append(path.name)
+        return _open(path)
+
+    steps = []
+    with DirCursor(str(tmp_path / "t")) as cursor:
+        start = os.fstat(cursor.fd).st_ino
+        visits = walk(cursor, ordered=True)
+        for v in visits:
+            steps.append((v.event, v.relpath))
+            if v.event == "entry" and v.name == "l":
+                cursor.follow("l", _open(tmp_path / "x"), lambda: reopen(tmp_path / "t" / "a"))
+            if v.event == "entry" and v.name == "up":
+                with pytest.raises(Loop, match="reached again"):
+                    cursor.follow("up", _open(tmp_path / "t"), lambda: _open(tmp_path / "t" / "a"))
+        assert os.fstat(cursor.fd).st_ino == start
+    assert steps == [
+        ("enter", "a"), ("entry", "a/l"), ("enter", "a/l/y"), ("entry", "a/l/y/f"),
+        ("leave", "a/l/y"), ("leave", "a/l"), ("entry", "a/up"), ("entry", "a/z"),
+        ("leave", "a"),
+    ]  # fmt: skip
+    assert reopened == ["a"]
 
 
 def test_a_tree_moved_while_walked_stops_the_walk(tmp_path: Path) -> None:

@@ -118,6 +118,72 @@ def test_symlink_loop_through_followed_links_is_refused(tmp_path: Path) -> None:
         scan(Source(pafs.LocalFileSystem(), str(ckpt)), follow_symlinks=True)
 
 
+def test_a_followed_link_to_a_directory_is_walked_and_the_scan_comes_back(
+    tmp_path: Path,
+) -> None:
+    """A followed symlink to a directory outside is listed as the directory it leads
+    to, with everything under it; the walk then comes back to the link's directory
+    (not through the target's ``..``) and lists what follows it."""
+    (tmp_path / "outside" / "sub").mkdir(parents=True)
+    (tmp_path / "outside" / "sub" / "f").write_bytes(b"abc")
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "d").mkdir(parents=True)
+    os.symlink(tmp_path / "outside", ckpt / "d" / "ext")
+    (ckpt / "d" / "z").write_bytes(b"zz")
+    (ckpt / "z").write_bytes(b"")
+    entries = scan(Source(pafs.LocalFileSystem(), str(ckpt)), follow_symlinks=True).entries
+    assert [(e.path, e.kind, e.size) for e in entries] == [
+        ("d", "dir", 0), ("d/ext", "dir", 0), ("d/ext/sub", "dir", 0),
+        ("d/ext/sub/f", "file", 3), ("d/z", "file", 2), ("z", "file", 0),
+    ]  # fmt: skip
+
+
+def test_a_directory_moved_out_while_scanned_is_a_source_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan is in ``a/b`` when ``b`` is moved out of ``a``: going back up, ``..``
+    is not the directory it came down from, and the scan says the source changed
+    (naming the directory) instead of listing another tree."""
+    from air_transfer.core import dirtree
+
+    (tmp_path / "src" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "b" / "f").write_bytes(b"x")
+    (tmp_path / "src" / "c").write_bytes(b"y")
+    listdir, moved = dirtree._listdir, []
+
+    def listdir_then_move(cursor: dirtree.DirCursor, ordered: bool = False) -> list[str]:
+        names = listdir(cursor, ordered)
+        if cursor.here().endswith("a/b") and not moved:
+            moved.append(os.rename(tmp_path / "src" / "a" / "b", tmp_path / "b"))
+        return names
+
+    monkeypatch.setattr(dirtree, "_listdir", listdir_then_move)
+    with pytest.raises(SourceChangedError, match=f"scanned.*{tmp_path / 'src' / 'a' / 'b'}"):
+        scan(Source(pafs.LocalFileSystem(), str(tmp_path / "src")))
+    assert moved, "the move never happened mid-scan"
+
+
+def test_a_file_deleted_while_scanned_is_an_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file listed, then deleted before the scan looks at it: the scan fails naming
+    it, never lists less than the tree (a walk that skips what vanished would)."""
+    from air_transfer.core import dirtree
+
+    (tmp_path / "a").write_bytes(b"x")
+    (tmp_path / "b").write_bytes(b"y")
+    listdir = dirtree._listdir
+
+    def listdir_then_delete(cursor: dirtree.DirCursor, ordered: bool = False) -> list[str]:
+        names = listdir(cursor, ordered)
+        os.remove(tmp_path / "b")
+        return names
+
+    monkeypatch.setattr(dirtree, "_listdir", listdir_then_delete)
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "b")):
+        scan(Source(pafs.LocalFileSystem(), str(tmp_path)))
+
+
 def test_special_files_are_refused(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe")
     with pytest.raises(ManifestError, match=r"pipe.*socket, FIFO or device"):
