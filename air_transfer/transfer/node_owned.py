@@ -50,8 +50,11 @@ class NodeOwnedTransfers(HeldTransfers):
         return [ref, started.done, handle.strategy.name, [r.hex() for r in handle.refs()]]
 
     def release(self, *keys: str) -> None:
-        dropped = [self._leases.pop(key, None) for key in keys]
-        self.live.drop(lease[2] for lease in dropped if lease is not None)
+        # The chunks go first, then the leases: a caller that no longer sees a lease
+        # (``leases``, from another of the agent's threads) finds none of its chunks.
+        self.live.drop(self._leases[key][2] for key in keys if key in self._leases)
+        for key in keys:
+            self._leases.pop(key, None)
 
     def leases(self) -> dict[str, tuple[int, str] | None]:
         return {key: requester for key, (_, requester, _) in self._leases.items()}

@@ -91,3 +91,25 @@ def test_a_dropped_transfer_is_not_offered_but_a_chunk_another_recorded_stays() 
     assert packer.asked == [3, 4, 5, 6]
     live.drop(["t2", "t3", "never"])
     assert live.held() == 0
+
+
+def test_a_released_lease_is_listed_until_its_chunks_are_dropped() -> None:
+    """The agent answers ``leases`` and ``release`` on different threads: a lease no
+    longer listed must have no chunk left to offer, so ``release`` drops the chunks
+    while the lease is still listed, never after it is gone."""
+    from air_transfer.transfer.node_owned import NodeOwnedTransfers
+
+    held = NodeOwnedTransfers()
+    held.live.reuse(request(), "t1", Packer())
+    held._leases["k1"] = (None, None, "t1")  # type: ignore[assignment]  # no Ray: a bare lease
+    listed_while_dropping: list[bool] = []
+    drop = held.live.drop
+
+    def drop_and_look(transfer_ids: Iterable[str]) -> None:
+        listed_while_dropping.append("k1" in held.leases())
+        drop(transfer_ids)
+
+    held.live.drop = drop_and_look  # type: ignore[method-assign]
+    held.release("k1", "unknown")
+    assert listed_while_dropping == [True]
+    assert held.leases() == {} and held.live.held() == 0
