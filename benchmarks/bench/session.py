@@ -200,13 +200,22 @@ def store_capacity() -> int | None:
 def prefault_memory(margin_bytes: int) -> None:
     """Touch all available memory but ``margin_bytes`` once, in a child process that
     then exits, so that no measurement pays a VM's first-touch cost (see --no-prefault).
-    It also evicts the page cache; the checkpoints are read (digested) afterwards."""
+    It also evicts the page cache; the checkpoints are read (digested) afterwards.
+
+    The kernel zeroes every page of one populated mapping (``MAP_POPULATE``): one pass
+    over memory, 4 GiB in ~2 s here, where writing it from Python took ~9.5 s (a second
+    buffer as large, touched too)."""
     nbytes = max(0, psutil.virtual_memory().available - margin_bytes)
     code = (
         "import mmap, sys\n"
-        "n = int(sys.argv[1]); m = mmap.mmap(-1, n)\n"
-        "for off in range(0, n, 1 << 30):\n"
-        "    m[off:off + min(1 << 30, n - off)] = b'\\1' * min(1 << 30, n - off)\n"
+        "n = int(sys.argv[1])\n"
+        "if n and hasattr(mmap, 'MAP_POPULATE'):\n"
+        "    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE\n"
+        "    mmap.mmap(-1, n, flags=flags)\n"
+        "elif n:\n"
+        "    m, page = mmap.mmap(-1, n), mmap.PAGESIZE\n"
+        "    for off in range(0, n, page):\n"
+        "        m[off] = 1\n"
     )
     subprocess.run([sys.executable, "-c", code, str(nbytes)], check=True)
 
