@@ -1,7 +1,7 @@
-"""Walking and removing directory trees of any depth, following no symlink unasked.
+"""Walking directory trees of any depth, following no symlink unasked.
 
-Every deep walk of the package is one of the two here, and every removal of a tree
-is ``remove_tree`` (``rmtree`` for a path):
+Every deep walk of the package is one of the two here (and the one tree remover,
+``core.tree_removal``, climbs as ``walk`` does, with its helpers):
 
 - ``walk``, holding ONE directory descriptor (below): for a tree this process owns,
   such as a target being merged or a checkpoint being scanned (``core.scan``, which
@@ -12,14 +12,6 @@ is ``remove_tree`` (``rmtree`` for a path):
   (node storage, where 32 agent threads and Train's workers work at once). Each
   level stays open, so a directory moved or removed under the walk is still the one
   it lists, and an entry that vanished since it was listed is skipped.
-- ``remove_tree`` walks like ``walk``, ONE descriptor at any depth, and works in
-  trees others change too: what vanished was removed by another remover working on
-  the same tree at once (``air-transfer clean`` and a delete share the trash of node
-  storage), and is skipped, as is a ``..`` gone with it (the removal starts again
-  from the top); a directory that fills up while it is removed is emptied again
-  (``ROUNDS``, then ``ENOTEMPTY``). It never enters another filesystem mounted
-  inside (EXDEV, like ``rm --one-file-system``) and gives its owner rwx on a
-  directory it may not empty (a checkpoint may hold read-only directories).
 
 Why not ``os.walk`` / ``shutil.rmtree``: on Python 3.11 both recurse once per level, so
 a 1,200-level checkpoint raised ``RecursionError`` from the writer's cleanup; and paths
@@ -48,7 +40,7 @@ from air_transfer.errors import error_at
 Kind = Literal["dir", "file", "symlink", "other"]
 Event = Literal["enter", "leave", "entry"]
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class DirCursor:
@@ -61,11 +53,11 @@ class DirCursor:
         self.root = root
         if fd is None:
             try:
-                fd = os.open(root, _DIR_FLAGS)
+                fd = os.open(root, DIR_FLAGS)
             except OSError as e:
                 raise error_at(e, root, "opening a directory") from e
         self.fd = fd
-        self._ids = [_identity(self.fd)]
+        self._ids = [identity(self.fd)]
         self._names: list[str] = []
         #: Per level below the top: None (its parent is its ``..``), or how to open
         #: its parent again (a directory entered through a symlink: ``follow``).
@@ -77,15 +69,15 @@ class DirCursor:
 
     def where(self, name: str = "") -> str:
         """The path of ``name`` in the current directory, for messages."""
-        return _path_of(self.root, self._names, name)
+        return path_of(self.root, self._names, name)
 
     def here(self) -> str:
-        return _path_of(self.root, self._names)
+        return path_of(self.root, self._names)
 
     def down(self, name: str) -> None:
         """Into subdirectory ``name``, never through a symlink."""
         try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=self.fd)
+            fd = os.open(name, DIR_FLAGS, dir_fd=self.fd)
         except OSError as e:
             raise error_at(e, self.where(name), "opening a directory") from e
         self._enter(fd, name, None)
@@ -98,7 +90,7 @@ class DirCursor:
 
     def _enter(self, fd: int, name: str, reopen: Callable[[], int] | None) -> None:
         try:
-            ident = _identity(fd)
+            ident = identity(fd)
             if ident in self._ids:  # a directory above, reached again: a loop
                 raise Loop(errno.ELOOP, "a directory above it, reached again", self.where(name))
         except BaseException:
@@ -115,12 +107,12 @@ class DirCursor:
         from, else ESTALE); returns the name of the directory left."""
         reopen = self._reopen[-1]
         if reopen is None:
-            fd = _open_parent(self.fd, self._ids[-2], self.here())
+            fd = open_parent(self.fd, self._ids[-2], self.here())
         else:
             fd = reopen()
-            if _identity(fd) != self._ids[-2]:
+            if identity(fd) != self._ids[-2]:
                 os.close(fd)
-                raise _moved(_path_of(self.root, self._names[:-1]))
+                raise _moved(path_of(self.root, self._names[:-1]))
         os.close(self.fd)
         self.fd = fd
         self._ids.pop()
@@ -266,235 +258,6 @@ def walk_dirs(
             os.close(level.fd)
 
 
-#: How often a directory that keeps filling up while it is removed is emptied again.
-ROUNDS = 4
-
-
-def rmtree(path: str) -> int:
-    """Remove ``path`` and everything under it: ``remove_tree`` on its entry in the
-    directory above. A missing ``path`` is fine."""
-    head, name = os.path.split(path.rstrip("/"))
-    if name in ("", ".", ".."):
-        raise ValueError(f"{path!r} names no directory entry to remove")
-    try:
-        parent = os.open(head or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return 0
-    except OSError as e:
-        raise error_at(e, head or ".", "opening a directory") from e
-    try:
-        return remove_tree(Where(parent, name, path))
-    finally:
-        os.close(parent)
-
-
-def remove_tree(where: Where) -> int:
-    """Remove entry ``where.name`` of the open directory ``where.fd`` and everything
-    under it, as the module says (``where.real`` names it in errors); something not a
-    directory is unlinked, a missing one is fine. Returns how many entries this call
-    removed: a remover working on the same tree at once removes the others."""
-    return _Removal(where).run()
-
-
-@dataclass
-class _Frame:
-    """A directory of a removal, the one it is in or one above: its name in the
-    directory above, its identity (device, inode), its subdirectories still to
-    remove, and how often it filled up again before it could be removed."""
-
-    name: str
-    ident: tuple[int, int]
-    subdirs: list[str] = field(default_factory=list)
-    rounds: int = 0
-
-
-class _Removal:
-    """One ``remove_tree``: ``fd`` is the ONE directory it holds open, the last of
-    ``frames``; it goes down by name and back up through ``..``."""
-
-    def __init__(self, where: Where) -> None:
-        self.where = where
-        self.fd = -1
-        self.frames: list[_Frame] = []
-        self.dev = -1
-        self.removed = 0
-
-    def run(self) -> int:
-        try:
-            going = self._start(None)
-            top = self.frames[0].ident if going else None
-            while going and self.frames:
-                frame = self.frames[-1]
-                if frame.subdirs:
-                    self._down(frame.subdirs.pop())
-                elif not self._up():
-                    going = self._start(top)  # the way back up is gone: again from the top
-        finally:
-            self._close()
-        return self.removed
-
-    def _start(self, ident: tuple[int, int] | None) -> bool:
-        """Open the top (if ``ident``, only the directory it was) and empty it of all
-        but its subdirectories; False if there is no such directory."""
-        self._close()
-        self.frames = []
-        if ident is not None and _identity_of(self.where) != ident:
-            return False  # gone, or replaced after it was removed: not the tree asked for
-        opened = self._open(self.where.fd, self.where.name, None)
-        if opened is None:
-            return False
-        self.fd, st = opened
-        self.dev = st.st_dev
-        self.frames.append(_Frame(self.where.name, (st.st_dev, st.st_ino)))
-        self.frames[-1].subdirs = self._clear()
-        return True
-
-    def _down(self, name: str) -> None:
-        opened = self._open(self.fd, name, self.dev)
-        if opened is None:
-            return
-        fd, st = opened
-        os.close(self.fd)
-        self.fd = fd
-        self.frames.append(_Frame(name, (st.st_dev, st.st_ino)))
-        self.frames[-1].subdirs = self._clear()
-
-    def _up(self) -> bool:
-        """Remove the emptied directory the removal is in and go up; one filled again
-        meanwhile is emptied again (``ROUNDS`` times). False if the directory above
-        cannot be reached (``..`` gone: another remover removed this one)."""
-        frame, top = self.frames[-1], len(self.frames) == 1
-        parent = self.where.fd if top else self._parent()
-        if parent < 0:
-            return False
-        try:
-            os.rmdir(frame.name, dir_fd=parent)
-            self.removed += 1
-        except FileNotFoundError:
-            pass  # another remover removed it
-        except OSError as e:
-            if not top:
-                os.close(parent)
-            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise error_at(e, self._path(), "removing a directory") from e
-            if frame.rounds >= ROUNDS:
-                raise error_at(e, self._path(), "it kept filling up while being deleted") from e
-            frame.rounds += 1
-            frame.subdirs = self._clear()
-            return True
-        os.close(self.fd)
-        self.frames.pop()
-        self.fd = -1 if top else parent
-        return True
-
-    def _parent(self) -> int:
-        """The directory above, through ``..``, checked to be the one the removal came
-        down from (else ESTALE); -1 if ``..`` is gone."""
-        try:
-            return _open_parent(self.fd, self.frames[-2].ident, self._path())
-        except FileNotFoundError:
-            return -1
-
-    def _open(self, parent: int, name: str, dev: int | None) -> tuple[int, os.stat_result] | None:
-        """Directory ``name`` of ``parent`` opened, never through a symlink, with rwx
-        for its owner (removing entries needs them; files are never chmodded, as they
-        may be hard links shared with a published tree); EXDEV if it is not on ``dev``
-        (a mount point, like ``rm --one-file-system``). None if it is gone, or is not
-        a directory (then unlinked)."""
-        try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
-        except PermissionError:  # one its owner may not read: let the owner in first
-            fd = self._let_owner_in(parent, name, dev)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            if e.errno not in (errno.ENOTDIR, errno.ELOOP):
-                raise error_at(e, self._path(name), "opening a directory") from e
-            fd = -1
-        if fd < 0:
-            self._unlink(parent, name)
-            return None
-        st = os.fstat(fd)
-        if dev is not None and st.st_dev != dev:
-            os.close(fd)
-            raise _mount_point(self._path(name))
-        if st.st_mode & stat.S_IRWXU != stat.S_IRWXU and st.st_uid == os.geteuid():
-            try:
-                os.fchmod(fd, stat.S_IMODE(st.st_mode) | stat.S_IRWXU)
-            except OSError as e:
-                os.close(fd)
-                raise error_at(e, self._path(name), "making a directory removable") from e
-        return fd, st
-
-    def _let_owner_in(self, parent: int, name: str, dev: int | None) -> int:
-        """``_open`` for a directory its owner may not read: chmod by name, never
-        following a symlink, then open; -1 if it is not (or no longer) a directory."""
-        try:
-            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        except FileNotFoundError:
-            return -1
-        except OSError as e:
-            raise error_at(e, self._path(name), "lstat") from e
-        if not stat.S_ISDIR(st.st_mode):
-            return -1
-        if dev is not None and st.st_dev != dev:
-            raise _mount_point(self._path(name))
-        mode = stat.S_IMODE(st.st_mode) | stat.S_IRWXU
-        try:
-            os.chmod(name, mode, dir_fd=parent, follow_symlinks=False)
-            return os.open(name, _DIR_FLAGS, dir_fd=parent)
-        except FileNotFoundError:
-            return -1
-        except OSError as e:
-            raise error_at(e, self._path(name), "making a directory removable") from e
-        except (NotImplementedError, ValueError) as e:  # a symlink now, or no lchmod here
-            raise OSError(
-                errno.EOPNOTSUPP, f"{e} (making a directory removable)", self._path(name)
-            ) from e
-
-    def _clear(self) -> list[str]:
-        """Unlink every entry but the subdirectories of the directory the removal is
-        in; return those."""
-        try:
-            with os.scandir(self.fd) as it:
-                entries = [(d.name, d.is_dir(follow_symlinks=False)) for d in it]
-        except FileNotFoundError:
-            return []  # another remover removed it
-        except OSError as e:
-            raise error_at(e, self._path(), "listing a directory") from e
-        subdirs = [name for name, is_dir in entries if is_dir]
-        for name, is_dir in entries:
-            if not is_dir and self._unlink(self.fd, name):
-                subdirs.append(name)  # replaced by a directory meanwhile
-        return subdirs
-
-    def _unlink(self, parent: int, name: str) -> bool:
-        """Unlink ``name`` of ``parent`` (gone already is fine); True if it is a
-        directory."""
-        try:
-            os.unlink(name, dir_fd=parent)
-            self.removed += 1
-        except FileNotFoundError:
-            pass
-        except IsADirectoryError:
-            return True
-        except OSError as e:
-            raise error_at(e, self._path(name), "removing") from e
-        return False
-
-    def _path(self, name: str = "") -> str:
-        """The path of ``name`` in the directory the removal is in (of that directory
-        if no ``name``; of the top before it is open), for messages."""
-        if not self.frames:
-            return self.where.real
-        return _path_of(self.where.real, [f.name for f in self.frames[1:]], name)
-
-    def _close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
 def kind_of(mode: int) -> Kind:
     if stat.S_ISDIR(mode):
         return "dir"
@@ -517,38 +280,27 @@ def _listdir(cursor: DirCursor, ordered: bool = False) -> list[str]:
         raise error_at(e, cursor.here(), "listing a directory") from e
 
 
-def _identity(fd: int) -> tuple[int, int]:
+def identity(fd: int) -> tuple[int, int]:
     st = os.fstat(fd)
     return st.st_dev, st.st_ino
 
 
-def _identity_of(where: Where) -> tuple[int, int] | None:
-    """The identity of entry ``where`` (not followed), None if it is gone."""
-    try:
-        st = os.stat(where.name, dir_fd=where.fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise error_at(e, where.real, "lstat") from e
-    return st.st_dev, st.st_ino
-
-
-def _path_of(root: str, names: list[str], name: str = "") -> str:
+def path_of(root: str, names: list[str], name: str = "") -> str:
     """The path of ``name`` (of the directory itself if none) in the directory
     reached from ``root`` down ``names``, for messages."""
     return os.path.join(root, *names, name) if name else os.path.join(root, *names)
 
 
-def _open_parent(fd: int, ident: tuple[int, int], here: str) -> int:
+def open_parent(fd: int, ident: tuple[int, int], here: str) -> int:
     """The directory above the open directory ``fd`` (``here``), through ``..``,
     checked to be ``ident``, the one the walk came down from (else ESTALE: the tree
     was moved). An error names ``here`` and keeps its errno (a ``..`` gone with a
     removed directory is a ``FileNotFoundError``)."""
     try:
-        parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+        parent = os.open("..", DIR_FLAGS, dir_fd=fd)
     except OSError as e:
         raise error_at(e, here, "opening its parent") from e
-    if _identity(parent) != ident:
+    if identity(parent) != ident:
         os.close(parent)
         raise _moved(here)
     return parent
@@ -559,10 +311,4 @@ def _moved(path: str) -> OSError:
         errno.ESTALE,
         "the directory was moved while it was being walked; nothing more was done",
         path,
-    )
-
-
-def _mount_point(path: str) -> OSError:
-    return OSError(
-        errno.EXDEV, "a mount point inside a tree being removed; nothing under it was removed", path
     )

@@ -40,7 +40,6 @@ import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 
-from air_transfer.core.dirtree import rmtree
 from air_transfer.core.exchange import exchange
 from air_transfer.core.locks import (
     acquire,
@@ -54,6 +53,7 @@ from air_transfer.core.locks import (
     unlink_lock,
     unused_here,
 )
+from air_transfer.core.tree_removal import rmtree
 from air_transfer.errors import error_at
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The one tree remover, ``core.dirtree.remove_tree`` (``rmtree`` for a path), by both
+"""The one tree remover, ``core.tree_removal.remove_tree`` (``rmtree`` for a path), by both
 entry shapes: any depth on one descriptor, no symlink followed, no mount point
 entered, read-only directories removed, removers of one tree at once, refills (no Ray).
 
@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from air_transfer.core.confine import Where
-from air_transfer.core.dirtree import ROUNDS, Level, remove_tree, rmtree, walk_dirs
+from air_transfer.core.dirtree import Level, walk_dirs
+from air_transfer.core.tree_removal import ROUNDS, remove_tree, rmtree
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY
 

@@ -17,7 +17,7 @@ import pytest
 from air_transfer import ChecksumError
 from air_transfer.config import MIN_CHUNK_BYTES
 from air_transfer.core import staging
-from air_transfer.core.dirtree import rmtree
+from air_transfer.core.tree_removal import rmtree
 from air_transfer.core.writer import write_tree
 from tests.support.packs import local_pack
 from tests.support.trees import Link, build_manifest, file_contents, leftovers, rich_tree

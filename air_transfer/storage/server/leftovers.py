@@ -13,7 +13,7 @@ never following a symlink) and judges each hidden entry by what proves its write
   live writer's, whatever its host or pid namespace).
 - ``trash``: a directory a delete renamed out of the way is deleted already; removing
   it finishes that delete (a deleter still at it and this walk only remove entries,
-  and each skips what the other removed: ``core.dirtree.remove_tree``).
+  and each skips what the other removed: ``core.tree_removal.remove_tree``).
 - ``upload``: carries no lock (its writer may be on another node), so one neither
   written to nor linked for ``upload_age_s`` is taken as abandoned; an upload stream
   idle that long would then fail at ``close()``, with nothing stored half-written.
@@ -32,8 +32,9 @@ import time
 from dataclasses import dataclass
 
 from air_transfer.core.confine import Where, at, open_listable
-from air_transfer.core.dirtree import Level, open_dir_or_none, remove_tree, walk_dirs
+from air_transfer.core.dirtree import Level, open_dir_or_none, walk_dirs
 from air_transfer.core.staging import internal_kind, reclaim_dead
+from air_transfer.core.tree_removal import remove_tree
 
 #: Seconds an upload file must have been left untouched before it is removed.
 UPLOAD_AGE_S = 3600.0

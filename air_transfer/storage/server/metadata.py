@@ -39,8 +39,8 @@ from air_transfer.core.confine import (
     oserror,
     storage_path,
 )
-from air_transfer.core.dirtree import remove_tree
 from air_transfer.core.staging import REPLICA_MARK, is_internal
+from air_transfer.core.tree_removal import remove_tree
 from air_transfer.storage.server.tree import (
     NOT_FOUND,
     STAGING_MARK,

@@ -4,7 +4,7 @@ infos of what is listed.
 The walk goes through directory fds (``dir_fd=``), never following a symlink, so a
 tree cannot lead out of the storage root while it is walked; and it loops over an
 explicit stack (``core.dirtree.walk_dirs``), since a tree can be deeper than Python's
-recursion limit (1,200+ levels). Trees are removed by ``core.dirtree.remove_tree``.
+recursion limit (1,200+ levels). Trees are removed by ``core.tree_removal.remove_tree``.
 
 Other callers work in the same directories at the same time (the agent runs 32
 threads; Ray Train's workers report at once), so what is seen may change under the
@@ -24,9 +24,10 @@ import pyarrow.fs as pafs
 
 from air_transfer.cluster.agent_client import Info
 from air_transfer.core.confine import Where
-from air_transfer.core.dirtree import Level, remove_tree, walk_dirs
+from air_transfer.core.dirtree import Level, walk_dirs
 from air_transfer.core.staging import TRASH_MARK as TRASH_MARK  # marks a directory being deleted
 from air_transfer.core.staging import UPLOAD_MARK, internal_name, is_internal, reclaim_dead
+from air_transfer.core.tree_removal import remove_tree
 
 logger = logging.getLogger(__name__)
 
