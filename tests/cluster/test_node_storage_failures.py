@@ -24,7 +24,7 @@ from air_transfer import ChecksumError, ChunkedCheckpoint, storage_filesystem
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.core.checksum import chunk_checksum
-from air_transfer.storage.client.uploads import ChunkWriter
+from air_transfer.storage.client.uploads import Mode, NodeUpload, Route, Staged
 from air_transfer.storage.node_api import Commit, NodeCheckpoints, NodeFiles, NodeReads
 from air_transfer.storage.server.metadata import STAGING_MARK
 from tests.support.checkpoints import MiB, kill_and_wait, make_checkpoint, on
@@ -138,7 +138,7 @@ def test_a_failed_write_frees_its_writer_without_the_garbage_collector(
 ) -> None:
     """Defect: AgentLink re-raised the agent's error (``e.cause``) inside ``except e``,
     so the error's __context__ was e, which holds it as .cause: a reference cycle
-    that kept e's traceback, and the ChunkWriter in its frames, alive until the
+    that kept e's traceback, and the NodeUpload in its frames, alive until the
     cyclic collector ran, and the upload's staging file with it."""
     import air_transfer.storage.client.uploads
 
@@ -146,7 +146,9 @@ def test_a_failed_write_frees_its_writer_without_the_garbage_collector(
     handler = f.handler
     local = f"{root}/d/out"
     staging, start, expect = handler.link.call(NodeFiles.fs_open_write, handler.root, local, False)
-    writer = ChunkWriter(handler.link, local, staging, start, expect)
+    copy = Staged(handler.node_id, handler.link, local, staging, start, expect)
+    sent = Mode(Route.SEND, direct_io=handler.config.direct_io)
+    writer = NodeUpload(sent, [copy], handler.config, local)
     alive = weakref.ref(writer)
     sent: list[int] = []
 

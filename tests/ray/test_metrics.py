@@ -26,9 +26,8 @@ from air_transfer.config import KiB
 from air_transfer.extend import Manifest
 from air_transfer.observe import metrics, telemetry
 from air_transfer.storage.client.handler import node_storage_handler
-from air_transfer.storage.client.same_node import SameNodeWriter
 from air_transfer.storage.client.streams import open_reader
-from air_transfer.storage.client.uploads import ChunkWriter
+from air_transfer.storage.client.uploads import Mode, NodeUpload, Route, Staged
 from air_transfer.storage.copy import copy_tree
 from air_transfer.storage.node_api import NodeFiles
 from tests.support.metrics import P, baseline, key, scrape, start_ray, wait_for_counts
@@ -262,9 +261,11 @@ def test_node_storage_counts_what_it_moves(endpoint: str, tmp_path: Path) -> Non
     with fs.open_output_stream(str(tmp_path / "here.bin")) as f:  # on the storage node
         for i in range(0, len(here), 1000):
             f.write(here[i : i + 1000])
-    local = str(tmp_path / "wire.bin")  # the wire classes, to this node's own agent
+    local = str(tmp_path / "wire.bin")  # over the wire, to this node's own agent
     staging, start, expect = handler.link.call(NodeFiles.fs_open_write, handler.root, local, False)
-    writer = ChunkWriter(handler.link, local, staging, start, expect, handler._upload(local))
+    sent = Mode(Route.SEND, direct_io=config.direct_io)
+    copy = Staged(node, handler.link, local, staging, start, expect)
+    writer = NodeUpload(sent, [copy], config, local, handler._upload(local))
     writer.write(wire)
     writer.close()
     with open_reader(handler.link, local, local, len(wire)) as reader:
@@ -272,9 +273,9 @@ def test_node_storage_counts_what_it_moves(endpoint: str, tmp_path: Path) -> Non
     copy_tree(str(src), str(tmp_path / "copied"), config, "upload")
     bad = str(tmp_path / "bad.bin")  # dropped unclosed (copy_files whose source failed)
     staging, start, expect = handler.link.call(NodeFiles.fs_open_write, handler.root, bad, False)
-    dropped = SameNodeWriter(
-        handler.link, bad, staging, start, expect, config, handler._upload(bad)
-    )
+    direct = Mode(Route.HERE, direct_io=config.direct_io)
+    copy = Staged(node, handler.link, bad, staging, start, expect)
+    dropped = NodeUpload(direct, [copy], config, bad, handler._upload(bad))
     dropped.write(b"x" * 100)
     del dropped
 

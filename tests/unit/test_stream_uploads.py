@@ -26,8 +26,9 @@ CHUNK = 4096
 
 
 class Streams:
-    """Streams into ``root`` as an ``IncrementalChunkWriter`` drives them, with the
-    chunks "sent" by value; ``fetched`` counts the chunks that had to come."""
+    """Streams into ``root`` as a ``NodeUpload`` offering its chunks (``Route.OFFER``)
+    drives them, with the chunks "sent" by value; ``fetched`` counts the chunks that
+    had to come."""
 
     def __init__(self, root: Path) -> None:
         self.root, self.uploads, self.store = str(root), DiskUploads(), IncrementalStore()

@@ -29,10 +29,9 @@ from air_transfer.core.confine import storage_path
 from air_transfer.core.reader import buffered
 from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
 from air_transfer.storage.client.durable_wait import DrainPoint, wait_for_lag
-from air_transfer.storage.client.incremental_uploads import IncrementalChunkWriter
-from air_transfer.storage.client.same_node import SameNodeWriter, open_native
+from air_transfer.storage.client.same_node import open_native
 from air_transfer.storage.client.streams import AgentLink, open_reader
-from air_transfer.storage.client.uploads import ChunkWriter
+from air_transfer.storage.client.uploads import Mode, NodeUpload, Route, Staged
 from air_transfer.storage.durable.reads import open_verified
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget, relative
@@ -269,15 +268,12 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         staging, start, expect = self.link.call(
             NodeFiles.fs_open_write, self.root, local, append, process
         )
-        writer: SameNodeWriter | ChunkWriter
-        if self._on_storage_node():  # the bytes go straight into the staging file
-            upload = self._upload(local)
-            writer = SameNodeWriter(self.link, local, staging, start, expect, self.config, upload)
-        elif self.config.incremental and not start:  # checksums first (not an append)
-            upload = self._upload(local)
-            writer = IncrementalChunkWriter(self.link, local, staging, start, expect, upload)
-        else:
-            writer = ChunkWriter(self.link, local, staging, start, expect, self._upload(local))
+        indexed = self.config.incremental and not start  # checksums first (not an append)
+        # On the storage node, the bytes go straight into the staging file.
+        route = Route.HERE if self._on_storage_node() else Route.OFFER if indexed else Route.SEND
+        mode = Mode(route, indexed, self.config.direct_io)
+        copy = Staged(self.node_id, self.link, local, staging, start, expect)
+        writer = NodeUpload(mode, [copy], self.config, local, self._upload(local))
         return pa.PythonFile(writer, mode="w")
 
     def _upload(self, local: str) -> Transfer:

@@ -105,7 +105,7 @@ class AgentLink:
         try:
             yield
         except RayTaskError as e:
-            raise_own(e)  # a copy (see raise_own: a ChunkWriter's frames)
+            raise_own(e)  # a copy (see raise_own: a NodeUpload's frames)
             cause = innermost(e)
             if isinstance(cause, (RayActorError, ObjectLostError)):
                 raise CheckpointLostError(
