@@ -90,7 +90,7 @@ def real_root(root: str) -> str:
 def checked_path(root: str, path: str) -> str:
     """``storage_path``, whose real location (symlinks resolved) is inside ``root``
     now: a check at the time of the call only (an early refusal, or a choice), never
-    a licence to act on the path later; ``at`` and ``storage.confined`` act race-free."""
+    a licence to act on the path later; ``at`` and ``core.confined_dirs`` act race-free."""
     lexical = storage_path(root, path)
     real = resolve(lexical)
     if not inside(real_root(root), real):

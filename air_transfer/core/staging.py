@@ -62,9 +62,9 @@ _STAGING = ".air-staging-"
 _OLD = ".air-old-"
 _PUBLISH_LOCK = ".air-lock"
 _LOCK_SUFFIX = ".lock"
-#: Marks the staging file of an upload through node storage (``storage.disk_uploads``).
+#: Marks the staging file of an upload through node storage (``storage.server.uploads``).
 UPLOAD_MARK = ".air-upload-"
-#: Marks a directory being deleted by node storage (``storage.disk``).
+#: Marks a directory being deleted by node storage (``storage.server.metadata``).
 TRASH_MARK = ".air-trash-"
 #: Begins the names of the marker in each copy of a replicated node storage, naming
 #: the storage and node it is a copy of (``storage.server.replica_marker``).

@@ -2,7 +2,7 @@
 
 Runs in the agent of the storage node (``node_service.NodeStorageService`` hands its calls to
 these methods): every metadata operation of ``storage_filesystem`` is one call to one of
-them (file bodies: ``disk_uploads``, ``disk_reads``). They keep no state between
+them (file bodies: ``uploads``, ``reads``). They keep no state between
 calls, and the agent runs up to 32 of them at once, for callers on every node.
 
 So no operation checks and then acts: each acts and reads the outcome from the

@@ -31,7 +31,7 @@ from air_transfer.core.tree_removal import remove_tree
 
 logger = logging.getLogger(__name__)
 
-#: Marks the staging files of uploads in progress (``disk_uploads``).
+#: Marks the staging files of uploads in progress (``storage.server.uploads``).
 STAGING_MARK = UPLOAD_MARK
 
 NOT_FOUND: Info = (pafs.FileType.NotFound, None, None)
