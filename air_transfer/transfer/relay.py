@@ -33,14 +33,14 @@ class Relays:
         self._slots: dict[str, tuple[threading.Event, list[Any]]] = {}
 
     @in_group(HANDOVER_GROUP)
-    def give(self, key: str, value: Any) -> None:
+    def give(self, key: str, value: object) -> None:
         """Hand over the value of ``key`` (before or after its ``take`` started)."""
         ready, box = self._slot(key)
         box.append(value)
         ready.set()
 
     @in_group(RELAY_GROUP)
-    def take(self, key: str, pid: int, poll_s: float | None = None) -> Any:
+    def take(self, key: str, pid: int, poll_s: float | None = None) -> object:
         """The value of ``key`` once given (raised if it is an exception), checking
         every ``poll_s`` (default ``KNOBS.relay_poll_s``) that the giver, process
         ``pid`` of this node, still runs."""

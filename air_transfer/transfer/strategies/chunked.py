@@ -14,6 +14,7 @@ import numpy as np
 import ray
 
 from air_transfer.cluster.fetch import fetch_in_order
+from air_transfer.cluster.refs import ChunkRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest, TransferStrategy
@@ -27,7 +28,7 @@ class ChunkedStrategy(TransferStrategy):
     chunks_kept = True  # object-store chunks, pinned by the views written from them
 
     def pack(self, request: PackRequest) -> Packed:
-        refs: list[ray.ObjectRef[Any]] = []
+        refs: list[ChunkRef] = []
         checksums: list[str] = []
         for _index, view, checksum in request.chunks():
             # ray.put copies the buffer into the object store before returning, so the
