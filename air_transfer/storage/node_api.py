@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from air_transfer.cluster.agent_client import Expect, Info, Listed
+from air_transfer.cluster.refs import ChecksumRef, ChunkRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.process_locks import Process
@@ -140,7 +141,7 @@ class NodeReads(Protocol):
 
     def file_chunks(
         self, root: str, path: str, size: int, chunk_bytes: int, first: int, count: int, budget: int
-    ) -> list[list[tuple[Any, Any]]]:
+    ) -> list[list[tuple[ChunkRef, ChecksumRef]]]:
         """``[[(chunk ref, checksum ref), ...]]`` of ``count`` chunks from ``first``."""
         ...
 
