@@ -17,7 +17,6 @@ import errno
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
 
 import pyarrow.fs as pafs
 import ray
@@ -422,7 +421,7 @@ def _store_directory(
 def _pack_and_store(
     checkpoint: Checkpoint,
     config: TransferConfig | None,
-    store: Callable[[ray.ObjectRef[Any]], object],
+    store: Callable[[ray.ObjectRef[ChunkedCheckpoint]], object],
 ) -> None:
     """Pack ``checkpoint`` (here, by this node's agent) while an agent stores what is
     packed so far (``store(ref)``, which returns once it is stored); returns then."""

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TypeVar
 
 import ray
 
@@ -40,6 +40,8 @@ from air_transfer.errors import ChecksumError
 from air_transfer.observe import deferred, metrics
 from air_transfer.observe.metrics import ByteCounter, Phase
 from air_transfer.observe.progress import Bar, progress_enabled
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -123,8 +125,8 @@ class Transfer:
         metrics.failed(self.phase, self.strategy, error_name(error))
 
     def chunks(
-        self, chunks: Iterator[Any], length: Callable[[int], int], verified: bool
-    ) -> Generator[Any, None, None]:
+        self, chunks: Iterator[T], length: Callable[[int], int], verified: bool
+    ) -> Generator[T, None, None]:
         """``chunks`` again, advancing by chunk ``i``'s ``length(i)``, and counting it
         verified if ``verified``, when the consumer asks for the chunk after it or the
         end: a writer that asks for chunk ``i + 1`` has checked and written chunk

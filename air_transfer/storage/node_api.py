@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -27,6 +27,9 @@ from air_transfer.core.process_locks import Process
 from air_transfer.core.scan import Source
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class Commit:
     path: str
     staging: str
     offset: int
-    tail: Any
+    tail: Buffer
     checksum: str
     size: int
     direct_io: bool = False

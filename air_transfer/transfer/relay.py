@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
 
 from air_transfer.cluster.fetch import fresh
 from air_transfer.cluster.nodes import HANDOVER_GROUP, RELAY_GROUP
@@ -30,7 +29,7 @@ class Relays:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._slots: dict[str, tuple[threading.Event, list[Any]]] = {}
+        self._slots: dict[str, tuple[threading.Event, list[object]]] = {}
 
     @in_group(HANDOVER_GROUP)
     def give(self, key: str, value: object) -> None:
@@ -65,7 +64,7 @@ class Relays:
         with self._lock:
             return len(self._slots)
 
-    def _slot(self, key: str) -> tuple[threading.Event, list[Any]]:
+    def _slot(self, key: str) -> tuple[threading.Event, list[object]]:
         with self._lock:
             return self._slots.setdefault(key, (threading.Event(), []))
 

@@ -8,7 +8,7 @@ them out of band and ``ray.get`` returns a zero-copy view into shared memory.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
@@ -18,6 +18,9 @@ from air_transfer.cluster.refs import ChunkRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest, TransferStrategy
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 
 class ChunkedStrategy(TransferStrategy):
@@ -39,7 +42,7 @@ class ChunkedStrategy(TransferStrategy):
 
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
-    ) -> Iterator[Any]:
+    ) -> Iterator[Buffer]:
         return fetch_in_order(payload[start:stop], config.window)
 
     def refs(self, payload: Any) -> list[ray.ObjectRef[Any]]:
