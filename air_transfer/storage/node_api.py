@@ -164,13 +164,19 @@ class NodeReads(Protocol):
 class NodeCheckpoints(Protocol):
     """Checkpoints written into node storage by the storage node itself."""
 
-    def store_checkpoint(self, checkpoint: Any, filesystem: pafs.FileSystem, path: str) -> str:
+    def store_checkpoint(self, checkpoint: object, filesystem: pafs.FileSystem, path: str) -> str:
         """Write a transferred checkpoint (a ``ChunkedCheckpoint`` or its handle, or
         its ref, resolved by Ray) to ``path`` on ``filesystem``."""
         ...
 
     def store_report(
-        self, worker: str, source: Any, root: str, path: str, config: TransferConfig, op: str = ""
+        self,
+        worker: str,
+        source: object,
+        root: str,
+        path: str,
+        config: TransferConfig,
+        op: str = "",
     ) -> str:
         """Store Ray Train worker ``worker``'s reported checkpoint (a transfer's ref,
         resolved by Ray, or a directory on the storage node) at ``path``. Noted until

@@ -67,7 +67,7 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
         node_id: str,
         submit: Submit,
         start: StartTransfer,
-        handle_of: Callable[[Any], TransferHandle],
+        handle_of: Callable[[object], TransferHandle],
     ) -> None:
         self._files = FileChunks(submit)
         self._directories = DirectoryTransfers(start)
@@ -111,13 +111,19 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
         self._directories.clear()
 
     # -- checkpoints -------------------------------------------------------------------
-    def store_checkpoint(self, checkpoint: Any, filesystem: pafs.FileSystem, path: str) -> str:
+    def store_checkpoint(self, checkpoint: object, filesystem: pafs.FileSystem, path: str) -> str:
         stored = store_checkpoint(self._handle_of(checkpoint), filesystem, path)
         self._stored += 1
         return stored
 
     def store_report(
-        self, worker: str, source: Any, root: str, path: str, config: TransferConfig, op: str = ""
+        self,
+        worker: str,
+        source: object,
+        root: str,
+        path: str,
+        config: TransferConfig,
+        op: str = "",
     ) -> str:
         src = source if isinstance(source, str) else self._handle_of(source)
         local = storage_path(root, path)
