@@ -27,6 +27,7 @@ import ray
 
 from air_transfer.cluster.agent_client import AgentSelf
 from air_transfer.cluster.identity import Identity, this_process
+from air_transfer.cluster.refs import CheckpointRef, DoneRef
 from air_transfer.cluster.rpc import R, Services
 from air_transfer.config import TransferConfig
 from air_transfer.core import process_locks
@@ -41,7 +42,7 @@ from air_transfer.transfer.relay import Relays
 from air_transfer.transfer.route import start_on_this_thread
 
 
-def _owned_transfer(source: Source, config: TransferConfig) -> tuple[Any, Any]:
+def _owned_transfer(source: Source, config: TransferConfig) -> tuple[CheckpointRef, DoneRef | None]:
     """A transfer this agent owns (the chunk cache's whole-directory transfers)."""
     ref, done, _ = start_on_this_thread(source, config.replace(owner="node"))
     return ref, done

@@ -17,10 +17,12 @@ import posixpath
 from collections.abc import Sequence
 from typing import Any
 
+import pyarrow.fs as pafs
 import ray
 from ray.train import Checkpoint
 
 from air_transfer.cluster import _ray
+from air_transfer.cluster.refs import CheckpointRef, PendingChecksum
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.scan import Source
@@ -87,7 +89,9 @@ class ChunkedCheckpoint(Checkpoint):
             watch.start()
         return future
 
-    def to_object_ref(self, config: TransferConfig | None = None) -> ray.ObjectRef[Any]:
+    def to_object_ref(
+        self, config: TransferConfig | None = None
+    ) -> ray.ObjectRef[ChunkedCheckpoint]:
         """Pack this checkpoint into chunks and return an ObjectRef to it, once every
         chunk is stored (``to_object_ref_async(config).result()``). While it waits,
         this process stores every other chunk itself beside the node's agent
@@ -135,7 +139,7 @@ class ChunkedCheckpoint(Checkpoint):
         return self._handle is not None and config in (None, self._handle.config)
 
     @classmethod
-    def from_object_ref(cls, ref: Any) -> ChunkedCheckpoint:
+    def from_object_ref(cls, ref: object) -> ChunkedCheckpoint:
         """The checkpoint behind ``ref`` (from ``to_object_ref``), readable here.
 
         ``ref`` may also be what Ray hands a task or actor for such a ref passed as a
@@ -209,14 +213,14 @@ class ChunkedCheckpoint(Checkpoint):
         directory; only the chunks holding that file are fetched."""
         if self._handle is not None:
             return self._handle.open_file(relpath)
-        filesystem: Any = self.filesystem
+        filesystem: pafs.FileSystem = self.filesystem
         stream: io.BufferedIOBase = filesystem.open_input_file(posixpath.join(self.path, relpath))
         return stream
 
     # -- identity ----------------------------------------------------------------------
     def __repr__(self) -> str:
         if self._handle is None:
-            filesystem: Any = self.filesystem
+            filesystem: pafs.FileSystem = self.filesystem
             return f"ChunkedCheckpoint(filesystem={filesystem.type_name}, path={self.path})"
         return f"ChunkedCheckpoint({self._handle.describe()})"
 
@@ -233,7 +237,7 @@ class ChunkedCheckpoint(Checkpoint):
         self.__dict__.update(state)
 
 
-def _packing_chunks(ref: ray.ObjectRef[Any]) -> tuple[Sequence[int], Sequence[Any]]:
+def _packing_chunks(ref: CheckpointRef) -> tuple[Sequence[int], Sequence[PendingChecksum]]:
     """The length and the checksum ref of every chunk of the transfer at ``ref``
     (what a ``PackWatch`` follows)."""
     handle = ChunkedCheckpoint.from_object_ref(ref).handle()

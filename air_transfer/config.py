@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+#: A durable tier as given: a URI, or a ``(pyarrow.fs.FileSystem, path)`` pair.
+Durable = str | tuple["pafs.FileSystem", str]
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -201,7 +207,7 @@ class StorageConfig:
     replica_root: str | None = None
     incremental: bool = False
     cache_bytes: int = 1 * GiB
-    durable: Any = None
+    durable: Durable | None = None
     durable_concurrency: int = 4
     durable_bytes_per_s: int | None = None
     max_lag_bytes: int | None = None

@@ -17,7 +17,6 @@ import errno
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
 
 import pyarrow.fs as pafs
 import ray
@@ -32,7 +31,7 @@ from air_transfer.cluster.nodes import (
     resolve_node,
     this_node_id,
 )
-from air_transfer.config import StorageConfig, TransferConfig
+from air_transfer.config import Durable, StorageConfig, TransferConfig
 from air_transfer.core import environ
 from air_transfer.core.confine import checked_path, storage_path
 from air_transfer.core.dirtree import Level, walk_dirs
@@ -76,7 +75,7 @@ def storage_filesystem(
     replicas: int = 1,
     replica_nodes: tuple[str, ...] = (),
     replica_root: str | None = None,
-    durable: Any = None,
+    durable: Durable | None = None,
     storage: StorageConfig | None = None,
 ) -> pafs.PyFileSystem:
     """A ``pyarrow`` filesystem whose files live on the disk of one node and that
@@ -140,7 +139,7 @@ def _storage_settings(
     replicas: int,
     replica_nodes: tuple[str, ...],
     replica_root: str | None,
-    durable: Any,
+    durable: Durable | None,
 ) -> StorageConfig:
     """``storage``, or the keywords as a ``StorageConfig``; not both."""
     if storage is None:
@@ -422,7 +421,7 @@ def _store_directory(
 def _pack_and_store(
     checkpoint: Checkpoint,
     config: TransferConfig | None,
-    store: Callable[[ray.ObjectRef[Any]], object],
+    store: Callable[[ray.ObjectRef[ChunkedCheckpoint]], object],
 ) -> None:
     """Pack ``checkpoint`` (here, by this node's agent) while an agent stores what is
     packed so far (``store(ref)``, which returns once it is stored); returns then."""

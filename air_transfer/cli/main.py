@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from air_transfer.cli.address import NODE_FORMS, parse_location, parse_node_path
 from air_transfer.cli.output import emit_json, human_bytes
@@ -257,7 +256,7 @@ class _ByteBar:
         self._bar.close()
 
 
-def _bar(args: argparse.Namespace, desc: str, total: int) -> Any:
+def _bar(args: argparse.Namespace, desc: str, total: int) -> _NoBar | _ByteBar:
     """A progress bar for ``total`` bytes: drawn at once with ``--progress``, after a
     second where bars are on by default (a terminal, ``AIR_TRANSFER_PROGRESS``)."""
     from air_transfer.observe.progress import progress_enabled

@@ -17,11 +17,15 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from air_transfer.core import environ
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+    from ray.train import Checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -180,13 +184,13 @@ def streaming(method: Any, window: int) -> Any:
     return method.options(num_returns="streaming", **{BACKPRESSURE_OPTION: window})
 
 
-def temporary_checkpoint_dir(checkpoint: Any) -> str:
+def temporary_checkpoint_dir(checkpoint: Checkpoint) -> str:
     """The fresh local directory ``ray.train.Checkpoint.to_directory()`` uses when
     given no path, so ours behaves the same."""
     return str(checkpoint._get_temporary_checkpoint_dir())
 
 
-def checkpoint_uuid(checkpoint: Any) -> uuid.UUID:
+def checkpoint_uuid(checkpoint: Checkpoint) -> uuid.UUID:
     """The id a ``ray.train.Checkpoint`` names its temporary directory after; kept
     across pickling so copies of a checkpoint share their download directory."""
     value: uuid.UUID = checkpoint._uuid
@@ -251,13 +255,13 @@ _uploaded_here = threading.local()
 #: ``upload(filesystem, checkpoint_path, checkpoint, worker)``: the persisted
 #: checkpoint, or None to let Ray Train copy it itself. ``worker``: the reporting
 #: worker's actor id.
-Upload = Callable[[Any, str, Any, str], Any]
+Upload = Callable[["pafs.FileSystem", str, "Checkpoint", str], "Checkpoint | None"]
 #: ``download(filesystem, path, local_path)``: True if it copied the directory.
-Download = Callable[[Any, str, str], bool]
+Download = Callable[["pafs.FileSystem", str, str], bool]
 #: ``reclaim(filesystem, workers, tracked)``: Ray Train is stopping the group of
 #: ``workers`` (actor ids); what their reports stored into ``filesystem`` and is not
 #: in ``tracked`` (the checkpoint paths Train keeps) is an orphan.
-Reclaim = Callable[[Any, list[str], list[str]], None]
+Reclaim = Callable[["pafs.FileSystem", list[str], list[str]], None]
 
 
 def install_train_hooks(upload: Upload, download: Download, reclaim: Reclaim) -> bool:
@@ -320,12 +324,15 @@ def install_train_hooks(upload: Upload, download: Download, reclaim: Reclaim) ->
         return False
 
     @functools.wraps(original_persist)
-    def persist_current_checkpoint(self: Any, checkpoint: Any, checkpoint_dir_name: str) -> Any:
+    def persist_current_checkpoint(
+        self: Any, checkpoint: Checkpoint, checkpoint_dir_name: str
+    ) -> Checkpoint:
         path = self.build_checkpoint_path_from_name(checkpoint_dir_name)
         worker = ray.get_runtime_context().get_actor_id() or ""
         persisted = upload(self.storage_filesystem, path, checkpoint, worker)
         if persisted is None:
-            return original_persist(self, checkpoint, checkpoint_dir_name)
+            by_ray: Checkpoint = original_persist(self, checkpoint, checkpoint_dir_name)
+            return by_ray
         _uploaded_here.value = True
         return persisted
 
@@ -339,7 +346,7 @@ def install_train_hooks(upload: Upload, download: Download, reclaim: Reclaim) ->
 
     @functools.wraps(original_download)
     def download_from_fs_path(
-        fs: Any, fs_path: str, local_path: str, filelock: bool = True
+        fs: pafs.FileSystem, fs_path: str, local_path: str, filelock: bool = True
     ) -> None:
         if not download(fs, fs_path, local_path):
             original_download(fs, fs_path, local_path, filelock)

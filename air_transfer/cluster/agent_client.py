@@ -98,7 +98,7 @@ class AgentClient:
         /,
         *args: P.args,
         **kwargs: P.kwargs,
-    ) -> Any:
+    ) -> ray.ObjectRefGenerator:
         """``call``, for a method that yields: a streaming generator of the objects
         it yields, at most ``window`` ahead of its reader."""
         return _ray.streaming(self.actor.call_streaming, window).remote(method, *args, **kwargs)

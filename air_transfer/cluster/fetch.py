@@ -11,7 +11,7 @@ import copy
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TypeVar, overload
 
 import ray
 from ray.exceptions import RayTaskError
@@ -19,6 +19,10 @@ from ray.exceptions import RayTaskError
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.threads import pool
 from air_transfer.errors import CheckpointLostError
+
+T = TypeVar("T")
+#: What ``fetch_in_order`` gets: a ref, a list of refs, or a str (yielded as it is).
+Fetched = ray.ObjectRef[T] | list[ray.ObjectRef[T]] | str
 
 #: What air-transfer raises as itself, whichever process raised it (README, Errors:
 #: ManifestError is a ValueError; ChecksumError, SourceChangedError, ConnectionError,
@@ -60,7 +64,17 @@ def raise_own(error: BaseException) -> None:
         raise fresh(cause) from None
 
 
-def get(ref: Any, timeout: float | None = None) -> Any:
+@overload
+def get(ref: ray.ObjectRef[T], timeout: float | None = None) -> T: ...
+
+
+@overload
+def get(ref: list[ray.ObjectRef[T]], timeout: float | None = None) -> list[T]: ...
+
+
+def get(
+    ref: ray.ObjectRef[T] | list[ray.ObjectRef[T]], timeout: float | None = None
+) -> T | list[T]:
     """``ray.get(ref)``, raising what it raises without the traceback it has there:
     Ray raises a lost object's or dead actor's error from a frame that holds it in
     a local variable, and holds ``ref`` too, so the error, its traceback and every
@@ -73,7 +87,19 @@ def get(ref: Any, timeout: float | None = None) -> Any:
         raise e.with_traceback(None)  # noqa: B904 (the same error, without the cycle)
 
 
-def fetch_in_order(refs: Iterable[Any], window: int) -> Iterator[Any]:
+@overload
+def fetch_in_order(refs: Iterable[ray.ObjectRef[T]], window: int) -> Iterator[T]: ...
+
+
+@overload
+def fetch_in_order(refs: Iterable[ray.ObjectRef[T] | str], window: int) -> Iterator[T | str]: ...
+
+
+@overload
+def fetch_in_order(refs: Iterable[list[ray.ObjectRef[T]]], window: int) -> Iterator[list[T]]: ...
+
+
+def fetch_in_order(refs: Iterable[Fetched[T]], window: int) -> Iterator[T | list[T] | str]:
     """Yield ``get(ref)`` for each ref in order (a list, or a streaming
     generator's refs as they come), keeping up to ``window`` gets in flight ahead so
     cross-node pulls overlap with the consumer's work. A str among them (a checksum
@@ -82,7 +108,7 @@ def fetch_in_order(refs: Iterable[Any], window: int) -> Iterator[Any]:
     Threads, not ``ray.wait(fetch_local=True)``: a get in flight is a pull that Ray
     keeps going, and its result is dropped as soon as the consumer moves on.
     """
-    pending: deque[Future[Any]] = deque()
+    pending: deque[Future[T | list[T] | str]] = deque()
     threads = min(window, KNOBS.max_fetch_threads)
     fetches = pool("air-transfer-fetch", threads)
     try:
@@ -104,11 +130,11 @@ def fetch_in_order(refs: Iterable[Any], window: int) -> Iterator[Any]:
         fetches.shutdown(wait=False, cancel_futures=True)
 
 
-def _start(pool: ThreadPoolExecutor, ref: Any) -> Future[Any]:
+def _start(pool: ThreadPoolExecutor, ref: Fetched[T]) -> Future[T | list[T] | str]:
     """The get of ``ref`` (a ref, or a list of refs) in ``pool``, or, for a str (a
     checksum already known), a done future of it."""
     if not isinstance(ref, str):
         return pool.submit(get, ref)
-    done: Future[Any] = Future()
+    done: Future[T | list[T] | str] = Future()
     done.set_result(ref)
     return done

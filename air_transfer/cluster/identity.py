@@ -37,7 +37,7 @@ def this_process() -> Identity:
     return Identity(environ.package_version(), environ.captured())
 
 
-def runtime_env() -> dict[str, Any]:
+def runtime_env() -> dict[str, dict[str, dict[str, str]]]:
     """The ``.options()`` that start an actor with this process's settings."""
     settings = environ.captured()
     return {"runtime_env": {"env_vars": settings}} if settings else {}

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import posixpath
 import re
@@ -61,7 +62,7 @@ class ConfinedSource(Source):
     #: Node storage replaces every file it writes (``Source.replaced_not_rewritten``).
     replaced_not_rewritten: ClassVar[bool] = True
 
-    def open(self, relpath: str) -> Any:
+    def open(self, relpath: str) -> io.FileIO:
         fd = at(self.storage_root, self.local_path(relpath), lambda w: open_file(w, os.O_RDONLY))
         return open(fd, "rb", buffering=0)
 

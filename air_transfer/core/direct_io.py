@@ -31,7 +31,7 @@ import errno
 import os
 import queue
 import threading
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -49,6 +49,9 @@ from air_transfer.core.aligned_writes import (
 from air_transfer.core.threads import start_daemon
 from air_transfer.errors import error_at
 
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+
 __all__ = [
     "ALIGN",
     "BOUNCE_BYTES",
@@ -63,7 +66,7 @@ __all__ = [
 class Hasher(Protocol):
     """A streaming hash (``xxhash.xxh3_128``): what ``write`` feeds every byte to."""
 
-    def update(self, data: Any, /) -> None: ...
+    def update(self, data: Buffer, /) -> None: ...
 
 
 #: Buffer address alignment of a direct write (a block queue's DMA alignment: 511 + 1
@@ -115,7 +118,9 @@ class DirectFileWriter:
             self._free.put(aligned_buffer(buffer_bytes))
         #: (buffer, bytes, offset, set once written): a bounce buffer, or a view
         #: written from in place (with an event where its caller waits for it).
-        self._full: queue.Queue[tuple[Any, int, int, threading.Event | None] | None]
+        self._full: queue.Queue[
+            tuple[memoryview | np.ndarray, int, int, threading.Event | None] | None
+        ]
         self._full = queue.Queue()
         self._views = threading.Semaphore(depth)
         self._mem_align = MEM_ALIGN

@@ -10,12 +10,13 @@ is never handed out (why this proves a version, and what it cannot see:
 from __future__ import annotations
 
 import errno
+import io
 import os
 import posixpath
 import time
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from air_transfer.core.entry import Entry
@@ -101,7 +102,7 @@ class SourceFile:
         if stamp.ctime_ns is not None and time.time_ns() - stamp.ctime_ns < RACY_WINDOW_NS:
             _wait_out_racy_window(stamp.ctime_ns)
         try:
-            self.handle: Any = source.open(path)
+            self.handle: io.FileIO | pa.NativeFile = source.open(path)
         except FileNotFoundError as e:
             if self.stored:  # its checkpoint was deleted: nothing else changes one
                 raise FileNotFoundError(

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from air_transfer.core.knobs import KNOBS
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 #: ``(first, last)``: a generator of ``(chunk_index, chunk_view)`` from chunk ``first``
 #: on, already verified. ``last`` is the chunk where the read that opened it ends: an
@@ -83,7 +86,7 @@ class ChunkFileReader(io.RawIOBase):
             parts.append(bytes(part))
         return b"".join(parts)
 
-    def _read_view(self, size: int) -> Any:
+    def _read_view(self, size: int) -> memoryview | bytes:
         if self.closed:
             raise ValueError(f"read from closed file {self.name!r}")
         if size == 0 or self._pos >= self._size:
@@ -96,7 +99,7 @@ class ChunkFileReader(io.RawIOBase):
         self._pos += n
         return view[inner : inner + n]
 
-    def readinto(self, buffer: Any) -> int:
+    def readinto(self, buffer: Buffer) -> int:
         if self.closed:
             raise ValueError(f"read from closed file {self.name!r}")
         out = memoryview(buffer).cast("B")

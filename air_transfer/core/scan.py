@@ -11,12 +11,14 @@ inode and device mean nothing on another host): reads are proven against them
 from __future__ import annotations
 
 import errno
+import io
 import os
 import posixpath
 import stat
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from air_transfer.core.dirtree import DirCursor, Loop, Visit, walk
@@ -53,7 +55,7 @@ class Source:
     def local_path(self, relpath: str) -> str:
         return os.path.join(self.root, *relpath.split("/"))
 
-    def open(self, relpath: str) -> Any:
+    def open(self, relpath: str) -> io.FileIO | pa.NativeFile:
         """Open one file of the checkpoint for reading, unbuffered where local."""
         if self.is_local:
             return open(self.local_path(relpath), "rb", buffering=0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from air_transfer.core.checksum import chunk_checksum, chunk_hasher
 from air_transfer.core.entry import Entry
@@ -29,10 +29,15 @@ from air_transfer.core.publish import check_before_writing, not_a_directory, pub
 from air_transfer.core.staging import Site
 from air_transfer.errors import ChecksumError
 
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+
+T = TypeVar("T")
+
 
 def write_tree(
     manifest: Manifest,
-    chunks: Iterable[Any],
+    chunks: Iterable[Buffer],
     target: str | os.PathLike[str],
     verify: bool = True,
     direct_io: bool = True,
@@ -79,14 +84,14 @@ def write_tree(
     return target
 
 
-def checked_chunks(chunks: Iterable[Any], check: Callable[[], None] | None) -> Iterable[Any]:
+def checked_chunks(chunks: Iterable[T], check: Callable[[], None] | None) -> Iterable[T]:
     """``chunks``, calling ``check()`` before each: a writer that must give up when
     told to (a report of a stopped Ray Train worker group) raises from it, and so
     publishes nothing."""
     return chunks if check is None else _checked(chunks, check)
 
 
-def _checked(chunks: Iterable[Any], check: Callable[[], None]) -> Iterator[Any]:
+def _checked(chunks: Iterable[T], check: Callable[[], None]) -> Iterator[T]:
     for chunk in chunks:
         check()
         yield chunk
@@ -94,7 +99,7 @@ def _checked(chunks: Iterable[Any], check: Callable[[], None]) -> Iterator[Any]:
 
 def _write_entries(
     manifest: Manifest,
-    chunks: Iterable[Any],
+    chunks: Iterable[Buffer],
     root: str,
     verify: bool,
     direct_io: bool,
@@ -226,7 +231,7 @@ def _join(root: str, relpath: str) -> str:
     return f"{root}/{relpath}"  # relpath is checked POSIX (no "", ".", ".."): as join
 
 
-def _describe(files: Sequence[Entry], spans: Sequence[Any], limit: int = 5) -> str:
+def _describe(files: Sequence[Entry], spans: Sequence[Span], limit: int = 5) -> str:
     names = [files[s.file_index].path for s in spans]
     shown = ", ".join(repr(n) for n in names[:limit])
     more = f" and {len(names) - limit} more files" if len(names) > limit else ""

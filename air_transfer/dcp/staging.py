@@ -13,12 +13,15 @@ import os
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import Future
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 import torch
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 
 from air_transfer.core.threads import pool
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 
 @contextlib.contextmanager
@@ -135,7 +138,7 @@ class ViewReader(io.RawIOBase):
         self._pos = max(0, base + offset)
         return self._pos
 
-    def readinto(self, buffer: Any) -> int:
+    def readinto(self, buffer: Buffer) -> int:
         out = memoryview(buffer).cast("B")
         n = max(0, min(len(out), len(self._view) - self._pos))
         out[:n] = self._view[self._pos : self._pos + n]

@@ -24,8 +24,9 @@ import pickle
 import posixpath
 import uuid
 from collections.abc import Iterator
-from typing import IO, Any, TypeVar, cast
+from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import ray
 import torch
@@ -55,6 +56,9 @@ from air_transfer.storage.location import node_storage_location
 from air_transfer.storage.node_api import NodeCheckpoints
 from air_transfer.train import run_storage_filesystem, storage_filesystem
 
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+
 #: DCP's metadata file, written last: a checkpoint without it is incomplete.
 METADATA = ".metadata"
 
@@ -69,7 +73,9 @@ class ArrowFiles(FileSystemBase):
         self.filesystem = filesystem
 
     @contextlib.contextmanager
-    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
+    def create_stream(
+        self, path: str | os.PathLike[str], mode: str
+    ) -> Iterator[pa.NativeFile | Upload]:
         path = os.fspath(path)
         if "r" in mode:
             with self.filesystem.open_input_file(path) as f:
@@ -139,9 +145,9 @@ class Upload(io.RawIOBase):
     filesystem's stream unclosed, which for node storage discards the upload at
     once (the traceback of the error that caused it holds this, not the stream)."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: pa.NativeFile) -> None:
         super().__init__()
-        self._stream: Any = stream
+        self._stream: pa.NativeFile | None = stream
         #: What the filesystem's stream raised, if it did: torch.save does not pass a
         #: failed write on (it fails later on a position that does not add up).
         self.failure: BaseException | None = None
@@ -149,7 +155,7 @@ class Upload(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data: Any) -> int:
+    def write(self, data: Buffer) -> int:
         if self._stream is None:
             raise ValueError("write to a closed or aborted DCP upload")
         try:
@@ -250,12 +256,12 @@ class NodeStorageWriter(FileSystemWriter):
         then delete the files only the replaced one named."""
         path = self._own_metadata_path()
         replaced = self._files_named_by(path)
-        fs: Any = self.fs  # ArrowFiles, where torch's FileSystemWriter has its own
+        fs = cast(ArrowFiles, self.fs)  # where torch's FileSystemWriter has its own
         self.fs = _KeepUntilRenamedOver(fs.filesystem, path)  # type: ignore[assignment]
         try:
             super().finish(metadata, results)
         finally:
-            self.fs = fs
+            self.fs = fs  # type: ignore[assignment]
         kept = {r.storage_data.relative_path for wrs in results for r in wrs}
         for relative in sorted(replaced - kept):
             try:
@@ -393,14 +399,14 @@ class NodeStorageReader(FileSystemReader):
         """``items`` of file ``relative``, read once in offset order and decoded one
         at a time (see ``_read_item``)."""
         path = posixpath.join(self.path, relative)
-        f: Any
+        f: pa.NativeFile
         with self.fs.create_stream(path, "rb") as f:
             size = f.size()
             for item in sorted(items, key=lambda i: self.storage_data[i.storage_index].offset):
                 yield self._read_item(f, path, size, item, planner)
 
     def _read_item(
-        self, f: Any, path: str, size: int, item: ReadItem, planner: LoadPlanner
+        self, f: pa.NativeFile, path: str, size: int, item: ReadItem, planner: LoadPlanner
     ) -> tuple[ReadItem, torch.Tensor | io.BytesIO, torch.Tensor | None]:
         """``item``'s bytes from ``f``, decoded: (item, BytesIO, None) for a
         non-tensor value, (item, tensor, its destination) for a tensor."""

@@ -5,7 +5,6 @@ from every rank straight into the run's storage and reports it in-band;
 (``ChecksumError``, ``PermissionError``), not DCP's ``CheckpointException``.
 """
 
-
 from __future__ import annotations
 
 import copy
@@ -49,8 +48,8 @@ def _unwrapped(call: Callable[[], T]) -> T:
 
 # -- the Ray Train recipe ----------------------------------------------------------------
 _lock = threading.Lock()
-_pending: Future[Any] | None = None  # this worker's async save still running
-_async_group: Any = None  # the process group async saves run their collectives on
+_pending: Future[None] | None = None  # this worker's async save still running
+_async_group: dist.ProcessGroup | None = None  # where async saves run their collectives
 
 
 @positional_at_most(
@@ -93,7 +92,9 @@ def report(
     storage = ray.train.get_context().get_storage()
     worker = ray.get_runtime_context().get_actor_id() or ""
 
-    def save_into(name: str, state: dict[str, Any], group: Any, staged: bool) -> Checkpoint:
+    def save_into(
+        name: str, state: dict[str, Any], group: dist.ProcessGroup | None, staged: bool
+    ) -> Checkpoint:
         """DCP-save ``state`` into the run's checkpoint directory ``name``."""
         path = storage.build_checkpoint_path_from_name(name)
         writer = report_writer(path, storage.storage_filesystem, worker)
@@ -214,7 +215,7 @@ def _stateful_to_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
     return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
 
 
-def _save_group() -> Any:
+def _save_group() -> dist.ProcessGroup | None:
     """A gloo group for async saves (None without a process group): DCP's
     collectives on the training group, from another thread, could interleave with
     the training loop's own and deadlock it. Made once; every rank makes it at its

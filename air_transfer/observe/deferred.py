@@ -16,7 +16,6 @@ import gc
 import logging
 import queue
 from collections.abc import Callable
-from typing import Any
 
 from air_transfer.core.threads import start_daemon
 
@@ -32,7 +31,7 @@ class _Deferred:
         gc.callbacks.append(self._phase)
         start_daemon("air-transfer-deferred", self._run)
 
-    def _phase(self, phase: str, info: dict[str, Any]) -> None:
+    def _phase(self, phase: str, info: dict[str, int]) -> None:
         self.collecting = phase == "start"
 
     def _run(self) -> None:

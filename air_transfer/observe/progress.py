@@ -28,7 +28,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 import ray
 
@@ -77,7 +77,7 @@ def progress_enabled(setting: bool | None) -> bool:
 class _TqdmLike(Protocol):
     """What both ``tqdm.tqdm`` and ``tqdm_ray.tqdm`` offer and a ``Bar`` uses."""
 
-    def update(self, n: int = 1) -> Any: ...
+    def update(self, n: int = 1) -> object: ...
 
     def close(self) -> None: ...
 
@@ -99,10 +99,10 @@ def make_bar(desc: str, total: int | None, initial: int) -> _TqdmLike:
     if in_ray_worker():
         from ray.experimental import tqdm_ray
 
-        bar: Any = tqdm_ray.tqdm(desc=desc, total=total, unit="B")
+        bar: _TqdmLike = tqdm_ray.tqdm(desc=desc, total=total, unit="B")
         if initial:
             bar.update(initial)
-        return bar  # type: ignore[no-any-return]
+        return bar
     from tqdm.auto import tqdm
 
     return tqdm(  # type: ignore[no-any-return]

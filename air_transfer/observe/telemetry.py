@@ -28,17 +28,20 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TypeVar
 
 import ray
 
 from air_transfer.cluster.fetch import get, innermost
+from air_transfer.cluster.refs import DoneRef, PendingChecksum, Status
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.threads import start_daemon
 from air_transfer.errors import ChecksumError
 from air_transfer.observe import deferred, metrics
 from air_transfer.observe.metrics import ByteCounter, Phase
 from air_transfer.observe.progress import Bar, progress_enabled
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +125,8 @@ class Transfer:
         metrics.failed(self.phase, self.strategy, error_name(error))
 
     def chunks(
-        self, chunks: Iterator[Any], length: Callable[[int], int], verified: bool
-    ) -> Generator[Any, None, None]:
+        self, chunks: Iterator[T], length: Callable[[int], int], verified: bool
+    ) -> Generator[T, None, None]:
         """``chunks`` again, advancing by chunk ``i``'s ``length(i)``, and counting it
         verified if ``verified``, when the consumer asks for the chunk after it or the
         end: a writer that asks for chunk ``i + 1`` has checked and written chunk
@@ -199,8 +202,8 @@ class PackWatch:
     def __init__(
         self,
         desc: str,
-        done: ray.ObjectRef[Any] | concurrent.futures.Future[ray.ObjectRef[Any] | None],
-        load: Callable[[], tuple[Sequence[int], Sequence[Any]]],
+        done: DoneRef | concurrent.futures.Future[DoneRef | None],
+        load: Callable[[], tuple[Sequence[int], Sequence[PendingChecksum]]],
         delay: float | None = None,
     ) -> None:
         self.desc = desc
@@ -226,9 +229,8 @@ class PackWatch:
             lengths, checksums = self.load()
             self.bar = Bar(self.desc, sum(lengths), delay=0.0)
             for length, checksum in zip(lengths, checksums, strict=True):
-                if isinstance(checksum, ray.ObjectRef):
-                    checksum = get(checksum)
-                if isinstance(checksum, BaseException):  # packing failed
+                value = get(checksum) if isinstance(checksum, ray.ObjectRef) else checksum
+                if isinstance(value, BaseException):  # packing failed
                     return
                 self.bar.update(length)
         except Exception as e:
@@ -238,7 +240,7 @@ class PackWatch:
                 self.bar.close()
 
 
-def packing(strategy: str, done: ray.ObjectRef[Any] | None, started: float) -> Transfer:
+def packing(strategy: str, done: DoneRef | None, started: float) -> Transfer:
     """The metrics of one packing (a ``Transfer`` of phase ``pack``, no bar: the
     caller's ``PackWatch`` draws it), started at ``started`` (``time.monotonic``)
     and finished when ``done`` resolves (at once if None)."""
@@ -248,7 +250,7 @@ def packing(strategy: str, done: ray.ObjectRef[Any] | None, started: float) -> T
         transfer.finish()
         return transfer
 
-    def finished(future: Any) -> None:
+    def finished(future: concurrent.futures.Future[tuple[Status, ...]]) -> None:
         try:
             transfer.finish(future.exception())
         except Exception as e:  # a cancelled future, a Ray shutting down

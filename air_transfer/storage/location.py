@@ -9,7 +9,6 @@ neither imports the other.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -22,7 +21,7 @@ class NodeStorageLocation:
     root: str
 
 
-def node_storage_location(fs: Any) -> NodeStorageLocation | None:
+def node_storage_location(fs: object) -> NodeStorageLocation | None:
     """The location of ``fs`` if it is a node storage filesystem, else None."""
     handler = getattr(fs, "handler", None) if isinstance(fs, pafs.PyFileSystem) else None
     location = getattr(handler, "location", None)

@@ -14,18 +14,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow.fs as pafs
 
 from air_transfer.cluster.agent_client import Expect, Info, Listed
+from air_transfer.cluster.refs import ChecksumRef, ChunkRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.process_locks import Process
 from air_transfer.core.scan import Source
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class Commit:
     path: str
     staging: str
     offset: int
-    tail: Any
+    tail: Buffer
     checksum: str
     size: int
     direct_io: bool = False
@@ -140,7 +144,7 @@ class NodeReads(Protocol):
 
     def file_chunks(
         self, root: str, path: str, size: int, chunk_bytes: int, first: int, count: int, budget: int
-    ) -> list[list[tuple[Any, Any]]]:
+    ) -> list[list[tuple[ChunkRef, ChecksumRef]]]:
         """``[[(chunk ref, checksum ref), ...]]`` of ``count`` chunks from ``first``."""
         ...
 
@@ -160,13 +164,19 @@ class NodeReads(Protocol):
 class NodeCheckpoints(Protocol):
     """Checkpoints written into node storage by the storage node itself."""
 
-    def store_checkpoint(self, checkpoint: Any, filesystem: pafs.FileSystem, path: str) -> str:
+    def store_checkpoint(self, checkpoint: object, filesystem: pafs.FileSystem, path: str) -> str:
         """Write a transferred checkpoint (a ``ChunkedCheckpoint`` or its handle, or
         its ref, resolved by Ray) to ``path`` on ``filesystem``."""
         ...
 
     def store_report(
-        self, worker: str, source: Any, root: str, path: str, config: TransferConfig, op: str = ""
+        self,
+        worker: str,
+        source: object,
+        root: str,
+        path: str,
+        config: TransferConfig,
+        op: str = "",
     ) -> str:
         """Store Ray Train worker ``worker``'s reported checkpoint (a transfer's ref,
         resolved by Ray, or a directory on the storage node) at ``path``. Noted until

@@ -16,12 +16,10 @@ with the caller, unless the caller is the agent itself (``owner="node"``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
-
-import ray
 
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import this_node_id
+from air_transfer.cluster.refs import ChecksumRef, ChunkRef
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.scan import Source
@@ -78,12 +76,12 @@ def task_groups(plans: Iterable[ChunkPlan]) -> Iterator[list[ChunkPlan]]:
 
 def submit_plans(
     source: Source, plans: Iterable[ChunkPlan]
-) -> tuple[list[ray.ObjectRef[Any]], list[ray.ObjectRef[str]]]:
+) -> tuple[list[ChunkRef], list[ChecksumRef]]:
     """Submit ``pack_chunks`` for the chunks of ``plans`` (in ``task_groups``) to this
     node's agent; their refs and their checksums' refs, in order."""
     agent = AgentClient()
-    data: list[ray.ObjectRef[Any]] = []
-    checksums: list[ray.ObjectRef[str]] = []
+    data: list[ChunkRef] = []
+    checksums: list[ChecksumRef] = []
     for group in task_groups(plans):
         k = len(group)
         refs = agent.calls(2 * k, PackingService.pack_chunks, source, group)
@@ -92,11 +90,11 @@ def submit_plans(
     return data, checksums
 
 
-def _checksum_plans(source: Source, plans: Iterable[ChunkPlan]) -> list[ray.ObjectRef[str]]:
+def _checksum_plans(source: Source, plans: Iterable[ChunkPlan]) -> list[ChecksumRef]:
     """Submit ``checksum_chunks`` for the chunks of ``plans`` to this node's agent:
     refs of the checksums alone (``streamed`` moves the bytes at transfer time)."""
     agent = AgentClient()
-    checksums: list[ray.ObjectRef[str]] = []
+    checksums: list[ChecksumRef] = []
     for group in task_groups(plans):
         checksums += agent.calls(len(group), PackingService.checksum_chunks, source, group)
     return checksums

@@ -10,7 +10,6 @@ pyarrow's own ``FSSpecHandler``.
 from __future__ import annotations
 
 import posixpath
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -97,7 +96,7 @@ class PayloadFileSystemHandler(pafs.FileSystemHandler):
             infos.append(self._info(lead + e.path))
         return infos
 
-    def _open(self, path: str) -> Any:
+    def _open(self, path: str) -> pa.PythonFile:
         info = self._info(path)
         if info.type == pafs.FileType.NotFound:
             raise FileNotFoundError(f"{path!r} is not in this checkpoint")
@@ -107,10 +106,10 @@ class PayloadFileSystemHandler(pafs.FileSystemHandler):
         assert entry is not None
         return pa.PythonFile(self.handle.open_file(entry.path), mode="r")
 
-    def open_input_stream(self, path: str) -> Any:
+    def open_input_stream(self, path: str) -> pa.NativeFile:
         return self._open(path)
 
-    def open_input_file(self, path: str) -> Any:
+    def open_input_file(self, path: str) -> pa.NativeFile:
         return self._open(path)
 
     # -- writing: refused ----------------------------------------------------------
@@ -141,10 +140,10 @@ class PayloadFileSystemHandler(pafs.FileSystemHandler):
     def copy_file(self, src: str, dest: str) -> None:
         raise self._read_only(dest)
 
-    def open_output_stream(self, path: str, metadata: Any = None) -> Any:
+    def open_output_stream(self, path: str, metadata: object = None) -> pa.NativeFile:
         raise self._read_only(path)
 
-    def open_append_stream(self, path: str, metadata: Any = None) -> Any:
+    def open_append_stream(self, path: str, metadata: object = None) -> pa.NativeFile:
         raise self._read_only(path)
 
 

@@ -22,18 +22,19 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import NoReturn, cast
 
 import ray
 
 from air_transfer.cluster.fetch import fresh
+from air_transfer.cluster.refs import CheckpointRef, DoneRef, Status
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.threads import exiting, start_daemon, stop_at_exit
 from air_transfer.errors import CheckpointLostError
 from air_transfer.transfer.handle import RAY_ERRORS, raise_transfer_error
 
 
-class TransferFuture(concurrent.futures.Future[ray.ObjectRef[Any]]):
+class TransferFuture(concurrent.futures.Future[CheckpointRef]):
     """The packing of one checkpoint, as a ``concurrent.futures.Future``: ``ref``
     now, ``result()`` (``ref`` again) once the source is free (every chunk packed and
     checksummed), or the error packing raised.
@@ -46,8 +47,8 @@ class TransferFuture(concurrent.futures.Future[ray.ObjectRef[Any]]):
 
     def __init__(
         self,
-        ref: ray.ObjectRef[Any],
-        done: ray.ObjectRef[Any] | concurrent.futures.Future[ray.ObjectRef[Any] | None] | None,
+        ref: CheckpointRef,
+        done: DoneRef | concurrent.futures.Future[DoneRef | None] | None,
     ) -> None:
         """``done``: the completion ref (None: packed), or the future of it while
         the packing tasks are being submitted (which fails if submitting does)."""
@@ -62,13 +63,13 @@ class TransferFuture(concurrent.futures.Future[ray.ObjectRef[Any]]):
         if not super().done():
             _watch(self, hold=False)
 
-    def _follow(self, done: ray.ObjectRef[Any] | None) -> None:
+    def _follow(self, done: DoneRef | None) -> None:
         if done is None:  # packed already (or by a strategy that packs in the caller)
             self._complete(None)
         else:
             done.future().add_done_callback(self._settle)
 
-    def _submitted(self, submitted: concurrent.futures.Future[ray.ObjectRef[Any] | None]) -> None:
+    def _submitted(self, submitted: concurrent.futures.Future[DoneRef | None]) -> None:
         """The packing tasks are submitted, or submitting them failed: follow their
         completion, or fail with that error."""
         error = submitted.exception()
@@ -87,7 +88,7 @@ class TransferFuture(concurrent.futures.Future[ray.ObjectRef[Any]]):
                 super().set_exception(error)
 
     @property
-    def ref(self) -> ray.ObjectRef[Any]:
+    def ref(self) -> CheckpointRef:
         """The ObjectRef of the transferred checkpoint (a ``ChunkedCheckpoint``):
         pass it to tasks, actors, ``from_object_ref``, before packing is done."""
         return self._ref
@@ -102,7 +103,7 @@ class TransferFuture(concurrent.futures.Future[ray.ObjectRef[Any]]):
         """False: packing has started when the future exists (see the class)."""
         return super().cancel()
 
-    def result(self, timeout: float | None = None) -> ray.ObjectRef[Any]:
+    def result(self, timeout: float | None = None) -> CheckpointRef:
         """Wait until every chunk is packed (the source directory may then change or
         go) and return ``ref``; raise what packing raised (SourceChangedError,
         PermissionError, CheckpointLostError, ...), CheckpointLostError if the Ray
@@ -140,7 +141,7 @@ class TransferFuture(concurrent.futures.Future[ray.ObjectRef[Any]]):
         if not super().done():
             _watch(self, hold=True)  # its callbacks run even if nobody keeps it
 
-    def set_result(self, result: ray.ObjectRef[Any]) -> None:
+    def set_result(self, result: CheckpointRef) -> None:
         """Refused: the transfer's completion sets it."""
         raise RuntimeError(f"{self!r} is completed by its transfer, not by set_result")
 
@@ -148,7 +149,7 @@ class TransferFuture(concurrent.futures.Future[ray.ObjectRef[Any]]):
         """Refused: the transfer's completion sets it."""
         raise RuntimeError(f"{self!r} is completed by its transfer, not by set_exception")
 
-    def _settle(self, ray_future: concurrent.futures.Future[Any]) -> None:
+    def _settle(self, ray_future: concurrent.futures.Future[tuple[Status, ...]]) -> None:
         """Ray's future completed (in a thread of Ray's): the same outcome here."""
         try:
             error = ray_future.exception()
@@ -182,7 +183,7 @@ class TransferFuture(concurrent.futures.Future[ray.ObjectRef[Any]]):
             )
         )
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> NoReturn:
         # Its completion lives in this process (a concurrent.futures.Future); what
         # travels to tasks and actors is the ref.
         raise TypeError(
@@ -208,11 +209,13 @@ def session() -> tuple[str, str] | None:
         return None
 
 
-def _run_once(box: list[Callable[[TransferFuture], object]], future: Any) -> None:
+def _run_once(
+    box: list[Callable[[TransferFuture], object]], future: concurrent.futures.Future[CheckpointRef]
+) -> None:
     """Call the callback in ``box`` with ``future`` and empty it (see
     ``add_done_callback``)."""
     if box:
-        box.pop()(future)
+        box.pop()(cast(TransferFuture, future))  # the one it was added to
 
 
 #: Pending futures whose sessions the watcher checks: held (they have callbacks to

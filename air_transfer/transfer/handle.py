@@ -16,12 +16,13 @@ import io
 import os
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import ray
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
 from air_transfer.cluster.fetch import fetch_in_order, fresh, innermost, raise_own
+from air_transfer.cluster.refs import PendingChecksum
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.reader import ChunkFileReader, buffered
@@ -30,6 +31,9 @@ from air_transfer.errors import CheckpointLostError, ChecksumError
 from air_transfer.observe import metrics
 from air_transfer.observe.telemetry import Transfer, describe
 from air_transfer.transfer.strategies import TransferStrategy
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 #: What a ``ray.get`` raises for a failed task or a lost object or actor: what
 #: ``raise_transfer_error`` turns into the error the caller should see.
@@ -50,7 +54,7 @@ class TransferHandle:
     config: TransferConfig
     owner: str
     transfer_id: str
-    pending: tuple[Any, ...] | None = None
+    pending: tuple[PendingChecksum, ...] | None = None
 
     def checksums(self, start: int = 0, stop: int | None = None) -> Generator[str, None, None]:
         """The checksums of chunks ``start``..``stop - 1``, in order, each as soon as
@@ -78,7 +82,7 @@ class TransferHandle:
         manifest = self.manifest.with_checksums(list(self.checksums()))
         return dataclasses.replace(self, manifest=manifest, pending=None)
 
-    def iter_chunks(self, start: int = 0, stop: int | None = None) -> Generator[Any, None, None]:
+    def iter_chunks(self, start: int = 0, stop: int | None = None) -> Generator[Buffer, None, None]:
         """Chunks ``start``..``stop - 1`` in order as the strategy delivers them
         (unverified); a lost chunk raises CheckpointLostError, a failed packing what
         packing raised."""
@@ -186,7 +190,7 @@ class TransferHandle:
         )
 
 
-def _nbytes(chunk: Any) -> int:
+def _nbytes(chunk: Buffer) -> int:
     """The size of a chunk as delivered (any buffer)."""
     try:
         return memoryview(chunk).nbytes

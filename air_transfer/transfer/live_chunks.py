@@ -23,18 +23,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any
 
 import ray
 
+from air_transfer.cluster.refs import Checksum, ChecksumRef, ChunkRef, PendingChecksum
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.scan import Source
 from air_transfer.transfer.strategies.base import Packed, PackRequest
 
 #: A chunk's object and its checksum (a str, or the ref of one still being packed).
-Chunk = tuple[Any, Any]
+Chunk = tuple[ChunkRef, PendingChecksum]
 #: Submits packing of plans: their chunk refs and checksum refs, in order.
-PackPlans = Callable[[Source, Iterable[ChunkPlan]], tuple[list[Any], list[Any]]]
+PackPlans = Callable[[Source, Iterable[ChunkPlan]], tuple[list[ChunkRef], list[ChecksumRef]]]
 
 
 def chunk_key(plan: ChunkPlan) -> Hashable | None:
@@ -119,11 +119,11 @@ def _not_failed(found: dict[int, list[Chunk]]) -> dict[int, Chunk]:
             c for candidates in found.values() for _, c in candidates if not isinstance(c, str)
         )
     )
-    ready: set[Any] = set()
+    ready: set[ChecksumRef] = set()
     if pending:
         done, _ = ray.wait(pending, num_returns=len(pending), timeout=0, fetch_local=False)
         ready = set(done)
-    resolved: dict[Any, Any] = {}
+    resolved: dict[ChecksumRef, Checksum | None] = {}
     if ready:
         refs = list(ready)
         try:

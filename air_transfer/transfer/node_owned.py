@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import ray
-
+from air_transfer.cluster.refs import CheckpointRef
 from air_transfer.cluster.transfer_leases import HeldTransfers
 from air_transfer.config import TransferConfig
 from air_transfer.core.scan import Source
@@ -27,7 +26,7 @@ class NodeOwnedTransfers(HeldTransfers):
 
     def __init__(self) -> None:
         #: Lease key -> (checkpoint ref, requester (pid, node), transfer id).
-        self._leases: dict[str, tuple[ray.ObjectRef[Any], tuple[int, str] | None, str]] = {}
+        self._leases: dict[str, tuple[CheckpointRef, tuple[int, str] | None, str]] = {}
         #: The chunks of those transfers, for later ones (``reuse_chunks``).
         self.live = LiveChunks()
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import errno
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
 from air_transfer.cluster.fetch import fresh, get
 from air_transfer.cluster.nodes import PACK_GROUP
+from air_transfer.cluster.refs import PendingChecksum, Status
 from air_transfer.cluster.rpc import in_group
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.entry import Entry
@@ -42,7 +42,7 @@ class PackingService:
         source: Source,
         files: Sequence[Entry],
         chunk_bytes: int,
-        checksums: Sequence[Any],
+        checksums: Sequence[PendingChecksum],
         start: int,
         stop: int | None,
         verify: bool = True,
@@ -64,11 +64,10 @@ class PackingService:
             stamps = current_stamps(source, files)
         chunks = read_chunks_ahead(source, files, stamps, chunk_bytes, start, stop)
         for index, view, checksum in chunks:
-            expected = checksums[index] if verify else checksum
-            if not isinstance(expected, str):
-                expected = get(expected)
-                if isinstance(expected, BaseException):  # the checksum pass failed
-                    raise fresh(expected)
+            wanted = checksums[index] if verify else checksum
+            expected = wanted if isinstance(wanted, str) else get(wanted)
+            if isinstance(expected, BaseException):  # the checksum pass failed
+                raise fresh(expected)
             if checksum != expected:
                 # Which files the chunk carries is only worked out for the message.
                 sizes = [f.size for f in files]
@@ -86,7 +85,7 @@ class PackingService:
             yield np.frombuffer(view, dtype=np.uint8)
 
     @in_group(PACK_GROUP)
-    def pack_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+    def pack_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
         """The chunks of ``plans`` and then their checksums: ``2 * len(plans)``
         objects (the caller sets ``num_returns``), owned by whoever submitted this.
         A packing error is returned in place of each checksum (see ``_failed``)."""
@@ -98,7 +97,7 @@ class PackingService:
         return _returns([*chunks, *checksums])
 
     @in_group(PACK_GROUP)
-    def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+    def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
         """Only the checksums of ``plans``' chunks (``streamed``), one object each."""
         try:
             checksums = self._packer.checksums(source, plans)
@@ -108,7 +107,7 @@ class PackingService:
         return _returns(checksums)
 
     @in_group(PACK_GROUP)
-    def store_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+    def store_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
         """The chunks of ``plans``, those mapped left unhashed, and a status per chunk
         (its checksum, None where it is to be taken of the stored copy, or the
         packing error): ``2 * len(plans)`` objects, as ``pack_chunks``."""
@@ -120,14 +119,14 @@ class PackingService:
         return _returns([*chunks, *checksums])
 
     @in_group(PACK_GROUP)
-    def checksum_stored(self, *chunks: Any) -> Any:
+    def checksum_stored(self, *chunks: np.ndarray) -> object:
         """The checksums of chunks already in the object store (Ray hands each over
         as a zero-copy view of the stored bytes), one object each: a blocking
         caller stored them straight from their mapped files (``shared_pack``)."""
         return _returns([chunk_checksum(chunk) for chunk in chunks])
 
     @in_group(PACK_GROUP)
-    def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> Any:
+    def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
         """The whole (small, ``inline``) stream as one array, then the checksum of each
         chunk: ``1 + len(plans)`` objects (the caller sets ``num_returns``)."""
         try:
@@ -137,7 +136,7 @@ class PackingService:
         self._count(plans, "inline")
         return _returns([stream, *checksums])
 
-    def packed(self, *checksums: str | BaseException) -> tuple[str | BaseException, ...]:
+    def packed(self, *checksums: Status) -> tuple[Status, ...]:
         """Runs once every chunk of a transfer is packed (its arguments are the
         checksums' refs, resolved first): the completion a ``TransferFuture`` waits
         for, failing with the first packing error."""
@@ -155,12 +154,12 @@ class PackingService:
         metrics.add_bytes("packed", nbytes, strategy)
 
 
-def _returns(values: list[Any]) -> Any:
+def _returns(values: Sequence[object]) -> object:
     """What a task returns as ``len(values)`` objects: the value itself for one."""
     return values[0] if len(values) == 1 else tuple(values)
 
 
-def _failed(error: Exception, chunks: int, checksums: int) -> Any:
+def _failed(error: Exception, chunks: int, checksums: int) -> object:
     """The returns of a packing task that failed: empty chunks, and ``error`` in the
     place of every checksum. Returned, not raised: a reader checks a chunk's checksum
     before its bytes and raises the error it finds there, the completion task raises

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
 
 from air_transfer.cluster.fetch import fresh
 from air_transfer.cluster.nodes import HANDOVER_GROUP, RELAY_GROUP
@@ -30,17 +29,17 @@ class Relays:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._slots: dict[str, tuple[threading.Event, list[Any]]] = {}
+        self._slots: dict[str, tuple[threading.Event, list[object]]] = {}
 
     @in_group(HANDOVER_GROUP)
-    def give(self, key: str, value: Any) -> None:
+    def give(self, key: str, value: object) -> None:
         """Hand over the value of ``key`` (before or after its ``take`` started)."""
         ready, box = self._slot(key)
         box.append(value)
         ready.set()
 
     @in_group(RELAY_GROUP)
-    def take(self, key: str, pid: int, poll_s: float | None = None) -> Any:
+    def take(self, key: str, pid: int, poll_s: float | None = None) -> object:
         """The value of ``key`` once given (raised if it is an exception), checking
         every ``poll_s`` (default ``KNOBS.relay_poll_s``) that the giver, process
         ``pid`` of this node, still runs."""
@@ -65,7 +64,7 @@ class Relays:
         with self._lock:
             return len(self._slots)
 
-    def _slot(self, key: str) -> tuple[threading.Event, list[Any]]:
+    def _slot(self, key: str) -> tuple[threading.Event, list[object]]:
         with self._lock:
             return self._slots.setdefault(key, (threading.Event(), []))
 

@@ -19,13 +19,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import ray
 
 from air_transfer.cluster import transfer_leases
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import running_in_agent, this_node_id
+from air_transfer.cluster.refs import CheckpointRef, DoneRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.scan import Source
 from air_transfer.core.threads import start_daemon
@@ -38,7 +38,7 @@ from air_transfer.transfer.strategies import registrations
 
 #: What a transfer's completion is known as once its packing is submitted: the ref
 #: that resolves when every chunk is packed, or None if packing is done.
-Submitted = concurrent.futures.Future[ray.ObjectRef[Any] | None]
+Submitted = concurrent.futures.Future[DoneRef | None]
 
 
 def start_transfer(
@@ -47,7 +47,7 @@ def start_transfer(
     *,
     background: bool = True,
     blocking: bool = False,
-) -> tuple[ray.ObjectRef[Any], Submitted]:
+) -> tuple[CheckpointRef, Submitted]:
     """Start transferring ``source``: the ref of the transferred checkpoint, usable at
     once, and the future of its completion (the ref that resolves when every chunk
     is packed, or None if packing is done). With ``background``, a transfer owned by
@@ -74,7 +74,7 @@ def start_transfer(
 
 def start_on_this_thread(
     source: Source, config: TransferConfig, blocking: bool = False
-) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None, str]:
+) -> tuple[CheckpointRef, DoneRef | None, str]:
     """Start transferring ``source`` on this thread: the checkpoint's ref (put by this
     process or, for ``owner="node"``, by this node's agent), the ref of its
     completion (None if packing is done) and the strategy's name. ``blocking``: as
@@ -85,9 +85,7 @@ def start_on_this_thread(
     return _in_agent(source, config)
 
 
-def _hand_over(
-    agent: AgentClient, key: str, prepared: Prepared, started: float
-) -> ray.ObjectRef[Any] | None:
+def _hand_over(agent: AgentClient, key: str, prepared: Prepared, started: float) -> DoneRef | None:
     """Submit the packing of ``prepared`` and hand the checkpoint to the relay
     ``key`` (or what submitting raised, for its readers); the completion ref."""
     try:
@@ -104,14 +102,12 @@ def _hand_over(
     return here.done
 
 
-_jobs: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = (
-    queue.SimpleQueue()
-)
+_jobs: queue.SimpleQueue[tuple[Callable[[], DoneRef | None], Submitted]] = queue.SimpleQueue()
 _thread: threading.Thread | None = None
 _thread_lock = threading.Lock()
 
 
-def _in_background(job: Callable[[], Any], future: concurrent.futures.Future[Any]) -> None:
+def _in_background(job: Callable[[], DoneRef | None], future: Submitted) -> None:
     """Run ``job`` on this process's submitting thread (one daemon thread: jobs in
     call order), its outcome into ``future``."""
     global _thread
@@ -141,9 +137,7 @@ def _run_jobs() -> None:
         del job, future  # hold no transfer while waiting for the next
 
 
-def _in_agent(
-    source: Source, config: TransferConfig
-) -> tuple[ray.ObjectRef[Any], ray.ObjectRef[Any] | None, str]:
+def _in_agent(source: Source, config: TransferConfig) -> tuple[CheckpointRef, DoneRef | None, str]:
     """Have this node's agent transfer ``source`` (``owner="node"``): the checkpoint's
     ref, put by the agent, which packs with this process's strategy registrations
     and holds the transfer until this process lets go of it (``cluster.transfer_leases``);

@@ -19,11 +19,13 @@ before the call returns anything, one in the agent's fails the completion.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import cast
 
+import numpy as np
 import ray
 
 from air_transfer.cluster.agent_client import AgentClient
+from air_transfer.cluster.refs import ChecksumRef, ChunkRef, PendingChecksum, StatusRef
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.packer import ChunkPacker
@@ -52,8 +54,8 @@ def pack_shared(request: PackRequest, here: Split = every_other) -> Packed:
     packing raised), its checksums once taken."""
     plans = list(request.plans())
     agent = AgentClient()
-    data: list[ray.ObjectRef[Any]] = []
-    statuses: list[ray.ObjectRef[Any]] = []
+    data: list[ChunkRef] = []
+    statuses: list[StatusRef] = []
     for group in task_groups(plan for plan in plans if not here(plan)):
         k = len(group)
         returns = agent.calls(2 * k, PackingService.store_chunks, request.source, group)
@@ -65,8 +67,8 @@ def pack_shared(request: PackRequest, here: Split = every_other) -> Packed:
     metrics.add_bytes("packed", sum(plan.length for plan in ours), "chunked")
     theirs = iter(data)
     mine = iter([(ref, checksum or _stored_checksum(ref)) for ref, checksum in stored])
-    refs: list[ray.ObjectRef[Any]] = []
-    checksums: list[Any] = []
+    refs: list[ChunkRef] = []
+    checksums: list[PendingChecksum] = []
     for plan in plans:
         ref, checksum = next(mine) if here(plan) else (next(theirs), next(their_sums))
         refs.append(ref)
@@ -74,21 +76,20 @@ def pack_shared(request: PackRequest, here: Split = every_other) -> Packed:
     return Packed(refs, tuple(checksums), stored=tuple(statuses))
 
 
-def _stored_checksum(ref: ray.ObjectRef[Any]) -> str:
+def _stored_checksum(ref: ChunkRef) -> str:
     """The checksum of a chunk this process stored, taken of the store's bytes (a
     zero-copy view of them)."""
     return chunk_checksum(ray.get(ref))
 
 
-def _checksums_of_stored(
-    refs: list[ray.ObjectRef[Any]], chunk_bytes: int
-) -> list[ray.ObjectRef[Any]]:
+def _checksums_of_stored(refs: list[ChunkRef], chunk_bytes: int) -> list[ChecksumRef]:
     """The refs of the checksums of stored chunks ``refs``, in order: hashed by this
     node's agent, as many per task as a packing task takes."""
     agent = AgentClient()
     per_task = max(1, KNOBS.pack_task_bytes // chunk_bytes)
-    sums: list[ray.ObjectRef[Any]] = []
+    sums: list[ChecksumRef] = []
     for start in range(0, len(refs), per_task):
         chunks = refs[start : start + per_task]
-        sums += agent.calls(len(chunks), PackingService.checksum_stored, *chunks)
+        stored = cast(list[np.ndarray], chunks)  # Ray resolves refs passed as arguments
+        sums += agent.calls(len(chunks), PackingService.checksum_stored, *stored)
     return sums

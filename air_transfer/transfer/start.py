@@ -16,13 +16,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 import ray
 
 from air_transfer.cluster import _ray
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import this_node_id
+from air_transfer.cluster.refs import CheckpointRef, DoneRef, Status
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.provided import Provided
@@ -87,7 +88,7 @@ class Started:
     None if packing is done."""
 
     handle: TransferHandle
-    done: ray.ObjectRef[Any] | None
+    done: DoneRef | None
     #: The live chunks it is recorded in (forgotten if nobody gets the checkpoint).
     live: LiveChunks | None = None
 
@@ -95,7 +96,7 @@ class Started:
         """The transferred checkpoint (a ``ChunkedCheckpoint``) of the handle."""
         return CHECKPOINT_OF.get()(self.handle)
 
-    def put(self) -> ray.ObjectRef[Any]:
+    def put(self) -> CheckpointRef:
         """Put the transferred checkpoint: its ref, owned by this process."""
         try:
             return ray.put(self.checkpoint())
@@ -129,7 +130,8 @@ def start(prepared: Prepared, live: LiveChunks | None = None, blocking: bool = F
     pending = packed.pending
     try:
         if not pending:
-            manifest = manifest.with_checksums(packed.checksums)
+            # Not pending: every checksum is a str.
+            manifest = manifest.with_checksums(cast(tuple[str, ...], packed.checksums))
         handle = TransferHandle(
             manifest=manifest,
             strategy=strategy,
@@ -142,7 +144,8 @@ def start(prepared: Prepared, live: LiveChunks | None = None, blocking: bool = F
         # A blocking call's copies and checksums alike (``Packed.stored``): once it
         # returns, nothing of the checkpoint depends on this node's agent.
         waits = (*(packed.stored or ()), *packed.checksums)
-        done = AgentClient(here).call(PackingService.packed, *waits) if pending and waits else None
+        args = cast(tuple[Status, ...], waits)  # Ray resolves refs passed as arguments
+        done = AgentClient(here).call(PackingService.packed, *args) if pending and waits else None
     except BaseException:
         if live is not None:  # no transfer: nothing of it to offer again
             live.drop([transfer_id])

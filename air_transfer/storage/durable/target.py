@@ -14,7 +14,6 @@ import posixpath
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -37,7 +36,7 @@ class DurableTarget:
     ``uri`` in messages. Picklable (pyarrow's filesystems are), so it travels with
     the storage filesystem to every process that uses it."""
 
-    filesystem: Any = field(compare=False)
+    filesystem: pafs.FileSystem = field(compare=False)
     base: str
     uri: str
 

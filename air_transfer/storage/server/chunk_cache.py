@@ -33,10 +33,10 @@ import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow.fs as pafs
 
+from air_transfer.cluster.refs import CheckpointRef, ChecksumRef, ChunkRef, DoneRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import Where, at, oserror
 from air_transfer.core.confined_dirs import ConfinedSource, lstat_resolved
@@ -48,7 +48,7 @@ from air_transfer.core.threads import Periodic
 from air_transfer.errors import SourceChangedError
 
 #: Submits packing tasks for ``plans`` of ``source``: (chunk refs, checksum refs).
-Submit = Callable[[Source, Iterable[ChunkPlan]], tuple[list[Any], list[Any]]]
+Submit = Callable[[Source, Iterable[ChunkPlan]], tuple[list[ChunkRef], list[ChecksumRef]]]
 #: What identifies one chunk of one version of a file.
 Key = tuple[str, int, int, int, int, int, int]
 
@@ -63,8 +63,8 @@ def reaper(name: str, expire_now: Callable[[], None]) -> Periodic:
 
 @dataclass
 class _Entry:
-    chunk: Any  # ObjectRef of the chunk
-    checksum: Any  # ObjectRef of its checksum
+    chunk: ChunkRef
+    checksum: ChecksumRef
     nbytes: int
     used: float  # time.monotonic() of the last request
 
@@ -89,7 +89,7 @@ class FileChunks:
         first: int,
         count: int,
         budget: int,
-    ) -> list[tuple[Any, Any]]:
+    ) -> list[tuple[ChunkRef, ChecksumRef]]:
         """``(chunk ref, checksum ref)`` of chunks ``first``..``first + count - 1`` of
         the ``size``-byte file ``path`` (confined to ``root``), packing those not held.
 
@@ -185,7 +185,7 @@ def _plans(
 
 
 #: Starts a transfer of a directory owned by the agent: (checkpoint ref, completion).
-StartTransfer = Callable[[Source, TransferConfig], tuple[Any, Any]]
+StartTransfer = Callable[[Source, TransferConfig], tuple[CheckpointRef, DoneRef | None]]
 
 
 class DirectoryTransferLeases:
@@ -231,7 +231,7 @@ class DirectoryTransferLeases:
 
 @dataclass
 class _Transfer:
-    ref: Any  # the checkpoint's ref
+    ref: CheckpointRef
     size: int  # file bytes
     used: float  # time.monotonic() of the last request or release
 
@@ -258,7 +258,7 @@ class DirectoryTransfers:
         self.bytes_served = 0  # file bytes of every transfer handed to a reader
         self._reaper = reaper("air-transfer-transfer-cache", self._expire_now)
 
-    def ref(self, root: str, path: str, config: TransferConfig) -> tuple[Any, str]:
+    def ref(self, root: str, path: str, config: TransferConfig) -> tuple[CheckpointRef, str]:
         """The ref of a transferred checkpoint of directory ``path`` (confined to
         ``root``) as it is now, and this reader's lease on it, to ``release`` once
         the checkpoint is read."""

@@ -22,6 +22,7 @@ import pyarrow.fs as pafs
 
 from air_transfer.cluster import liveness
 from air_transfer.cluster.agent_client import Expect, Info, Listed
+from air_transfer.cluster.refs import ChecksumRef, ChunkRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.knobs import KNOBS
@@ -55,6 +56,7 @@ from air_transfer.storage.server.stream_uploads import StreamUploads
 from air_transfer.storage.server.tiered_disk import TieredDisk
 from air_transfer.storage.server.upload_writers import UploadWriters
 from air_transfer.storage.server.uploads import DiskUploads
+from air_transfer.transfer.handle import TransferHandle
 
 
 class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
@@ -65,7 +67,7 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
         node_id: str,
         submit: Submit,
         start: StartTransfer,
-        handle_of: Callable[[Any], Any],
+        handle_of: Callable[[object], TransferHandle],
     ) -> None:
         self._files = FileChunks(submit)
         self._directories = DirectoryTransfers(start)
@@ -109,13 +111,19 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
         self._directories.clear()
 
     # -- checkpoints -------------------------------------------------------------------
-    def store_checkpoint(self, checkpoint: Any, filesystem: pafs.FileSystem, path: str) -> str:
+    def store_checkpoint(self, checkpoint: object, filesystem: pafs.FileSystem, path: str) -> str:
         stored = store_checkpoint(self._handle_of(checkpoint), filesystem, path)
         self._stored += 1
         return stored
 
     def store_report(
-        self, worker: str, source: Any, root: str, path: str, config: TransferConfig, op: str = ""
+        self,
+        worker: str,
+        source: object,
+        root: str,
+        path: str,
+        config: TransferConfig,
+        op: str = "",
     ) -> str:
         src = source if isinstance(source, str) else self._handle_of(source)
         local = storage_path(root, path)
@@ -164,7 +172,7 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
 
     def file_chunks(
         self, root: str, path: str, size: int, chunk_bytes: int, first: int, count: int, budget: int
-    ) -> list[list[tuple[Any, Any]]]:
+    ) -> list[list[tuple[ChunkRef, ChecksumRef]]]:
         return [self._files.refs(root, path, size, chunk_bytes, first, count, budget)]
 
     def disk_read(

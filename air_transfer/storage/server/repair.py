@@ -21,7 +21,7 @@ import os
 import posixpath
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar, cast, overload
 
 import pyarrow.fs as pafs
 import ray
@@ -63,7 +63,18 @@ class Pace:
             self.sleep(ahead)
 
 
-def get(refs: Any) -> Any:
+T = TypeVar("T")
+
+
+@overload
+def get(refs: ray.ObjectRef[T]) -> T: ...
+
+
+@overload
+def get(refs: list[ray.ObjectRef[T]]) -> list[T]: ...
+
+
+def get(refs: ray.ObjectRef[T] | list[ray.ObjectRef[T]]) -> T | list[T]:
     """The result of agent calls, an error they raised as itself (FileNotFoundError
     for a file deleted while repair copies it), not Ray's wrapper."""
     try:
@@ -144,7 +155,7 @@ class Copier:
                         staging,
                         (first + i) * self.cb,
                         chunk,
-                        checksum,
+                        cast(str, checksum),  # Ray resolves a ref passed as an argument
                     )
                     for i, (chunk, checksum) in enumerate(pairs)
                 ]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import numpy as np
 from ray.exceptions import ObjectLostError, RayActorError
@@ -22,6 +21,7 @@ from ray.exceptions import ObjectLostError, RayActorError
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.fetch import fresh, get
 from air_transfer.cluster.nodes import this_node_id
+from air_transfer.cluster.refs import ChecksumRef, ChunkRef
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.proven_read import FileCursor, fill_chunk
@@ -50,7 +50,7 @@ def remote_chunks(node_id: str, source: Source, plans: Sequence[ChunkPlan], wind
     there, ``window`` packing tasks in flight."""
     agent = AgentClient(node_id)
     groups = iter(task_groups(plans))
-    pending: deque[tuple[list[ChunkPlan], list[Any], list[Any]]] = deque()
+    pending: deque[tuple[list[ChunkPlan], list[ChunkRef], list[ChecksumRef]]] = deque()
 
     def submit() -> None:
         group = next(groups, None)

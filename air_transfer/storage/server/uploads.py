@@ -26,7 +26,7 @@ import shutil
 import stat
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
 
 from air_transfer.cluster.agent_client import Expect
 from air_transfer.core.checksum import chunk_checksum
@@ -41,17 +41,21 @@ from air_transfer.core.confine import (
     oserror,
 )
 from air_transfer.core.direct_io import pwrite_direct, should_write_direct
+from air_transfer.core.process_locks import Process
 from air_transfer.core.reuse import link_at
 from air_transfer.errors import ChecksumError
 from air_transfer.storage.node_api import Commit
 from air_transfer.storage.server.tree import STAGING_MARK, hidden_name
 from air_transfer.storage.server.upload_writers import UploadWriters
 
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+
 
 class DiskUploads:
     """The node-side half of writes through ``storage_filesystem``."""
 
-    def __init__(self, writers: UploadWriters[Any] | None = None) -> None:
+    def __init__(self, writers: UploadWriters[Process] | None = None) -> None:
         # An append's check that its file is unchanged, and its rename, must not let
         # another commit in between (every commit of this storage runs in this agent).
         self._publishing = threading.Lock()
@@ -73,7 +77,7 @@ class DiskUploads:
             os.close(source)
 
     def fs_open_write(
-        self, root: str, path: str, append: bool, writer: Any = None
+        self, root: str, path: str, append: bool, writer: Process | None = None
     ) -> tuple[str, int, Expect]:
         """Create the staging file for a write to ``path``; returns it, the offset the
         new bytes start at (the size of the file copied when appending), and what the
@@ -111,7 +115,7 @@ class DiskUploads:
         root: str,
         staging: str,
         offset: int,
-        data: Any,
+        data: Buffer,
         checksum: str,
         direct_io: bool = False,
     ) -> None:

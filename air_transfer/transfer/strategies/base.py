@@ -15,16 +15,20 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import ray
 
+from air_transfer.cluster.refs import PendingChecksum, StatusRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.entry import Entry
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.plan import ChunkPlan, plan_chunks
 from air_transfer.core.readahead import read_chunks_ahead
 from air_transfer.core.scan import Source, Stamp
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 
 @dataclass(frozen=True)
@@ -70,10 +74,10 @@ class Packed:
     the chunk is packed (and raises what packing raised)."""
 
     payload: Any
-    checksums: tuple[Any, ...]
+    checksums: tuple[PendingChecksum, ...]
     #: Refs that resolve once every chunk is stored (the source no longer needed),
     #: where that is before every checksum is known; None: the checksums.
-    stored: tuple[Any, ...] | None = None
+    stored: tuple[StatusRef, ...] | None = None
 
     @property
     def pending(self) -> bool:
@@ -155,7 +159,7 @@ class TransferStrategy(ABC):
     @abstractmethod
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
-    ) -> Iterator[Any]:
+    ) -> Iterator[Buffer]:
         """Yield chunks ``start`` to ``stop - 1`` in order as buffers (numpy arrays,
         bytes, memoryviews), with at most ``config.window`` fetched ahead.
 

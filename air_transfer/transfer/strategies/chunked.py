@@ -8,15 +8,19 @@ them out of band and ``ray.get`` returns a zero-copy view into shared memory.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
 
 from air_transfer.cluster.fetch import fetch_in_order
+from air_transfer.cluster.refs import ChunkRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest, TransferStrategy
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 
 class ChunkedStrategy(TransferStrategy):
@@ -27,7 +31,7 @@ class ChunkedStrategy(TransferStrategy):
     chunks_kept = True  # object-store chunks, pinned by the views written from them
 
     def pack(self, request: PackRequest) -> Packed:
-        refs: list[ray.ObjectRef[Any]] = []
+        refs: list[ChunkRef] = []
         checksums: list[str] = []
         for _index, view, checksum in request.chunks():
             # ray.put copies the buffer into the object store before returning, so the
@@ -38,7 +42,7 @@ class ChunkedStrategy(TransferStrategy):
 
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
-    ) -> Iterator[Any]:
+    ) -> Iterator[Buffer]:
         return fetch_in_order(payload[start:stop], config.window)
 
     def refs(self, payload: Any) -> list[ray.ObjectRef[Any]]:

@@ -8,7 +8,7 @@ config keeps within ``window x chunk_bytes``, so it never breaks the memory boun
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
@@ -20,6 +20,9 @@ from air_transfer.core.manifest import Manifest
 from air_transfer.core.proven_read import read_chunks
 from air_transfer.core.scan import Source
 from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest, TransferStrategy
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 
 class InlineStrategy(TransferStrategy):
@@ -55,7 +58,7 @@ class InlineStrategy(TransferStrategy):
 
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
-    ) -> Iterator[Any]:
+    ) -> Iterator[Buffer]:
         stream = get(payload)
         cb = manifest.chunk_bytes
         for index in range(start, stop):

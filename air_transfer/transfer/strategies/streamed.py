@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import ray.cloudpickle
@@ -22,11 +22,15 @@ import ray.cloudpickle
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.fetch import fetch_in_order
 from air_transfer.cluster.nodes import this_node_id
+from air_transfer.cluster.refs import ChecksumRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.scan import Source, Stamp
 from air_transfer.transfer.packing_service import PackingService
 from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest, TransferStrategy
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class StreamSource:
     stamps: tuple[Stamp, ...]
     #: Refs of the chunks' checksums while the checksum pass may still be running
     #: (packed by the agent's tasks); the stream waits for each one it checks against.
-    checksums: tuple[Any, ...] | None = None
+    checksums: tuple[ChecksumRef, ...] | None = None
 
 
 class StreamedStrategy(TransferStrategy):
@@ -68,7 +72,7 @@ class StreamedStrategy(TransferStrategy):
 
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
-    ) -> Iterator[Any]:
+    ) -> Iterator[Buffer]:
         if start >= stop:
             return
         refs = AgentClient(payload.node_id, payload.agent).stream(
