@@ -97,10 +97,13 @@ class NodeFiles(Protocol):
         root: str,
         staging: str,
         offset: int,
-        data: Any,
+        data: Buffer | ChunkRef,
         checksum: str,
         direct_io: bool = False,
-    ) -> None: ...
+    ) -> None:
+        """Write ``data`` (a chunk, or its ref: Ray resolves it before the call) at
+        ``offset`` of a staging file, checked against ``checksum``."""
+        ...
 
     def fs_commit(self, root: str, commit: Commit, op: str = "") -> None: ...
 
@@ -129,7 +132,7 @@ class NodeIndexedUploads(Protocol):
         offset: int,
         checksum: str,
         length: int,
-        sent: list[Any],
+        sent: list[ChunkRef],
         direct_io: bool = False,
     ) -> bool:
         """Whether the chunk was copied from the storage node's disk (else fetched

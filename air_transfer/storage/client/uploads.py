@@ -38,11 +38,13 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import numpy as np
 import ray
 
+from air_transfer.cluster.agent_client import Expect
+from air_transfer.cluster.refs import ChunkRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum, chunk_hasher
 from air_transfer.core.direct_io import DirectFileWriter
@@ -53,7 +55,13 @@ from air_transfer.storage.client.same_node import open_staging
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.node_api import Commit, IndexedCommit, NodeFiles, NodeIndexedUploads
 
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+
 logger = logging.getLogger(__name__)
+
+#: A chunk write in flight: waited on before the commit, its value unused.
+Pending = ray.ObjectRef[Any]
 
 #: A ``Route.HERE`` writer reports its bytes to its ``Transfer`` at least this many at
 #: a time: a caller may write a few bytes per call, metrics and bars want one update
@@ -89,8 +97,8 @@ class Staged:
     path: str  # the file's path on that copy
     staging: str
     start: int
-    expect: Any  # what the commit expects at ``path`` (appends)
-    pending: deque[ray.ObjectRef[Any]] = field(default_factory=deque)
+    expect: Expect  # what the commit expects at ``path`` (appends)
+    pending: deque[Pending] = field(default_factory=deque)
     error: BaseException | None = None  # the copy left the write (``CopyRules``)
 
 
@@ -165,7 +173,7 @@ class NodeUpload(io.RawIOBase):
     def tell(self) -> int:
         return self.written
 
-    def write(self, data: Any) -> int:
+    def write(self, data: Buffer) -> int:
         if self.closed:
             raise ValueError(f"write to closed file {self.name!r}")
         if self.failed:
@@ -240,14 +248,17 @@ class NodeUpload(io.RawIOBase):
         self.sent += len(chunk)
         self._report(len(chunk))
 
-    def _submit(self, s: Staged, body: Any, length: int, checksum: str) -> ray.ObjectRef[Any]:
+    def _submit(
+        self, s: Staged, body: np.ndarray | ChunkRef, length: int, checksum: str
+    ) -> Pending:
         """Start writing ``body`` (a chunk, or its ref) at its offset of ``s``'s
         staging file; offered, the ref goes in a list, which Ray does not resolve."""
         root, offset, direct_io = s.link.root, s.start + self.sent, self.mode.direct_io
-        if self.mode.route is Route.OFFER:
+        if self.mode.route is Route.OFFER:  # put already (``share``): the ref is offered
+            ref = body if isinstance(body, ray.ObjectRef) else ray.put(body)
             return s.link.submit(
                 NodeIndexedUploads.fs_write_or_reuse,
-                root, s.staging, offset, checksum, length, [body], direct_io,
+                root, s.staging, offset, checksum, length, [ref], direct_io,
             )  # fmt: skip
         return s.link.submit(NodeFiles.fs_write, root, s.staging, offset, body, checksum, direct_io)
 
@@ -287,7 +298,7 @@ class NodeUpload(io.RawIOBase):
     def _commit(self) -> None:
         if self.file is not None:
             self.file.close()  # every byte is in the staging file: the commit has no tail
-        tail: Any = self.buffer[: self.written - self.sent] if self.buffer is not None else b""
+        tail = self.buffer[: self.written - self.sent] if self.buffer is not None else b""
         checksum = chunk_checksum(tail)
         if self.sums is not None and self.written % self.chunk_bytes:  # the last chunk
             here = self.mode.route is Route.HERE
@@ -302,7 +313,9 @@ class NodeUpload(io.RawIOBase):
             self.rules.commit(self.copies, commit)
         self.copies = []
 
-    def _commit_copy(self, s: Staged, op: str, tail: Any, checksum: str, offer: bool) -> None:
+    def _commit_copy(
+        self, s: Staged, op: str, tail: np.ndarray | bytes, checksum: str, offer: bool
+    ) -> None:
         """Publish the file on copy ``s`` once its chunk writes are done, its ``tail``
         (the last, partial chunk) written by the commit or, ``offer``, before it as a
         full chunk is."""
@@ -310,7 +323,7 @@ class NodeUpload(io.RawIOBase):
             s.link.wait(s.pending.popleft())
         sent = self.sent
         if offer:
-            s.link.wait(self._submit(s, ray.put(tail), len(tail), checksum))
+            s.link.wait(self._submit(s, ray.put(np.asarray(tail)), len(tail), checksum))
             sent, tail, checksum = sent + len(tail), b"", chunk_checksum(b"")
         whole = (s.path, s.staging, s.start + sent, tail, checksum, s.start + self.written)
         root, direct_io = s.link.root, self.mode.direct_io

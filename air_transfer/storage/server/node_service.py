@@ -15,7 +15,7 @@ agent hosts beside this one.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -57,6 +57,9 @@ from air_transfer.storage.server.tiered_disk import TieredDisk
 from air_transfer.storage.server.upload_writers import UploadWriters
 from air_transfer.storage.server.uploads import DiskUploads
 from air_transfer.transfer.handle import TransferHandle
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 
 class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
@@ -234,11 +237,12 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
         root: str,
         staging: str,
         offset: int,
-        data: Any,
+        data: Buffer | ChunkRef,
         checksum: str,
         direct_io: bool = False,
     ) -> None:
-        self._uploads.fs_write(root, staging, offset, data, checksum, direct_io)
+        chunk = cast("Buffer", data)  # a ref argument arrives resolved by Ray
+        self._uploads.fs_write(root, staging, offset, chunk, checksum, direct_io)
 
     def fs_commit(self, root: str, commit: Commit, op: str = "") -> None:
         with self._ops.running(op):

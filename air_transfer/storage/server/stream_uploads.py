@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from air_transfer.cluster.fetch import get
+from air_transfer.cluster.refs import ChunkRef
 from air_transfer.config import MAX_CHUNK_BYTES
 from air_transfer.core.checksum import chunk_checksum, is_checksum
 from air_transfer.core.confine import checked_path, resolve
@@ -54,7 +55,7 @@ class StreamUploads(NodeIndexedUploads):
         offset: int,
         checksum: str,
         length: int,
-        sent: list[Any],
+        sent: list[ChunkRef],
         direct_io: bool = False,
     ) -> bool:
         """Write the chunk of ``length`` bytes with ``checksum`` at ``offset`` of a
