@@ -53,22 +53,6 @@ def test_no_other_module_uses_rays_private_api() -> None:
     assert offenders == []
 
 
-def _run(code: str, **env: str) -> str:
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env=child_env(**env),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return done.stdout.strip()
-
-
 TRAIN_HOOKS = """
 from ray.train import _checkpoint
 from ray.train.v2._internal.execution import storage
@@ -94,27 +78,6 @@ assert all(changed) or not any(changed), changed
 print(installed, before == after)
 """
 
-
-def test_train_hooks_can_be_turned_off() -> None:
-    """``AIR_TRANSFER_TRAIN_HOOKS=0`` leaves Ray Train's own copies untouched (the
-    hooks installed by default: the next test)."""
-    assert _run(TRAIN_HOOKS, AIR_TRANSFER_TRAIN_HOOKS="0") == "False True"
-
-
-def test_train_hooks_leave_every_other_filesystem_to_ray(tmp_path: Path) -> None:
-    """Installed, the download wrapper asks the hook, which declines for a local
-    filesystem, and Ray's own copy runs: the directory arrives."""
-    (tmp_path / "src" / "sub").mkdir(parents=True)
-    (tmp_path / "src" / "sub" / "f").write_bytes(b"data")
-    code = TRAIN_HOOKS + (
-        "import pyarrow.fs as pafs\n"
-        f"_checkpoint._download_from_fs_path(pafs.LocalFileSystem(), {str(tmp_path / 'src')!r}, "
-        f"{str(tmp_path / 'out')!r})\n"
-    )
-    assert _run(code) == "True False"
-    assert (tmp_path / "out" / "sub" / "f").read_bytes() == b"data"
-
-
 PROPAGATED = """
 from ray.train.v2._internal.constants import get_env_vars_to_propagate
 before = get_env_vars_to_propagate().get("AIR_TRANSFER_PROGRESS")
@@ -122,29 +85,94 @@ import air_transfer.train
 print(before, get_env_vars_to_propagate().get("AIR_TRANSFER_PROGRESS"))
 """
 
+#: Each check that needs a fresh interpreter (what Ray Train looks like before and
+#: after the library is imported, or with other settings): its code and environment.
+#: Each imports Ray (~2 s), so they all start at once, the first time one is needed.
+FRESH = {
+    "hooks off": (TRAIN_HOOKS, {"AIR_TRANSFER_TRAIN_HOOKS": "0"}),
+    "hooks on, local fs": (
+        TRAIN_HOOKS
+        + "import pyarrow.fs as pafs, sys\n"
+        + "_checkpoint._download_from_fs_path(pafs.LocalFileSystem(), sys.argv[1], sys.argv[2])\n",
+        {},
+    ),
+    "propagated": (PROPAGATED, {"AIR_TRANSFER_PROGRESS": "1"}),
+    "v1 dcp": ("import air_transfer.dcp", {"RAY_TRAIN_V2_ENABLED": "0"}),
+    "v1 train": ("import air_transfer.train", {"RAY_TRAIN_V2_ENABLED": "0"}),
+}
 
-def test_ray_train_copies_the_settings_once_the_library_is_imported() -> None:
-    """What Ray Train copies from the driver to its controller, and from the
-    controller to its workers, is its own list: importing the library adds every
-    ``AIR_TRANSFER_*`` setting to it (the run itself: tests/e2e/test_dcp_conventions.py)."""
-    assert _run(PROPAGATED, AIR_TRANSFER_PROGRESS="1") == "None 1"
 
-
-@pytest.mark.parametrize("module", ["air_transfer.dcp", "air_transfer.train"])
-def test_train_v1_is_refused_at_import_saying_what_to_do(module: str) -> None:
-    """Defect: with Train v1 selected, ``air_transfer.dcp`` failed deep inside with
-    "cannot import name 'CheckpointUploadMode'"."""
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Done]]:
+    """Every ``FRESH`` check run, each in a new interpreter, all at once: a directory
+    for the download check (``src`` in it, copied to ``out``) and each one's outcome."""
     import subprocess
     import sys
 
-    done = subprocess.run(
-        [sys.executable, "-c", f"import {module}"],
-        env=child_env(RAY_TRAIN_V2_ENABLED="0"),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    where = tmp_path_factory.mktemp("fresh")
+    (where / "src" / "sub").mkdir(parents=True)
+    (where / "src" / "sub" / "f").write_bytes(b"data")
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", code, str(where / "src"), str(where / "out")],
+            env=child_env(**env),
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, (code, env) in FRESH.items()
+    }
+    done = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        done[name] = Done(proc.returncode, out.strip(), err)
+    return where, done
+
+
+class Done:
+    """A fresh interpreter's outcome: exit status, stdout (stripped), stderr."""
+
+    def __init__(self, returncode: int, out: str, err: str) -> None:
+        self.returncode, self.out, self.err = returncode, out, err
+
+    def printed(self) -> str:
+        assert self.returncode == 0, self.err
+        return self.out
+
+
+def test_train_hooks_can_be_turned_off(fresh: tuple[Path, dict[str, Done]]) -> None:
+    """``AIR_TRANSFER_TRAIN_HOOKS=0`` leaves Ray Train's own copies untouched (the
+    hooks installed by default: the next test)."""
+    assert fresh[1]["hooks off"].printed() == "False True"
+
+
+def test_train_hooks_leave_every_other_filesystem_to_ray(
+    fresh: tuple[Path, dict[str, Done]],
+) -> None:
+    """Installed, the download wrapper asks the hook, which declines for a local
+    filesystem, and Ray's own copy runs: the directory arrives."""
+    where, done = fresh
+    assert done["hooks on, local fs"].printed() == "True False"
+    assert (where / "out" / "sub" / "f").read_bytes() == b"data"
+
+
+def test_ray_train_copies_the_settings_once_the_library_is_imported(
+    fresh: tuple[Path, dict[str, Done]],
+) -> None:
+    """What Ray Train copies from the driver to its controller, and from the
+    controller to its workers, is its own list: importing the library adds every
+    ``AIR_TRANSFER_*`` setting to it (the run itself: tests/e2e/test_dcp_conventions.py)."""
+    assert fresh[1]["propagated"].printed() == "None 1"
+
+
+@pytest.mark.parametrize("module", ["dcp", "train"])
+def test_train_v1_is_refused_at_import_saying_what_to_do(
+    fresh: tuple[Path, dict[str, Done]], module: str
+) -> None:
+    """Defect: with Train v1 selected, ``air_transfer.dcp`` failed deep inside with
+    "cannot import name 'CheckpointUploadMode'"."""
+    done = fresh[1][f"v1 {module}"]
     assert done.returncode != 0
-    assert "ImportError: air-transfer needs Ray Train v2" in done.stderr, done.stderr
-    assert "unset RAY_TRAIN_V2_ENABLED" in done.stderr
+    assert "ImportError: air-transfer needs Ray Train v2" in done.err, done.err
+    assert "unset RAY_TRAIN_V2_ENABLED" in done.err
