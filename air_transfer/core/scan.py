@@ -125,10 +125,7 @@ def _scan_local(source: Source, follow_symlinks: bool) -> list[Entry | FileRow]:
                 elif v.kind == "symlink":
                     row(links.entry(cursor, v))
                 elif v.event != "leave":
-                    raise ManifestError(
-                        f"{os.path.join(root, v.relpath)!r} is neither a file, a directory "
-                        "nor a symlink (a socket, FIFO or device) and cannot be checkpointed"
-                    )
+                    raise _special(root, v.relpath)
         except Loop as e:
             raise ManifestError(
                 f"directory {e.filename!r} is reached again through a symlink (a loop)"
@@ -182,10 +179,15 @@ class _Links:
             return _dir_entry(rel, os.fstat(cursor.fd))
         if stat.S_ISREG(st.st_mode):
             return (rel, st)
-        raise ManifestError(
-            f"{os.path.join(root, rel)!r} is neither a file, a directory nor a symlink "
-            "(a socket, FIFO or device) and cannot be checkpointed"
-        )
+        raise _special(root, rel)
+
+
+def _special(root: str, rel: str) -> ManifestError:
+    """What a socket, FIFO or device in a checkpoint is (or a symlink to one)."""
+    return ManifestError(
+        f"{os.path.join(root, rel)!r} is neither a file, a directory nor a symlink "
+        "(a socket, FIFO or device) and cannot be checkpointed"
+    )
 
 
 def _dir_entry(rel: str, st: os.stat_result) -> Entry:
