@@ -13,14 +13,12 @@ on node storage (``ls``, ``verify``, ``clean``).
 
 from __future__ import annotations
 
-import ipaddress
 import posixpath
-import re
 from dataclasses import dataclass
 
+from air_transfer.core.node_names import is_node_name
+
 SCHEME = "node://"
-#: A Ray node id as text: 28 bytes in hex.
-_NODE_ID = re.compile(r"[0-9a-f]{56}")
 NODE_FORMS = "'head', a Ray node id (56 hex digits, from `ray list nodes`) or a node's IP address"
 
 
@@ -52,7 +50,7 @@ class OtherPath:
 
 def check_node(node: str) -> str:
     """``node`` if it is written as a node can be named, else ValueError."""
-    if node == "head" or _NODE_ID.fullmatch(node) or _is_ip(node):
+    if is_node_name(node):
         return node
     raise ValueError(f"a node is {NODE_FORMS}; got {node!r}")
 
@@ -94,11 +92,3 @@ def _normal(path: str) -> str:
     if "\x00" in path:
         raise ValueError(f"{path!r} contains a NUL byte")
     return "/" + posixpath.normpath(path).lstrip("/")
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True

@@ -11,9 +11,7 @@ Ray's public API only.
 from __future__ import annotations
 
 import functools
-import ipaddress
 import logging
-import re
 import time
 from typing import Any
 
@@ -22,6 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from air_transfer.cluster import identity
 from air_transfer.core.knobs import KNOBS
+from air_transfer.core.node_names import NODE_ID, is_ip, is_node_name
 from air_transfer.core.provided import Provided
 
 logger = logging.getLogger(__name__)
@@ -66,8 +65,6 @@ def head_node_id() -> str:
     raise RuntimeError("no live head node in this Ray cluster; pass node= explicitly")
 
 
-#: A Ray node id as text: 28 bytes in hex (``ray.get_runtime_context().get_node_id()``).
-_NODE_ID = re.compile(r"[0-9a-f]{56}")
 #: What ``node=`` accepts, for error messages.
 NODE_FORMS = (
     "a Ray node id (56 hex digits: ray.get_runtime_context().get_node_id(), "
@@ -78,13 +75,13 @@ NODE_FORMS = (
 def names_a_node_by_role_or_address(text: str) -> bool:
     """Whether ``text`` is ``"head"`` or an IP address: a node named otherwise than
     by its id, which ``resolve_node`` turns into one."""
-    return text == "head" or _is_ip(text)
+    return text == "head" or is_ip(text)
 
 
 def check_node_spec(node: object) -> str:
     """``node`` if it is written as a node can be named (a node id, an IP address or
     ``"head"``), else ValueError; Ray need not run (nothing is looked up)."""
-    if isinstance(node, str) and (node == "head" or _NODE_ID.fullmatch(node) or _is_ip(node)):
+    if isinstance(node, str) and is_node_name(node):
         return node
     hint = ""
     if isinstance(node, str) and node.startswith("/"):
@@ -99,7 +96,7 @@ def resolve_node(node: str) -> str:
     if node == "head":
         return head_node_id()
     live = [n for n in ray.nodes() if n.get("Alive")]
-    if _NODE_ID.fullmatch(node):
+    if NODE_ID.fullmatch(node):
         if any(n["NodeID"] == node for n in live):
             return node
         raise ValueError(
@@ -117,14 +114,6 @@ def resolve_node(node: str) -> str:
         f"{len(matches)} live nodes share the IP address {node!r} ({_listing(matches)}): "
         "pass node= one of their node ids"
     )
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _listing(nodes: list[dict[str, Any]]) -> str:

@@ -57,6 +57,25 @@ def test_bad_node_paths_name_the_form(text: str, says: str | None) -> None:
         parse_node_path(text)
 
 
+@pytest.mark.parametrize(
+    "name", ["head", NODE_ID, "10.0.0.5", "fe80::1", "mynode", "abcd", NODE_ID.upper(), ""]
+)
+def test_the_command_line_and_node_take_the_same_node_names(name: str) -> None:
+    """``node://NODE/...`` and ``storage_filesystem(node=...)`` check one grammar."""
+    from air_transfer.cli.address import check_node
+    from air_transfer.cluster.nodes import check_node_spec
+
+    def accepts(check: object) -> bool:
+        try:
+            check(name)  # type: ignore[operator]
+        except ValueError:
+            return False
+        return True
+
+    assert accepts(check_node) == accepts(check_node_spec)
+    assert accepts(check_node) == (name in ("head", NODE_ID, "10.0.0.5", "fe80::1"))
+
+
 def test_other_locations() -> None:
     assert parse_location("s3://bucket/runs/exp1") == OtherPath("s3://bucket/runs/exp1")
     assert parse_location("s3://bucket/x").is_uri  # type: ignore[union-attr]
