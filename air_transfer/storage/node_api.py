@@ -26,6 +26,7 @@ from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.process_locks import Process
 from air_transfer.core.scan import Source
 from air_transfer.storage.durable.settings import DrainSettings
+from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget
 
 if TYPE_CHECKING:
@@ -230,7 +231,7 @@ class NodeDurable(Protocol):
         """``(epoch, ticket)``: the ticket is completed by the next pass to end well."""
         ...
 
-    def durable_status(self, root: str, path: str | None = None) -> Any:
+    def durable_status(self, root: str, path: str | None = None) -> DrainStatus:
         """The drain's ``DrainStatus`` (of ``path`` too, if given)."""
         ...
 

@@ -12,9 +12,10 @@ import pyarrow.fs as pafs
 
 from air_transfer.storage.durable.records import read_record
 from air_transfer.storage.durable.settings import DrainSettings
+from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.tombstones import MemoryTombstones
-from air_transfer.storage.server.drain import Drainer, DrainStatus
+from air_transfer.storage.server.drain import Drainer
 from air_transfer.storage.server.drain_scan import scan
 from tests.support.waiting import eventually
 

@@ -16,10 +16,11 @@ import posixpath
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from air_transfer.observe.progress import make_bar, progress_enabled
 from air_transfer.storage.client.streams import AgentLink
+from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.node_api import NodeDurable
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def _request(link: AgentLink, root: str) -> tuple[str, int]:
     return result
 
 
-def _status(link: AgentLink, root: str, at: str | None = None) -> Any:
+def _status(link: AgentLink, root: str, at: str | None = None) -> DrainStatus:
     """The drain's ``DrainStatus`` (looking at ``at`` now, if given)."""
     return link.call(NodeDurable.durable_status, root, at)
 
@@ -140,7 +141,7 @@ def wait_for_lag(where: Callable[[], DrainPoint], limit: int, uri: str) -> None:
         delay = min(delay * 2, POLL_S[1])
 
 
-def _missing(uri: str, root: str, timeout: float | None, status: Any) -> str:
+def _missing(uri: str, root: str, timeout: float | None, status: DrainStatus) -> str:
     pending = ", ".join(status.pending) or "(files not yet scanned)"
     return (
         f"the durable tier {uri} does not hold everything node storage {root} had "

@@ -33,6 +33,7 @@ from air_transfer.core.threads import pool, start_daemon
 from air_transfer.observe import durable_metrics
 from air_transfer.storage.durable.records import FileRecord, read_index, write_index
 from air_transfer.storage.durable.settings import LAST_FILE_MAX_BYTES, DrainSettings
+from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.tombstones import Tombstones
 from air_transfer.storage.server.drain_deletes import apply_delete
@@ -46,26 +47,6 @@ SHOWN = 20
 DEFER_PASSES = 3
 #: The nice of the drain's threads (hashing and sending): absolute (see ``_background``).
 BACKGROUND_NICE = 10
-
-
-@dataclass(frozen=True)
-class DrainStatus:
-    """Where one storage's drain is. ``epoch`` changes when the drain starts again
-    (its agent restarted): a ticket of another epoch is void."""
-
-    epoch: str
-    requested: int
-    completed: int
-    lag_bytes: int
-    pending: tuple[str, ...]
-    uploaded_bytes: int
-    copied_bytes: int
-    errors: int
-    last_error: str | None
-    passes: int
-    deletes_pending: int
-    #: For a status of one path: whether every file at or under it is in the tier.
-    durable: bool | None = None
 
 
 @dataclass

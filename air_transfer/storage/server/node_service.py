@@ -29,6 +29,7 @@ from air_transfer.core.knobs import KNOBS
 from air_transfer.core.process_locks import Process
 from air_transfer.core.scan import Source
 from air_transfer.storage.durable.settings import DrainSettings
+from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.node_api import (
     Commit,
@@ -43,7 +44,6 @@ from air_transfer.storage.server.chunk_cache import (
     StartTransfer,
     Submit,
 )
-from air_transfer.storage.server.drain import DrainStatus
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.metadata import DiskStorage, storage_path
 from air_transfer.storage.server.op_fence import OpFence

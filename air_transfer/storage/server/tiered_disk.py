@@ -27,9 +27,10 @@ from air_transfer.cluster.agent_client import Info, Listed
 from air_transfer.core.confine import oserror
 from air_transfer.storage.durable import reads
 from air_transfer.storage.durable.settings import DrainSettings
+from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget, relative
 from air_transfer.storage.durable.tombstones import ClusterTombstones, Tombstones
-from air_transfer.storage.server.drain import Drainer, DrainStatus
+from air_transfer.storage.server.drain import Drainer
 from air_transfer.storage.server.drain_leader import replica_leads
 from air_transfer.storage.server.metadata import DiskStorage
 
