@@ -18,7 +18,6 @@ import os
 import posixpath
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -37,6 +36,7 @@ from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.durable_wait import DrainPoint
 from air_transfer.storage.client.handler import NodeStorageHandler
 from air_transfer.storage.client.replica_set import full, is_lost, on_copy
+from air_transfer.storage.client.replica_write import ReplicaWrite
 from air_transfer.storage.client.same_node import open_native
 from air_transfer.storage.client.streams import AgentLink, _chunks, read_chunk_bytes
 from air_transfer.storage.client.uploads import Mode, NodeUpload, Route, Staged, abort_copy
@@ -489,61 +489,3 @@ class ReplicatedHandler(NodeStorageHandler):
         rules = ReplicaWrite(self, rel, frozenset(fresh))
         writer = NodeUpload(Mode(Route.SEND), staged, self.config, path, rules=rules)
         return pa.PythonFile(writer, mode="w")
-
-
-@dataclass(frozen=True)
-class ReplicaWrite:
-    """The replica registry's rules for one file written to every copy of ``handler``
-    (``uploads.CopyRules``)."""
-
-    handler: ReplicatedHandler
-    rel: str
-    fresh: frozenset[str]  # the copies fresh when the write began
-
-    def can_lose(self, copy: Staged, error: Exception) -> bool:
-        """A copy that failed a chunk is out of this write if it is gone, its disk is
-        full, or it is not fresh (a copy being re-made, whose directory repair may
-        replace); any other answer of a fresh copy is the write's."""
-        return is_lost(error) or full(error) or copy.node not in self.fresh
-
-    def commit(self, copies: list[Staged], commit: Callable[[Staged, str], None]) -> None:
-        """Commit on every copy still staged, within the registry's ``begin``/``end``
-        (one commit of a path at a time, so the copies take a path's versions in the
-        same order; the staging files are named to the registry, which removes them if
-        this process dies mid-commit). A copy lost on the way (or whose disk filled
-        up) is stale from then on, and the file is stored if one fresh copy took it;
-        a copy being re-made (syncing) is not part of the answer."""
-        handler, rel, op = self.handler, self.rel, uuid.uuid4().hex
-        staged = {s.node: s for s in copies}
-        staging = {node: s.staging for node, s in staged.items()}
-        targets, fresh = replica_set.begin(handler.key, [rel], op, staging)
-        # Copies staged here whose node the registry has since found gone: this write
-        # lacks them too (degraded), though no commit was tried there.
-        gone = [node for node in staged if node not in dict(targets)]
-        outcomes: dict[str, BaseException | None] = {}
-        try:
-            for node, _ in targets:
-                s = staged.get(node)
-                if s is None:
-                    outcomes[node] = ConnectionError("not staged: was stale when the write began")
-                    continue
-                outcomes[node] = s.error or _tried(commit, s, op)
-        finally:
-            answer, missed = handler.judge(outcomes, fresh)
-            replica_set.call(RegistryCalls.end, handler.key, op, missed, [rel])
-        for node, s in staged.items():
-            if node in gone or outcomes.get(node) is not None:
-                abort_copy(s)
-        copies.clear()
-        if missed or gone:
-            handler.degraded([*missed, *gone], [rel])
-        if answer is not None:
-            raise answer
-
-
-def _tried(commit: Callable[[Staged, str], None], s: Staged, op: str) -> BaseException | None:
-    try:
-        commit(s, op)
-        return None
-    except Exception as e:
-        return e

@@ -8,7 +8,7 @@ guarantees below are written once:
   the object store every byte would be copied twice more.
 - ``Route.SEND``: ``chunk_bytes`` chunks, each sent with its checksum to the agent of
   every copy, at most ``window`` unacknowledged per copy; a chunk for several copies
-  (``replicas.ReplicaWrite``, the replica registry's ``CopyRules``) is put once and
+  (``replica_write.ReplicaWrite``, the replica registry's ``CopyRules``) is put once and
   every copy writes it from that one object.
 - ``Route.OFFER`` (``TransferConfig(incremental=True)``: checksums first): each chunk
   is put in this node's store and the storage node, asked with its checksum, copies a
@@ -103,7 +103,7 @@ class Staged:
 
 
 class CopyRules(Protocol):
-    """How a write to several copies goes on and ends (``replicas.ReplicaWrite``);
+    """How a write to several copies goes on and ends (``replica_write.ReplicaWrite``);
     without rules, every error of the one copy is the write's."""
 
     def can_lose(self, copy: Staged, error: Exception) -> bool:
