@@ -225,5 +225,3 @@ def disown(suffix: str) -> None:
     """The writer ``suffix`` of this process is done."""
     with _OWN_GUARD:
         _OWN.discard(suffix)
-
-

@@ -82,7 +82,6 @@ _SET_ASIDE = re.compile(r"(\..*)\.air-old-(\d+-[0-9a-f]+)", re.DOTALL)
 SWAP_MARK = b"swap\n"
 
 
-
 def internal_name(name: str, mark: str, suffix: str = "") -> str:
     """The hidden name ``.<name><mark><suffix>`` of something the library makes next
     to ``name`` (``name`` digested if long: see the module)."""

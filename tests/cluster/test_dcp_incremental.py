@@ -333,8 +333,10 @@ def test_the_storage_agent_dying_mid_stream_publishes_nothing(
     assert ray.get(stream.close.remote()) in {"ConnectionError", "CheckpointLostError"}
     ray.kill(stream)
     eventually(
-        lambda: fs.get_file_info(pafs.FileSelector(str(tmp_path / "d"))) == []
-        and os.listdir(tmp_path / "d") == [],
+        lambda: (
+            fs.get_file_info(pafs.FileSelector(str(tmp_path / "d"))) == []
+            and os.listdir(tmp_path / "d") == []
+        ),
         lambda: f"left: {os.listdir(tmp_path / 'd')}",
     )
     saved(rank, tmp_path / "next", fs, 1, 2)

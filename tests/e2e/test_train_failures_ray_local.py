@@ -35,5 +35,3 @@ def test_on_rays_own_filesystem_a_failure_right_after_a_report_resumes_from_it(
     result = fit(tmp_path, None, fail_rank=0, mode="SYNC", size=SMALL_SIZE)
     assert 1 in returned_reports(tmp_path)
     assert_resumed_from_last_returned_report(result, tmp_path)
-
-

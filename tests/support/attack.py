@@ -2,7 +2,6 @@
 the storage root between a directory and a symlink leading outside it, while calls
 run, and what every call is allowed to do meanwhile."""
 
-
 from __future__ import annotations
 
 import errno

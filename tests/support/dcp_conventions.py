@@ -37,6 +37,7 @@ def deadline() -> Iterator[None]:
     finally:
         faulthandler.cancel_dump_traceback_later()
 
+
 #: The key the planner leaves out of every save.
 DROPPED = "scratch"
 

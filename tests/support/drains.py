@@ -19,9 +19,7 @@ from air_transfer.storage.server.drain import Drainer
 from air_transfer.storage.server.drain_scan import scan
 from tests.support.waiting import eventually
 
-SMALL = DrainSettings(
-    chunk_bytes=64 * 1024, rescan_s=60.0, backoff_s=(0.05, 0.5), lead_poll_s=0.05
-)
+SMALL = DrainSettings(chunk_bytes=64 * 1024, rescan_s=60.0, backoff_s=(0.05, 0.5), lead_poll_s=0.05)
 
 
 @contextlib.contextmanager

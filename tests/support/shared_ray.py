@@ -50,6 +50,7 @@ def start_with_retries(start: Callable[[], T], stop: Callable[[], None]) -> T:
             stop()
     raise AssertionError("unreachable")
 
+
 #: ("local", GCS address) or ("cluster", the Cluster); None when nothing is shared.
 _held: tuple[str, object] | None = None
 

@@ -21,7 +21,6 @@ from tests.support.writer_procs import TIMEOUT, Child, put_files, tree_of
 TAGS, ROUNDS = ("t0", "t1", "t2"), 3
 
 
-
 def write_at_once(manifests: dict[str, list[Any]], target: Path) -> list[BaseException]:
     """One thread per writer, released together, each writing its manifests into
     ``target`` in turn; what any of them raised."""
@@ -41,6 +40,7 @@ def write_at_once(manifests: dict[str, list[Any]], target: Path) -> list[BaseExc
     for thread in threads:
         thread.join(timeout=TIMEOUT)
     return errors
+
 
 def assert_all_merged(target: Path, keep: bool, tags: tuple[str, ...] = TAGS) -> None:
     """Every writer's last round is in, whole; ``common`` is one writer's."""
