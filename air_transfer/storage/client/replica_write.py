@@ -15,7 +15,7 @@ from air_transfer.storage.client.uploads import Staged, abort_copy
 from air_transfer.storage.replica_wire import RegistryCalls
 
 
-class Judge(Protocol):
+class ReplicatedStorage(Protocol):
     """What a write asks of its storage (``replicas.ReplicatedHandler``)."""
 
     @property
@@ -37,7 +37,7 @@ class ReplicaWrite:
     """The replica registry's rules for one file written to every copy of ``handler``
     (``uploads.CopyRules``)."""
 
-    handler: Judge
+    handler: ReplicatedStorage
     rel: str
     fresh: frozenset[str]  # the copies fresh when the write began
 
