@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,6 +87,9 @@ import air_transfer.train
 print(before, get_env_vars_to_propagate().get("AIR_TRANSFER_PROGRESS"))
 """
 
+#: What a fresh interpreter did: its exit status, stdout and stderr.
+Finished = subprocess.CompletedProcess[str]
+
 #: Each check that needs a fresh interpreter (what Ray Train looks like before and
 #: after the library is imported, or with other settings): its code and environment.
 #: Each imports Ray (~2 s), so they all start at once, the first time one is needed.
@@ -103,12 +108,9 @@ FRESH = {
 
 
 @pytest.fixture(scope="module")
-def fresh(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Done]]:
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Finished]]:
     """Every ``FRESH`` check run, each in a new interpreter, all at once: a directory
     for the download check (``src`` in it, copied to ``out``) and each one's outcome."""
-    import subprocess
-    import sys
-
     where = tmp_path_factory.mktemp("fresh")
     (where / "src" / "sub").mkdir(parents=True)
     (where / "src" / "sub" / "f").write_bytes(b"data")
@@ -126,53 +128,48 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Don
     done = {}
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=120)
-        done[name] = Done(proc.returncode, out.strip(), err)
+        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     return where, done
 
 
-class Done:
-    """A fresh interpreter's outcome: exit status, stdout (stripped), stderr."""
-
-    def __init__(self, returncode: int, out: str, err: str) -> None:
-        self.returncode, self.out, self.err = returncode, out, err
-
-    def printed(self) -> str:
-        assert self.returncode == 0, self.err
-        return self.out
+def printed(done: Finished) -> str:
+    """What a fresh interpreter that exited well printed (stripped)."""
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
 
 
-def test_train_hooks_can_be_turned_off(fresh: tuple[Path, dict[str, Done]]) -> None:
+def test_train_hooks_can_be_turned_off(fresh: tuple[Path, dict[str, Finished]]) -> None:
     """``AIR_TRANSFER_TRAIN_HOOKS=0`` leaves Ray Train's own copies untouched (the
     hooks installed by default: the next test)."""
-    assert fresh[1]["hooks off"].printed() == "False True"
+    assert printed(fresh[1]["hooks off"]) == "False True"
 
 
 def test_train_hooks_leave_every_other_filesystem_to_ray(
-    fresh: tuple[Path, dict[str, Done]],
+    fresh: tuple[Path, dict[str, Finished]],
 ) -> None:
     """Installed, the download wrapper asks the hook, which declines for a local
     filesystem, and Ray's own copy runs: the directory arrives."""
     where, done = fresh
-    assert done["hooks on, local fs"].printed() == "True False"
+    assert printed(done["hooks on, local fs"]) == "True False"
     assert (where / "out" / "sub" / "f").read_bytes() == b"data"
 
 
 def test_ray_train_copies_the_settings_once_the_library_is_imported(
-    fresh: tuple[Path, dict[str, Done]],
+    fresh: tuple[Path, dict[str, Finished]],
 ) -> None:
     """What Ray Train copies from the driver to its controller, and from the
     controller to its workers, is its own list: importing the library adds every
     ``AIR_TRANSFER_*`` setting to it (the run itself: tests/e2e/test_dcp_conventions.py)."""
-    assert fresh[1]["propagated"].printed() == "None 1"
+    assert printed(fresh[1]["propagated"]) == "None 1"
 
 
 @pytest.mark.parametrize("module", ["dcp", "train"])
 def test_train_v1_is_refused_at_import_saying_what_to_do(
-    fresh: tuple[Path, dict[str, Done]], module: str
+    fresh: tuple[Path, dict[str, Finished]], module: str
 ) -> None:
     """Defect: with Train v1 selected, ``air_transfer.dcp`` failed deep inside with
     "cannot import name 'CheckpointUploadMode'"."""
     done = fresh[1][f"v1 {module}"]
     assert done.returncode != 0
-    assert "ImportError: air-transfer needs Ray Train v2" in done.err, done.err
-    assert "unset RAY_TRAIN_V2_ENABLED" in done.err
+    assert "ImportError: air-transfer needs Ray Train v2" in done.stderr, done.stderr
+    assert "unset RAY_TRAIN_V2_ENABLED" in done.stderr
