@@ -38,7 +38,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, cast
 
 import numpy as np
 import ray
@@ -255,10 +255,9 @@ class NodeUpload(io.RawIOBase):
         staging file; offered, the ref goes in a list, which Ray does not resolve."""
         root, offset, direct_io = s.link.root, s.start + self.sent, self.mode.direct_io
         if self.mode.route is Route.OFFER:  # put already (``share``): the ref is offered
-            ref = body if isinstance(body, ray.ObjectRef) else ray.put(body)
             return s.link.submit(
                 NodeIndexedUploads.fs_write_or_reuse,
-                root, s.staging, offset, checksum, length, [ref], direct_io,
+                root, s.staging, offset, checksum, length, [cast(ChunkRef, body)], direct_io,
             )  # fmt: skip
         return s.link.submit(NodeFiles.fs_write, root, s.staging, offset, body, checksum, direct_io)
 
