@@ -18,7 +18,7 @@ import ray.cloudpickle
 from air_transfer.core import proven_read
 from air_transfer.extend import register_strategy
 from air_transfer.transfer.strategies import registry
-from tests.support import shared_ray, strategies_for_tests
+from tests.support import process_exit, shared_ray, strategies_for_tests
 from tests.support.procs import REPO_ROOT
 
 # Ray Train's controller polls its workers every 2 s, and a run ends (and a report
@@ -54,6 +54,12 @@ register_strategy(strategies_for_tests.BytesChunksStrategy)
 
 
 TIERS = ("unit", "ray", "cluster", "e2e")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The process ends after Python's exit handlers, without the native teardown that
+    Ray's leftover threads crash (``tests.support.process_exit``)."""
+    config.pluginmanager.register(process_exit, "air-transfer-process-exit")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
