@@ -11,8 +11,10 @@ Python's (``atexit`` handlers: Ray's shutdown, pyarrow's S3 finalizer, the libra
 thread stopper; logging's flush) still runs first, with the fault handler on, so a
 crash there still shows, and a failed run still exits non-zero.
 
-A pytest plugin (``tests/conftest.py`` registers it); not for pytest-xdist's workers,
-whose exit their controller waits on.
+A pytest plugin (``tests/conftest.py`` registers it). Only where pytest is the
+program (``pytest``, ``python -m pytest``): a program that calls ``pytest.main()``
+goes on after it; and not in pytest-xdist's workers, whose exit their controller
+waits on.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,10 +33,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_session] = session
 
 
+def _pytest_is_the_program() -> bool:
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None:  # python -m pytest
+        return spec.name in ("pytest", "pytest.__main__")
+    return Path(getattr(main, "__file__", None) or "").name in ("pytest", "py.test")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
     """After every other plugin's unconfigure: run the exit handlers, flush, leave."""
     if hasattr(config, "workerinput") or _session not in config.stash:
+        return
+    if not _pytest_is_the_program():
         return
     status = int(config.stash[_session].exitstatus)
     atexit._run_exitfuncs()

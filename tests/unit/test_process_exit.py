@@ -35,12 +35,17 @@ def test_fails():
 '''
 
 
-def _pytest(tmp: Path, *plugin: str) -> subprocess.Popen[str]:
+#: A program that runs pytest in its own process and goes on after it.
+CALLER = "import pytest, sys; print('after', int(pytest.main(sys.argv[1:])))"
+
+
+def _pytest(tmp: Path, *plugin: str, caller: bool = False) -> subprocess.Popen[str]:
     tmp.mkdir()
     module = tmp / "test_exits.py"
     module.write_text(MODULE.format(handler=str(tmp / "handler"), teardown=str(tmp / "teardown")))
+    program = ["-c", CALLER] if caller else ["-m", "pytest"]
     return subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        [sys.executable, *program, "-q", "-p", "no:cacheprovider",
          "-p", "no:hypothesispytest", *plugin, str(module)],
         cwd=REPO_ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True,
@@ -60,3 +65,11 @@ def test_the_exit_keeps_the_status_and_the_handlers_and_skips_the_teardown(tmp_p
     assert (tmp_path / "plain" / "teardown").exists()
     assert (tmp_path / "ours" / "handler").exists()
     assert not (tmp_path / "ours" / "teardown").exists()
+
+
+def test_a_program_calling_pytest_main_goes_on_after_it(tmp_path: Path) -> None:
+    run = _pytest(tmp_path / "caller", "-p", "tests.support.process_exit", caller=True)
+    out, _ = run.communicate(timeout=120)
+    assert run.returncode == 0, out
+    assert "1 failed, 1 passed" in out and "after 1" in out, out
+    assert (tmp_path / "caller" / "teardown").exists()  # its interpreter ended as usual
