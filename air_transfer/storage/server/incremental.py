@@ -85,21 +85,25 @@ class IncrementalStore:
         with self._lock:
             self._totals.update(stats)
 
-    def reuse_chunk(self, root: str, checksum: str, view: memoryview) -> bool:
-        """Fill ``view`` with a chunk of ``checksum`` and ``len(view)`` bytes that a
-        file stored under ``root`` holds, read and proven now (counted as reused);
-        False if none holds it now."""
+    def reuse_chunk(self, root: str, checksum: str, length: int) -> memoryview | None:
+        """A chunk of ``checksum`` and ``length`` bytes that a file stored under
+        ``root`` holds, read and proven now (counted as reused); None if none holds it
+        now. Its buffer is made only once the index names a stored copy: a chunk
+        never stored (every chunk of a first save) costs a lookup, not a zeroed
+        chunk (~12 ms for 32 MiB)."""
         key, stats = real_root(root), Counter[str]()
-        bases = _Bases(key)
+        where = list(self._index.chunks(key, checksum, length))
+        if not where:
+            return None
+        view, bases = memoryview(bytearray(length)), _Bases(key)
         try:
-            where = self._index.chunks(key, checksum, len(view))
             found = proven_chunk(where, bases.open, view, checksum, stats)
         finally:
             bases.close()
         if found:
-            stats.update(chunks_reused=1, bytes_reused=len(view))
+            stats.update(chunks_reused=1, bytes_reused=length)
         self.count(stats)
-        return found
+        return view if found else None
 
     def proven_file(
         self, root: str, size: int, sums: tuple[str, ...], chunk_bytes: int

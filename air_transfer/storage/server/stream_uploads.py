@@ -63,8 +63,8 @@ class StreamUploads(NodeIndexedUploads):
         through ``sent`` (``[ref]``, nested so that nothing moves unless asked)."""
         if not isinstance(length, int) or not 0 < length <= MAX_CHUNK_BYTES:
             raise ValueError(f"a chunk length of 1..{MAX_CHUNK_BYTES} bytes, got {length!r}")
-        view = memoryview(bytearray(length))
-        if self.store.reuse_chunk(root, checksum, view):
+        view = self.store.reuse_chunk(root, checksum, length)
+        if view is not None:
             self.uploads.fs_write(root, staging, offset, view, checksum, direct_io)
             self.store.count({"bytes_written": length})
             return True
