@@ -46,7 +46,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """After every other plugin's unconfigure: run the exit handlers, flush, leave."""
     if hasattr(config, "workerinput") or _session not in config.stash:
         return
-    if not _pytest_is_the_program():
+    if not _pytest_is_the_program():  # pytest.main() called by a program that goes on
         return
     status = int(config.stash[_session].exitstatus)
     atexit._run_exitfuncs()

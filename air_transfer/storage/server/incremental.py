@@ -109,9 +109,14 @@ class IncrementalStore:
         self, root: str, size: int, sums: tuple[str, ...], chunk_bytes: int
     ) -> int | None:
         """An open descriptor (the caller closes it) of a file stored under ``root``
-        holding exactly these bytes, read and proven now; None if none does now."""
-        key, buffer = real_root(root), memoryview(bytearray(chunk_bytes))
-        for path in self._index.files(key, size, sums):
+        holding exactly these bytes, read and proven now; None if none does now. Its
+        read buffer is made only once the index names a candidate (as ``reuse_chunk``'s)."""
+        key = real_root(root)
+        paths = list(self._index.files(key, size, sums))
+        if not paths:
+            return None
+        buffer = memoryview(bytearray(chunk_bytes))
+        for path in paths:
             try:
                 fd = open_regular(key, path)[0]
             except OSError:  # deleted, replaced by a directory, left the root
