@@ -35,11 +35,12 @@ def should_write_direct(size: int, enabled: bool = True) -> bool:
 
 def pwrite_direct(path: str, data: memoryview, offset: int) -> bool:
     """Write ``data`` at ``offset`` of the existing file ``path`` with ``O_DIRECT``,
-    through page-aligned bounce buffers, and return True; or return False where that
-    cannot be done: an ``offset`` or length that is not a multiple of ``ALIGN``, a
-    platform without ``O_DIRECT``, a filesystem that refuses it (``EINVAL``), a short
-    write off a block boundary. The caller then writes all of ``data`` through the
-    page cache; any part already written gets the same bytes again.
+    from ``data`` itself if it starts on a page, else through page-aligned bounce
+    buffers, and return True; or return False where that cannot be done: an
+    ``offset`` or length that is not a multiple of ``ALIGN``, a platform without
+    ``O_DIRECT``, a filesystem that refuses it (``EINVAL``), a short write off a
+    block boundary. The caller then writes all of ``data`` through the page cache;
+    any part already written gets the same bytes again.
 
     For writers that place whole chunks at known offsets, possibly out of order and
     from several threads (node-storage uploads), where ``DirectFileWriter``'s front
@@ -56,14 +57,20 @@ def pwrite_direct(path: str, data: memoryview, offset: int) -> bool:
             return False
         raise  # names the path
     try:
-        bounce = aligned_buffer(min(BOUNCE_BYTES, len(view)))
+        source = np.frombuffer(view, np.uint8)
+        # Memory starting on a page is written as it is; any other goes through a copy.
+        aligned = source.ctypes.data % ALIGN == 0
+        bounce = None if aligned else aligned_buffer(min(BOUNCE_BYTES, len(view)))
         done = 0
         while done < len(view):
-            n = min(len(bounce), len(view) - done)
-            np.copyto(bounce[:n], np.frombuffer(view[done : done + n], np.uint8))
+            n = min(BOUNCE_BYTES, len(view) - done)
+            piece = source[done : done + n]
+            if bounce is not None:
+                np.copyto(bounce[:n], piece)
+                piece = bounce[:n]
             written = 0
             while written < n:
-                step = os.pwrite(fd, bounce[written:n], offset + done + written)
+                step = os.pwrite(fd, piece[written:n], offset + done + written)
                 if step <= 0 or step % ALIGN:  # not resumable with O_DIRECT
                     logger.debug("air-transfer: a short O_DIRECT write of %s: %d bytes", path, step)
                     return False

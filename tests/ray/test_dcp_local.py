@@ -10,10 +10,13 @@ The cluster cases (other nodes, process groups, resharding, Ray Train) are in
 from __future__ import annotations
 
 import errno
+import io
 import os
+import pickle
 import resource
 import signal
 import tempfile
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,6 +106,37 @@ def test_a_state_dict_round_trips_with_its_optimizer_state_and_plain_values(
     assert load(state, Checkpoint(str(tmp_path / "ckpt"), filesystem=fs))
     assert same(flat(state), expected)
     assert state["step"] == 1 and state["note"] == "seed 1"
+
+
+def record_crcs(path: Path) -> set[int]:
+    """The crc32 fields of every record of every item a checkpoint's metadata names."""
+    with open(path / ".metadata", "rb") as f:
+        metadata = pickle.load(f)
+    found: set[int] = set()
+    for info in metadata.storage_data.values():
+        with open(path / info.relative_path, "rb") as f:
+            f.seek(info.offset)
+            item = f.read(info.length)
+        if item[:2] == b"PK":  # a tensor's torch.save archive (plain values are pickles)
+            found |= {record.CRC for record in zipfile.ZipFile(io.BytesIO(item)).infolist()}
+    return found
+
+
+def test_a_save_into_node_storage_skips_torchs_crc32_and_torchs_reader_loads_it(
+    fs: pafs.FileSystem, tmp_path: Path
+) -> None:
+    """Node storage checksums every chunk, so its files' records carry no crc32
+    (torch.load never checks one); any other filesystem gets torch's crc32."""
+    expected = saved(fs, tmp_path / "ckpt")
+    crcs = record_crcs(tmp_path / "ckpt")
+    node_storage = not isinstance(fs, pafs.LocalFileSystem)
+    assert crcs == {0} if node_storage else 0 not in crcs
+    state = trained(2)
+    dcp.load(state, storage_reader=FileSystemReader(tmp_path / "ckpt"), no_dist=True)
+    assert same(flat(state), expected)
+    buffer = io.BytesIO()  # this thread's own saves keep theirs afterwards
+    torch.save(torch.ones(4), buffer)
+    assert 0 not in {r.CRC for r in zipfile.ZipFile(io.BytesIO(buffer.getvalue())).infolist()}
 
 
 def test_async_save_keeps_the_state_as_it_was_when_staged(

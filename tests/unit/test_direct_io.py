@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from air_transfer import ChecksumError, TransferConfig
-from air_transfer.core import direct_io
+from air_transfer.core import aligned_writes, direct_io
+from air_transfer.core.aligned_writes import aligned_buffer
 from air_transfer.core.direct_io import (
     ALIGN,
     MIN_DIRECT_FILE_BYTES,
@@ -124,6 +125,29 @@ def test_pwrite_direct_places_aligned_chunks_in_any_order(tmp_path: Path) -> Non
         piece = memoryview(data)[index * chunk : (index + 1) * chunk]
         assert pwrite_direct(str(path), piece, index * chunk)
     assert path.read_bytes() == data
+
+
+@linux_only
+def test_pwrite_direct_writes_memory_on_a_page_without_a_bounce_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk whose memory starts on a page (a stored chunk read for reuse) is
+    written from where it is; any other through bounce buffers: the same bytes."""
+    chunk = direct_io.BOUNCE_BYTES + 2 * ALIGN
+    data = np.frombuffer(random.Random(6).randbytes(2 * chunk), np.uint8)
+    on_page = aligned_buffer(chunk)
+    off_page = aligned_buffer(chunk + 16)[16:]
+    on_page[:], off_page[:] = data[:chunk], data[chunk:]
+    made: list[int] = []
+    real = aligned_writes.aligned_buffer
+    monkeypatch.setattr(aligned_writes, "aligned_buffer", lambda n: made.append(n) or real(n))
+    path = tmp_path / "f"
+    path.touch()
+    assert pwrite_direct(str(path), memoryview(on_page), 0)
+    assert made == []
+    assert pwrite_direct(str(path), memoryview(off_page), chunk)
+    assert made == [direct_io.BOUNCE_BYTES]
+    assert path.read_bytes() == data.tobytes()
 
 
 @linux_only

@@ -10,11 +10,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from air_transfer.core.aligned_writes import ALIGN
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.errors import ManifestError
 from air_transfer.storage.node_api import IndexedCommit
+from air_transfer.storage.server import uploads
 from air_transfer.storage.server.chunk_index import KEEP, ChunkIndex
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.senders import local_chunks
@@ -87,6 +90,28 @@ def test_a_stream_copies_only_proven_chunks_and_fetches_the_rest(tmp_path: Path)
     assert cost["chunks_rejected"] == 3 and cost["bytes_sent"] == CHUNK + 100
     assert cost["files_linked"] == 0
     assert cost["bytes_reused"] == 3 * CHUNK and cost["files"] == 1
+
+
+def test_a_reused_chunk_is_hashed_once_and_read_onto_a_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored copy is hashed by its proof and written without a second hash (a
+    fetched chunk is hashed on arrival), from a buffer that starts on a page, so
+    that a direct write takes it as it is."""
+    (tmp_path / "c1").mkdir()
+    (tmp_path / "c2").mkdir()
+    s, body = Streams(tmp_path), os.urandom(3 * CHUNK)
+    s.write("c1/shard", body)
+    view = s.store.reuse_chunk(str(tmp_path), chunk_checksum(body[CHUNK : 2 * CHUNK]), CHUNK)
+    assert view is not None and bytes(view) == body[CHUNK : 2 * CHUNK]
+    assert np.frombuffer(view, np.uint8).ctypes.data % ALIGN == 0
+    hashed: list[int] = []
+    real = uploads.chunk_checksum
+    monkeypatch.setattr(uploads, "chunk_checksum", lambda v: hashed.append(len(v)) or real(v))
+    changed = body[:CHUNK] + os.urandom(CHUNK) + body[2 * CHUNK :]
+    assert s.write("c2/shard", changed) == [True, False, True]
+    assert CHUNK in hashed and hashed.count(CHUNK) == 1  # the fetched chunk alone
+    assert (tmp_path / "c2/shard").read_bytes() == changed
 
 
 def test_a_streamed_file_is_linked_or_cloned_by_a_directory_store(tmp_path: Path) -> None:

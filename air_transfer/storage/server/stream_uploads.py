@@ -7,12 +7,13 @@ ref to it: a chunk some file stored under the same root holds (``chunk_index``,
 read and hashed now: ``IncrementalStore.reuse_chunk``) is copied into the staging
 file from this disk, and only a chunk this node lacks (or whose stored copy no
 longer matches) is fetched through the ref, so only those bytes cross the network.
-Either way the staging file gets the chunk checked against its checksum
-(``DiskUploads.fs_write``). At the commit, a stream whose every byte a stored file
-holds (proven: read and hashed now) becomes a hard link of that file, one copy on
-disk for both; the commit publishes the file whole as every upload's commit does,
-then offers it, with its chunks' checksums, to later stores. Counted
-in ``IncrementalStore``'s totals (``incremental_counters``).
+Either way the staging file gets the chunk checked against its checksum: a fetched
+one by ``DiskUploads.fs_write``, a stored copy by its proof (hashed once, not
+again). At the commit, a stream whose every byte a stored file holds (proven: read
+and hashed now) becomes a hard link of that file, one copy on disk for both; the
+commit publishes the file whole as every upload's commit does, then offers it, with
+its chunks' checksums, to later stores. Counted in ``IncrementalStore``'s totals
+(``incremental_counters``).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class StreamUploads(NodeIndexedUploads):
             raise ValueError(f"a chunk length of 1..{MAX_CHUNK_BYTES} bytes, got {length!r}")
         view = self.store.reuse_chunk(root, checksum, length)
         if view is not None:
-            self.uploads.fs_write(root, staging, offset, view, checksum, direct_io)
+            self.uploads.write_proven(root, staging, offset, view, direct_io)  # hashed once
             self.store.count({"bytes_written": length})
             return True
         [ref] = sent
