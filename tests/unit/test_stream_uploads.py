@@ -6,7 +6,6 @@ and a commit with bad checksums stores nothing."""
 
 from __future__ import annotations
 
-import gc
 import os
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,6 @@ import pytest
 
 from air_transfer.core.aligned_writes import ALIGN
 from air_transfer.core.checksum import chunk_checksum
-from air_transfer.core.mapped import is_mapped
 from air_transfer.errors import ManifestError
 from air_transfer.storage.node_api import IndexedCommit
 from air_transfer.storage.server import uploads
@@ -26,7 +24,6 @@ from air_transfer.storage.server.senders import local_chunks
 from air_transfer.storage.server.stream_uploads import StreamUploads
 from air_transfer.storage.server.uploads import DiskUploads
 from tests.support.incremental import describe
-from tests.support.leases import hold_open_for_write, leased, truncated_while_stalled
 
 CHUNK = 4096
 
@@ -95,29 +92,19 @@ def test_a_stream_copies_only_proven_chunks_and_fetches_the_rest(tmp_path: Path)
     assert cost["bytes_reused"] == 3 * CHUNK and cost["files"] == 1
 
 
-def stored(tmp_path: Path) -> tuple[Streams, bytes]:
-    """A store whose ``c1/shard`` (3 chunks) is indexed, and the shard's bytes."""
-    for name in ("c1", "c2"):
-        (tmp_path / name).mkdir()
-    s, body = Streams(tmp_path), os.urandom(3 * CHUNK)
-    s.write("c1/shard", body)
-    return s, body
-
-
-def test_a_reused_chunk_is_hashed_where_it_is_stored_and_once(
+def test_a_reused_chunk_is_hashed_once_and_read_onto_a_page(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A stored copy is hashed in the stored file's mapping (no copy, no buffer),
-    which starts on a page, so a direct write takes it as it is; it is written
-    without a second hash (a fetched chunk is hashed on arrival)."""
-    s, body = stored(tmp_path)
+    """A stored copy is hashed by its proof and written without a second hash (a
+    fetched chunk is hashed on arrival), from a buffer that starts on a page, so
+    that a direct write takes it as it is."""
+    (tmp_path / "c1").mkdir()
+    (tmp_path / "c2").mkdir()
+    s, body = Streams(tmp_path), os.urandom(3 * CHUNK)
+    s.write("c1/shard", body)
     view = s.store.reuse_chunk(str(tmp_path), chunk_checksum(body[CHUNK : 2 * CHUNK]), CHUNK)
     assert view is not None and bytes(view) == body[CHUNK : 2 * CHUNK]
-    assert is_mapped(view.obj) and np.frombuffer(view, np.uint8).ctypes.data % ALIGN == 0
-    assert leased(tmp_path / "c1/shard")  # while the view lives
-    del view
-    gc.collect()
-    assert not leased(tmp_path / "c1/shard")
+    assert np.frombuffer(view, np.uint8).ctypes.data % ALIGN == 0
     hashed: list[int] = []
     real = uploads.chunk_checksum
     monkeypatch.setattr(uploads, "chunk_checksum", lambda v: hashed.append(len(v)) or real(v))
@@ -125,50 +112,6 @@ def test_a_reused_chunk_is_hashed_where_it_is_stored_and_once(
     assert s.write("c2/shard", changed) == [True, False, True]
     assert CHUNK in hashed and hashed.count(CHUNK) == 1  # the fetched chunk alone
     assert (tmp_path / "c2/shard").read_bytes() == changed
-
-
-def test_a_stored_file_open_for_writing_is_read_instead_still_proven(tmp_path: Path) -> None:
-    """The kernel grants no lease on a file someone has open for writing: the chunk
-    is read into page-aligned memory and hashed there."""
-    s, body = stored(tmp_path)
-    writer = hold_open_for_write(tmp_path / "c1/shard")
-    try:
-        view = s.store.reuse_chunk(str(tmp_path), chunk_checksum(body[:CHUNK]), CHUNK)
-        assert view is not None and bytes(view) == body[:CHUNK]
-        assert not is_mapped(view.obj) and np.frombuffer(view, np.uint8).ctypes.data % ALIGN == 0
-        assert s.write("c2/shard", body[:CHUNK] + os.urandom(CHUNK)) == [True, False]
-    finally:
-        writer.communicate("")
-
-
-def test_a_stored_file_shorter_than_its_index_says_is_fetched_past(tmp_path: Path) -> None:
-    """A mapping past a file's end would crash the agent (SIGBUS) when hashed: a
-    stored file truncated since it was indexed is passed over, the chunk fetched."""
-    s, body = stored(tmp_path)
-    os.truncate(tmp_path / "c1/shard", CHUNK + 100)
-    before = s.store.totals()
-    assert s.write("c2/shard", body) == [True, False, False]
-    assert (tmp_path / "c2/shard").read_bytes() == body
-    # Chunks 1 and 2, then the file as a whole (not linked at the commit).
-    assert s.store.totals()["chunks_rejected"] - before["chunks_rejected"] == 3
-
-
-def test_a_stored_file_truncated_while_its_chunk_is_held_leaves_the_chunk_proven(
-    tmp_path: Path,
-) -> None:
-    """Another process truncates the stored file while the proven chunk waits to be
-    written (the agent stalled): the truncate goes through once the view holds a
-    private copy of its bytes, and what is written is the bytes proven."""
-    s, body = stored(tmp_path)
-    checksum = chunk_checksum(body[2 * CHUNK :])
-    view = s.store.reuse_chunk(str(tmp_path), checksum, CHUNK)
-    assert view is not None and is_mapped(view.obj)
-    truncated_while_stalled(str(tmp_path / "c1/shard"))
-    assert os.path.getsize(tmp_path / "c1/shard") == 0
-    assert bytes(view) == body[2 * CHUNK :] and chunk_checksum(view) == checksum
-    staging, _, _ = s.uploads.fs_open_write(str(tmp_path), f"{tmp_path}/c2/f", False)
-    s.uploads.write_proven(str(tmp_path), staging, 0, view)
-    assert (tmp_path / staging).read_bytes() == body[2 * CHUNK :]
 
 
 def test_a_streamed_file_is_linked_or_cloned_by_a_directory_store(tmp_path: Path) -> None:

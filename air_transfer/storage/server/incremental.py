@@ -20,9 +20,8 @@ link. Plain Python but for the senders it is handed; each store counts in node
 storage's upload metrics.
 
 Upload streams (torch DCP's shards, ``stream_uploads``) reuse chunks one by one
-through ``reuse_chunk``, proven the same way (hashed in the stored file's mapping,
-under a read lease: ``proven_view``), and their files join the index once committed
-(``note_file``), so streams and trees reuse each other's chunks.
+through ``reuse_chunk``, proven the same way, and their files join the index once
+committed (``note_file``), so streams and trees reuse each other's chunks.
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ from air_transfer.core.confine import open_regular, real_root
 from air_transfer.core.confined_dirs import write_beneath
 from air_transfer.core.entry import Entry
 from air_transfer.core.file_chunks import ChunkedFiles
-from air_transfer.core.mapped import lease
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.publish import check_before_writing, publish
 from air_transfer.core.reuse import clone_into, link_into, read_at, verified, write_at
@@ -90,22 +88,24 @@ class IncrementalStore:
 
     def reuse_chunk(self, root: str, checksum: str, length: int) -> memoryview | None:
         """A chunk of ``checksum`` and ``length`` bytes that a file stored under
-        ``root`` holds, proven now (counted as reused; ``proven_view``); None if none
-        holds it now. Nothing is made before the index names a stored copy: a chunk
-        never stored, as every chunk of a first save, costs a lookup."""
+        ``root`` holds, read and proven now (counted as reused); None if none holds it
+        now. Its buffer is made only once the index names a stored copy (a chunk
+        never stored, as every chunk of a first save, costs a lookup), unzeroed (the
+        read fills it, the checksum proves every byte: ``bytearray`` would zero 32 MiB
+        first, ~12 ms) and page-aligned, so a direct write takes it as it is."""
         key, stats = real_root(root), Counter[str]()
         where = list(self._index.chunks(key, checksum, length))
         if not where:
             return None
-        bases = _Bases(key)
+        view, bases = memoryview(aligned_buffer(length)), _Bases(key)
         try:
-            view = proven_view(where, bases.open, length, checksum, stats)
+            found = proven_chunk(where, bases.open, view, checksum, stats)
         finally:
             bases.close()
-        if view is not None:
+        if found:
             stats.update(chunks_reused=1, bytes_reused=length)
         self.count(stats)
-        return view
+        return view if found else None
 
     def proven_file(
         self, root: str, size: int, sums: tuple[str, ...], chunk_bytes: int
@@ -333,60 +333,6 @@ def proven_chunk(
             return True
         stats["chunks_rejected"] += 1
     return False
-
-
-def proven_view(
-    where: Iterable[tuple[str, int]],
-    base: Callable[[str], int | None],
-    length: int,
-    checksum: str,
-    stats: Counter[str],
-) -> memoryview | None:
-    """The ``length`` bytes at the first ``(stored file, offset)`` of ``where`` that
-    have ``checksum`` now, hashed where they are: the file mapped under a read lease
-    (``core.mapped``), so the page cache is neither copied nor a buffer made (reading
-    a stored chunk cost the storage node more CPU than the rest of a reused chunk
-    together: the kernel's copy and the fresh buffer's page faults); where the kernel
-    grants no lease, read into page-aligned memory (unzeroed: the read fills it, the
-    hash proves it). Either way it starts on a page, so a direct write takes it as it
-    is. Each that no longer has it is counted in ``stats`` as rejected."""
-    buffer: memoryview | None = None
-    for path, at in where:
-        src = base(path)
-        if src is None:
-            continue
-        view = _leased_view(src, at, length)
-        if view is None:
-            buffer = buffer if buffer is not None else memoryview(aligned_buffer(length))
-            view = buffer if read_at(src, at, buffer) else None
-        if view is not None and chunk_checksum(view) == checksum:
-            return view
-        stats["chunks_rejected"] += 1
-    return None
-
-
-def _leased_view(fd: int, offset: int, length: int) -> memoryview | None:
-    """``length`` bytes of the file open as ``fd`` from ``offset``, mapped under a
-    read lease that lasts as long as the view: nobody can write or truncate the file
-    meanwhile (one who tries waits until the view holds a private copy of its bytes),
-    so the bytes hashed are the bytes written. None where no lease is granted, the
-    file cannot be mapped, or it ends before (a mapping past its end would fault)."""
-    held = lease(fd, _hashed_not_stamped)
-    if held is None:
-        return None
-    try:
-        if os.fstat(held.fd).st_size < offset + length:
-            return None
-        array = held.view(offset, length)
-    except OSError:  # a filesystem that cannot map files (ENODEV)
-        return None
-    finally:
-        held.drop()  # the view, if any, holds the lease from here
-    return None if array is None else memoryview(array)
-
-
-def _hashed_not_stamped(_: os.stat_result) -> None:
-    """A leased view's proof is the hash of its bytes, not the file's stamps."""
 
 
 class _Bases:
