@@ -1,6 +1,7 @@
 """The plain parts of ``O_DIRECT`` writing (why it is used: ``core.direct_io``): the
 alignment, aligned buffers, switching a descriptor to it and back, logging a
-filesystem that refuses it, and ``pwrite_direct`` for chunks at known offsets."""
+filesystem that refuses it, ``pwrite_direct`` for chunks at known offsets, and its
+one reading twin, ``pread_direct`` (a stored chunk read to be reused)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,43 @@ def pwrite_direct(path: str, data: memoryview, offset: int) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def pread_direct(fd: int, offset: int, buffer: memoryview) -> int | None:
+    """Fill ``buffer`` from ``offset`` of the file open as ``fd``, with ``O_DIRECT``
+    (through a descriptor of its own for the same file, as ``pwrite_direct`` writes),
+    until it is full or the file ends: how many bytes were read. None where that
+    cannot be done (an offset, length or address off ``ALIGN``, a platform without
+    ``O_DIRECT``, a filesystem that refuses it): the caller reads through the page
+    cache. Why: measured on the storage node of a 2-rank incremental DCP save, the
+    kernel's copy of stored chunks out of the page cache was most of its CPU (1.1 of
+    1.2-1.4 s per save); read by the disk into the buffer, 0.3 s in all."""
+    address = np.frombuffer(buffer, np.uint8).ctypes.data
+    if not _O_DIRECT or offset % ALIGN or len(buffer) % ALIGN or address % ALIGN:
+        return None
+    proc = f"/proc/self/fd/{fd}"
+    try:
+        direct = os.open(proc, os.O_RDONLY | _O_DIRECT | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.ENOENT):  # refused; no /proc
+            logger.debug("air-transfer: no O_DIRECT read of %s: %s", proc, e)
+            return None
+        raise
+    try:
+        filled = 0
+        while filled < len(buffer):
+            n = os.preadv(direct, [buffer[filled:]], offset + filled)
+            filled += n
+            if n == 0 or n % ALIGN:  # the file ended (a short read ends off a block)
+                break
+        return filled
+    except OSError as e:
+        if e.errno == errno.EINVAL:  # the filesystem refused it: read through the cache
+            logger.debug("air-transfer: no O_DIRECT read of %s: %s", proc, e)
+            return None
+        raise
+    finally:
+        os.close(direct)
 
 
 def aligned_buffer(nbytes: int) -> np.ndarray:

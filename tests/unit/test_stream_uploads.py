@@ -17,12 +17,13 @@ from air_transfer.core.aligned_writes import ALIGN
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.errors import ManifestError
 from air_transfer.storage.node_api import IndexedCommit
-from air_transfer.storage.server import uploads
+from air_transfer.storage.server import incremental, uploads
 from air_transfer.storage.server.chunk_index import KEEP, ChunkIndex
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.senders import local_chunks
 from air_transfer.storage.server.stream_uploads import StreamUploads
 from air_transfer.storage.server.uploads import DiskUploads
+from tests.support.direct import o_direct_refused
 from tests.support.incremental import describe
 
 CHUNK = 4096
@@ -112,6 +113,39 @@ def test_a_reused_chunk_is_hashed_once_and_read_onto_a_page(
     assert s.write("c2/shard", changed) == [True, False, True]
     assert CHUNK in hashed and hashed.count(CHUNK) == 1  # the fetched chunk alone
     assert (tmp_path / "c2/shard").read_bytes() == changed
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["disk-reads-it", "through-the-cache"])
+def test_a_reused_chunk_is_read_around_the_page_cache_where_it_can_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
+) -> None:
+    """The disk reads a stored chunk straight into its page-aligned buffer (the
+    kernel's copy out of the page cache was most of a storage node's CPU), a file's
+    last chunk of any length too; where O_DIRECT cannot be had, it is read through
+    the cache. Either way only proven bytes are reused."""
+    if direct and o_direct_refused(tmp_path):
+        pytest.skip("this filesystem takes no O_DIRECT")
+    (tmp_path / "c1").mkdir()
+    s, body = Streams(tmp_path), os.urandom(2 * CHUNK + 3000)
+    s.write("c1/shard", body)
+    reads: list[int | None] = []
+    real = incremental.pread_direct
+
+    def spy(fd: int, offset: int, buffer: memoryview) -> int | None:
+        reads.append(real(fd, offset, buffer) if direct else None)
+        return reads[-1]
+
+    monkeypatch.setattr(incremental, "pread_direct", spy)
+    for at, length in ((CHUNK, CHUNK), (2 * CHUNK, 3000)):
+        piece = body[at : at + length]
+        view = s.store.reuse_chunk(str(tmp_path), chunk_checksum(piece), length)
+        assert view is not None and bytes(view) == piece
+    assert reads == ([CHUNK, 3000] if direct else [None, None])
+    with open(tmp_path / "c1/shard", "r+b") as f:  # a stored copy altered: not reused
+        f.seek(CHUNK + 5)
+        f.write(b"\0" * 3)
+    altered = chunk_checksum(body[CHUNK : 2 * CHUNK])
+    assert s.store.reuse_chunk(str(tmp_path), altered, CHUNK) is None
 
 
 def test_a_streamed_file_is_linked_or_cloned_by_a_directory_store(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ committed (``note_file``), so streams and trees reuse each other's chunks.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import posixpath
 import stat
@@ -34,7 +35,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
-from air_transfer.core.aligned_writes import aligned_buffer
+from air_transfer.core.aligned_writes import ALIGN, aligned_buffer, pread_direct
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import open_regular, real_root
 from air_transfer.core.confined_dirs import write_beneath
@@ -92,14 +93,17 @@ class IncrementalStore:
         now. Its buffer is made only once the index names a stored copy (a chunk
         never stored, as every chunk of a first save, costs a lookup), unzeroed (the
         read fills it, the checksum proves every byte: ``bytearray`` would zero 32 MiB
-        first, ~12 ms) and page-aligned, so a direct write takes it as it is."""
+        first, ~12 ms) and page-aligned, so that the disk reads the chunk straight
+        into it (``pread_direct``) and a direct write takes it as it is."""
         key, stats = real_root(root), Counter[str]()
         where = list(self._index.chunks(key, checksum, length))
         if not where:
             return None
-        view, bases = memoryview(aligned_buffer(length)), _Bases(key)
+        room = memoryview(aligned_buffer(-(-length // ALIGN) * ALIGN))  # whole blocks
+        view, bases = room[:length], _Bases(key)
+        read = functools.partial(read_around_cache, room)
         try:
-            found = proven_chunk(where, bases.open, view, checksum, stats)
+            found = proven_chunk(where, bases.open, view, checksum, stats, read)
         finally:
             bases.close()
         if found:
@@ -321,18 +325,27 @@ def proven_chunk(
     view: memoryview,
     checksum: str,
     stats: Counter[str],
+    read: Callable[[int, int, memoryview], bool] = read_at,
 ) -> bool:
     """Fill ``view`` from the first ``(stored file, offset)`` of ``where`` whose bytes
-    there have ``checksum`` now (read and hashed); each one that no longer does is
-    counted in ``stats`` as rejected."""
+    there have ``checksum`` now (read with ``read``, and hashed); each one that no
+    longer does is counted in ``stats`` as rejected."""
     for path, at in where:
         src = base(path)
         if src is None:
             continue
-        if read_at(src, at, view) and chunk_checksum(view) == checksum:
+        if read(src, at, view) and chunk_checksum(view) == checksum:
             return True
         stats["chunks_rejected"] += 1
     return False
+
+
+def read_around_cache(room: memoryview, fd: int, offset: int, view: memoryview) -> bool:
+    """``read_at`` of ``view``, the start of ``room`` (page-aligned, whole blocks),
+    read by the disk into ``room`` around the page cache where the file and the
+    filesystem allow (``pread_direct``), else through it."""
+    n = pread_direct(fd, offset, room)
+    return read_at(fd, offset, view) if n is None else n >= len(view)
 
 
 class _Bases:
