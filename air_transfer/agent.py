@@ -27,6 +27,7 @@ import ray
 
 from air_transfer.cluster.agent_client import AgentSelf
 from air_transfer.cluster.identity import Identity, this_process
+from air_transfer.cluster.nodes import object_store_bytes
 from air_transfer.cluster.refs import CheckpointRef, DoneRef
 from air_transfer.cluster.rpc import R, Services
 from air_transfer.config import TransferConfig
@@ -65,7 +66,9 @@ class NodeAgent(AgentSelf):
         self._packing = PackingService()
         self._owned = NodeOwnedTransfers()
         node = str(ray.get_runtime_context().get_node_id())
-        self._storage = NodeStorageService(node, submit_plans, _owned_transfer, _handle_of)
+        self._storage = NodeStorageService(
+            node, submit_plans, _owned_transfer, _handle_of, object_store_bytes(node)
+        )
         self._services = Services(
             self, self._packing, Relays(), self._owned, self._storage, self._storage.streams
         )

@@ -61,6 +61,8 @@ class TransferConfig:
             node holding a copy. 0: none kept beyond the read that asked. A
             checkpoint directory restored by readers at the same time is shared by
             all of them whatever its size; this bounds what is kept once they are done.
+            The storage node keeps at most a quarter of its object store, whatever
+            this says: a cache filling the store would make Ray spill its chunks.
         incremental: node storage (``storage_filesystem``, ``checkpoint_upload_fn``):
             a checkpoint directory stored there first sends a checksum per chunk of
             each file (cut every ``chunk_bytes`` from each file's start); the storage
@@ -190,7 +192,8 @@ class StorageConfig:
             disk); default: ``root`` on every node.
         incremental: a checkpoint stored there sends and stores only the chunks that
             earlier checkpoints under the root lack.
-        cache_bytes: chunks of files read from node storage kept for N readers.
+        cache_bytes: chunks of files read from node storage kept for N readers
+            (at most a quarter of the storage node's object store).
         durable: the durable tier: a URI ``pyarrow.fs.FileSystem.from_uri`` accepts
             (``s3://bucket/prefix?endpoint_override=...``, ``gs://...``,
             ``file:///mnt/nfs/...``) or a ``(pyarrow.fs.FileSystem, path)`` pair; a

@@ -52,6 +52,16 @@ def this_node_id() -> str:
     return str(ray.get_runtime_context().get_node_id())
 
 
+def object_store_bytes(node_id: str) -> int | None:
+    """The object store capacity of node ``node_id`` (None if the GCS does not
+    list it)."""
+    for n in ray.nodes():
+        if n.get("NodeID") == node_id:
+            capacity = n.get("Resources", {}).get("object_store_memory")
+            return int(capacity) if capacity else None
+    return None
+
+
 def live_node_ids() -> set[str]:
     """Ids of the nodes the GCS considers alive."""
     return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}

@@ -28,7 +28,7 @@ from air_transfer.storage.client.uploads import Mode, NodeUpload, Route, Staged
 from air_transfer.storage.node_api import Commit, NodeCheckpoints, NodeFiles, NodeReads
 from air_transfer.storage.server.metadata import STAGING_MARK
 from tests.support.checkpoints import MiB, kill_and_wait, make_checkpoint, on
-from tests.support.cluster import node_ids
+from tests.support.cluster import STORE_BYTES, node_ids
 from tests.support.gates import Gate, gated
 from tests.support.node_storage import BODY, CONFIG, read, read_counters
 
@@ -286,6 +286,25 @@ def test_n_readers_on_other_nodes_read_the_file_from_disk_once(tmp_path: Path) -
     after = read_counters("node_a")
     assert after["bytes_read"] - before["bytes_read"] == len(body)
     assert after["bytes_served"] - before["bytes_served"] == 3 * len(body)
+
+
+def test_a_storage_node_keeps_at_most_a_quarter_of_its_store_whatever_readers_ask(
+    tmp_path: Path,
+) -> None:
+    """A reader asking for a cache larger than the storage node's object store (the
+    default 1 GiB on a small node) gets its file whole, and the node keeps at most a
+    quarter of its store: a cache filling it would make Ray spill the chunks."""
+    import hashlib
+
+    cap = STORE_BYTES // 4
+    body = os.urandom(cap + 6 * MiB)
+    (tmp_path / "big.bin").write_bytes(body)
+    config = CONFIG.replace(cache_bytes=4 * STORE_BYTES)
+    f = storage_filesystem(node=node_ids()["node_a"], config=config, root=str(tmp_path))
+    ray.get(node_agent(node_ids()["node_a"]).clear_read_cache.remote())
+    digest = read_digest.options(**on("node_b")).remote(f, str(tmp_path / "big.bin"))
+    assert ray.get(digest) == hashlib.sha256(body).hexdigest()
+    assert 0 < read_counters("node_a")["bytes_held"] <= cap
 
 
 def test_without_a_cache_budget_every_reader_reads_the_disk(tmp_path: Path) -> None:

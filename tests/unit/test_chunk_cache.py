@@ -68,6 +68,23 @@ def test_the_budget_keeps_the_most_recently_used_chunks(stored: tuple[Path, byte
     assert packer.asked == [0, 1, 2, 3]  # 4 and 5 (7 bytes) were the ones kept
 
 
+def test_what_a_node_keeps_is_capped_by_its_object_store_whatever_readers_ask(
+    stored: tuple[Path, bytes],
+) -> None:
+    """A quarter of the node's store at most: a cache that fills the store would make
+    Ray spill the chunks it holds."""
+    root, body = stored
+    assert chunk_cache.cache_cap(8 * CHUNK) == 2 * CHUNK and chunk_cache.cache_cap(None) is None
+    packer = Packer()
+    cache = FileChunks(packer, chunk_cache.cache_cap(8 * CHUNK))
+    pairs = cache.refs(str(root), "f", len(body), CHUNK, 0, 6, 1 << 30)  # asks for 1 GiB
+    assert b"".join(chunk for chunk, _ in pairs) == body  # served whole all the same
+    assert cache.counters()["bytes_held"] <= 2 * CHUNK
+    uncapped = FileChunks(Packer())
+    uncapped.refs(str(root), "f", len(body), CHUNK, 0, 6, 1 << 30)
+    assert uncapped.counters()["bytes_held"] == len(body)
+
+
 def test_a_new_version_of_the_file_is_packed_anew(stored: tuple[Path, bytes]) -> None:
     root, body = stored
     packer = Packer()
@@ -155,6 +172,23 @@ def test_a_transfer_within_the_budget_is_kept_for_later_readers(checkpoint: Path
     transfers.release(lease)
     transfers.ref(root, "ckpt", config)
     assert starts.count == 1 and transfers.bytes_served == 10 * CHUNK
+
+
+def test_a_transfer_within_the_budget_but_over_the_stores_cap_is_not_kept(
+    checkpoint: Path,
+) -> None:
+    """Readers in flight still share it; once they are done, a node whose store
+    holds 8 chunks keeps at most 2 chunks' worth, whatever the readers asked."""
+    starts, root, config = Starts(), str(checkpoint), TransferConfig(cache_bytes=8 * CHUNK)
+    transfers = DirectoryTransfers(starts, chunk_cache.cache_cap(8 * CHUNK))
+    first, a = transfers.ref(root, "ckpt", config)
+    second, b = transfers.ref(root, "ckpt", config)
+    assert first == second and transfers.bytes_held == 5 * CHUNK
+    transfers.release(a)
+    transfers.release(b)
+    assert transfers.bytes_held == 0
+    transfers.ref(root, "ckpt", config)
+    assert starts.count == 2
 
 
 def test_a_reader_that_never_lets_go_is_taken_for_dead(

@@ -43,6 +43,7 @@ from air_transfer.storage.server.chunk_cache import (
     FileChunks,
     StartTransfer,
     Submit,
+    cache_cap,
 )
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.metadata import DiskStorage, storage_path
@@ -63,7 +64,8 @@ if TYPE_CHECKING:
 
 
 class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
-    """Node storage on this node's disk, for the agent of node ``node_id``."""
+    """Node storage on this node's disk, for the agent of node ``node_id``, whose
+    object store holds ``store_bytes`` (None: unknown), which bounds its read caches."""
 
     def __init__(
         self,
@@ -71,9 +73,10 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
         submit: Submit,
         start: StartTransfer,
         handle_of: Callable[[object], TransferHandle],
+        store_bytes: int | None = None,
     ) -> None:
-        self._files = FileChunks(submit)
-        self._directories = DirectoryTransfers(start)
+        self._files = FileChunks(submit, cache_cap(store_bytes))
+        self._directories = DirectoryTransfers(start, cache_cap(store_bytes))
         self._handle_of = handle_of  # a transfer's handle, of a checkpoint or handle
         #: Metadata, with the durable tier of each root that has one (its drain).
         self._disk = TieredDisk(DiskStorage(), node_id)
