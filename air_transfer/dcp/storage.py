@@ -85,15 +85,15 @@ class ArrowFiles(FileSystemBase):
                 yield f
             return
         upload = Upload(self.filesystem.open_output_stream(path))
-        checked = node_storage_location(self.filesystem) is not None  # chunk by chunk
-        try:
-            with without_crc32() if checked else contextlib.nullcontext():
+        node_storage = node_storage_location(self.filesystem) is not None
+        try:  # node storage checksums chunk by chunk: torch's crc32 is not needed
+            with without_crc32() if node_storage else contextlib.nullcontext():
                 yield upload
             upload.close()
         except BaseException:
             upload.abort()
             # Other filesystems publish what they got once the stream is gone.
-            if node_storage_location(self.filesystem) is None:
+            if not node_storage:
                 with contextlib.suppress(Exception):
                     self.filesystem.delete_file(path)
             failed = upload.failure

@@ -70,6 +70,11 @@ def cache_cap(store_bytes: int | None) -> int | None:
     return None if store_bytes is None else int(store_bytes * CACHE_SHARE)
 
 
+def capped(budget: int, cap: int | None) -> int:
+    """A reader's ``budget``, within the node's ``cache_cap``."""
+    return budget if cap is None else min(budget, cap)
+
+
 def reaper(name: str, expire_now: Callable[[], None]) -> Periodic:
     """Expires a cache's idle entries even when no reader asks any more: a thread
     named ``name``, started by the cache's first request, that calls ``expire_now``
@@ -158,7 +163,7 @@ class FileChunks:
                     self._held += plan.length
                     self._counts["bytes_read"] += plan.length
                     self._counts["chunks_packed"] += 1
-                self._evict(budget if self._cap is None else min(budget, self._cap))
+                self._evict(capped(budget, self._cap))
             served = [found[i] for i in wanted]
             self._counts["bytes_served"] += sum(e.nbytes for e in served)
             return [(e.chunk, e.checksum) for e in served]
@@ -302,8 +307,7 @@ class DirectoryTransfers:
                 held.used = now
             self.bytes_served += held.size
             lease = self._leases.take(key, now)
-            budget = config.cache_bytes
-            self._budget = budget if self._cap is None else min(budget, self._cap)
+            self._budget = capped(config.cache_bytes, self._cap)
             self._shrink()
             return held.ref, lease
 
