@@ -7,11 +7,12 @@ from every rank straight into the run's storage and reports it in-band;
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import warnings
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import ray
@@ -28,6 +29,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from air_transfer.cluster._ray import train_reports_made
 from air_transfer.core.keywords import positional_at_most
+from air_transfer.core.threads import pool
 from air_transfer.dcp.storage import NodeStorageReader, report_writer
 
 T = TypeVar("T")
@@ -50,6 +52,7 @@ def _unwrapped(call: Callable[[], T]) -> T:
 _lock = threading.Lock()
 _pending: Future[None] | None = None  # this worker's async save still running
 _async_group: dist.ProcessGroup | None = None  # where async saves run their collectives
+_reporting: ThreadPoolExecutor | None = None  # where async reports call Train's (_reporter)
 
 
 @positional_at_most(
@@ -77,12 +80,16 @@ def report(
     ``checkpoint_dir_name`` and ``validation`` are passed on to ``ray.train.report``.
     ``checkpoint_upload_mode`` says when the call returns, as for Ray: ``SYNC`` once
     the checkpoint is saved and reported; ``ASYNC`` once the state dict is staged
-    (copied to CPU) and Train has named the checkpoint, the save going on in Train's
-    upload thread on a process group of its own (training's collectives go on
-    meanwhile) and the report following once it is complete; a later save waits for
-    this one first (``wait_for_pending_save``). The async save is Train's
-    ``checkpoint_upload_fn``: it writes into the directory Train names, after the one
-    agreement on that name every report makes.
+    (copied to CPU) and Train has named the checkpoint, the two at once (Train's
+    agreement on a thread beside the staging, so the call blocks about as long as
+    the staging alone), the save going on in Train's upload thread on a process
+    group of its own (training's collectives go on meanwhile) and the report
+    following once it is complete; a later save waits for this one first
+    (``wait_for_pending_save``).
+    The async save is Train's ``checkpoint_upload_fn``: it writes into the directory
+    Train names, after the one agreement on that name every report makes. A staging
+    that fails raises here; once Train has agreed, the save fails with it too, and
+    Train ends the round as for any failed async upload.
     ``NO_UPLOAD`` is refused: the save is the upload. ``async_save=True`` is the
     former spelling of ``ASYNC`` (deprecated).
     """
@@ -122,12 +129,15 @@ def report(
             validation=validation,
         )
         return
-    # ASYNC: staged first, then Train's report agrees on the name (a barrier) and
-    # starts the save in its upload thread: no rank's background save has started
-    # while another rank still stages.
+    # ASYNC: Train's report runs on a thread of its own while this one stages: it
+    # agrees on the name with the other ranks (a barrier) and hands the save to
+    # Train's upload thread, where it starts once the staging is done. The call
+    # returns when both are. (Staged here, the copies come from the memory the
+    # caller's thread allocates from, as they would for the caller's own staging.)
     group = _save_group()
-    staged = BlockingAsyncStager().stage(_stateful_to_state_dict(state_dict))
+    resolved = _stateful_to_state_dict(state_dict)
     done: Future[None] = Future()
+    staged: Future[dict[str, Any]] = Future()
     with _lock:
         _pending = done
 
@@ -137,7 +147,7 @@ def report(
             # collective save is not made again by one rank alone
             raise done.exception() or RuntimeError("air-transfer: this save already ended")
         try:
-            saved = save_into(name, staged, group, staged=True)
+            saved = save_into(name, staged.result(), group, staged=True)
         except BaseException as e:
             done.set_exception(e)
             raise
@@ -145,23 +155,47 @@ def report(
         return saved
 
     made = train_reports_made()
+    reporting = _reporter().submit(
+        ray.train.report,
+        metrics,
+        # Train hands this to save_staged, which writes the real one: a staged
+        # state dict has no directory of its own to upload.
+        checkpoint=Checkpoint(storage.experiment_fs_path, storage.storage_filesystem),
+        checkpoint_dir_name=checkpoint_dir_name,
+        checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+        checkpoint_upload_fn=save_staged,
+        delete_local_checkpoint_after_upload=False,
+        validation=validation,
+    )
     try:
-        ray.train.report(
-            metrics,
-            # Train hands this to save_staged, which writes the real one: a staged
-            # state dict has no directory of its own to upload.
-            checkpoint=Checkpoint(storage.experiment_fs_path, storage.storage_filesystem),
-            checkpoint_dir_name=checkpoint_dir_name,
-            checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
-            checkpoint_upload_fn=save_staged,
-            delete_local_checkpoint_after_upload=False,
-            validation=validation,
-        )
+        staged.set_result(BlockingAsyncStager().stage(resolved))
+    except BaseException as e:
+        staged.set_exception(e)  # the save, if Train agreed, raises it too
+        _forget(done)
+        _wait(reporting)
+        raise
+    try:
+        reporting.result()
     except BaseException:
         _forget(done)  # refused: Train starts the upload last, so none started
         raise
     if train_reports_made() == made:  # skipped (a worker failed at Train's barrier)
         _forget(done)
+
+
+def _reporter() -> ThreadPoolExecutor:
+    """The thread this worker's async reports call ``ray.train.report`` on."""
+    global _reporting
+    with _lock:
+        if _reporting is None:
+            _reporting = pool("air-transfer-dcp-report", 1)
+        return _reporting
+
+
+def _wait(call: Future[Any]) -> None:
+    """Wait for ``call`` to end, whatever it raised (the caller raises its own)."""
+    with contextlib.suppress(BaseException):
+        call.result()
 
 
 def _forget(save: Future[None]) -> None:

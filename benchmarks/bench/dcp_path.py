@@ -37,11 +37,12 @@ over its value just before it (the zeroed target already allocated);
 ``load_anon_beyond_ray_bytes``: that less Ray's recipe's (torch's
 ``FileSystemReader``), per rank; ``config.largest_tensor_mib``: the largest tensor.
 Async save (``air-transfer`` only; ``bench.dcp_async``): after the synchronous save
-and restore, ``staging_s`` (DCP's own staging of the state dict to CPU),
-``async_save_s`` (the blocking part of ``air_transfer.dcp.report(...,
-checkpoint_upload_mode=ASYNC)``), ``async_to_staging`` (their ratio, per rank),
-``async_done_s`` (until the save completed), ``async_reported`` (checkpoints
-committed by then: 2); that save is restored and verified too.
+and restore, three rounds of ``staging_s`` (DCP's own staging of the state dict to
+CPU) and ``async_save_s`` (the blocking part of ``air_transfer.dcp.report(...,
+checkpoint_upload_mode=ASYNC)``) in turn, each the rank's median, the rounds kept
+(``*_rounds_s``); ``async_to_staging`` (their ratio, per rank), ``async_done_s``
+(until the save completed), ``async_reported`` (checkpoints committed by then: 4);
+the last save is restored and verified too.
 """
 
 from __future__ import annotations

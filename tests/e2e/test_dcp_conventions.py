@@ -9,7 +9,8 @@ the driver's, the run's storage on the driver's node):
   ``ray.train.report``'s order, DCP's planner used for the save, Ray's validation
   run on the reported checkpoint;
 - ``air_transfer.dcp.report(..., checkpoint_upload_mode=ASYNC)`` returns once the
-  state is staged: what it held then is saved, whatever changes after;
+  state is staged: what it held then is saved, whatever changes after; it stages
+  while Train agrees on the checkpoint's name, not before;
 - a setting made on the driver (``AIR_TRANSFER_PROGRESS``) is in force in the
   workers (Ray Train copied only its own variables to them).
 """
@@ -31,7 +32,14 @@ import air_transfer.dcp
 from air_transfer.core import environ
 from air_transfer.dcp import NodeStorageReader
 from tests.support.cluster import shared_cluster
-from tests.support.dcp_conventions import DROPPED, async_state, conventions_loop, validate
+from tests.support.dcp_conventions import (
+    DROPPED,
+    STAGED,
+    Signal,
+    async_state,
+    conventions_loop,
+    validate,
+)
 from tests.support.dcp_fns import tensor
 
 
@@ -43,7 +51,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ray.train.Re
     storage = tmp_path_factory.mktemp("storage")
     trainer = TorchTrainer(
         conventions_loop,
-        train_loop_config={"plain_dcp_dir": str(storage / "plain-dcp")},
+        train_loop_config={"plain_dcp_dir": str(storage / "plain-dcp"), "signal": Signal.remote()},
         scaling_config=ray.train.ScalingConfig(
             num_workers=2, resources_per_worker={"CPU": 1, "trainer": 1}
         ),
@@ -118,6 +126,22 @@ def test_an_async_report_saves_the_state_as_it_was_when_the_call_returned(
         assert torch.equal(loaded[key], value), f"{key} holds what was written after the call"
 
 
+def test_an_async_report_stages_while_train_agrees_on_the_checkpoints_name(
+    run: tuple[ray.train.Result, Path],
+) -> None:
+    """Rank 0's staging waited until rank 1's report had returned, which took rank
+    0 at Train's agreement while it staged: the report completed, and its
+    checkpoint holds both ranks' tensors and what rank 0 staged."""
+    result, _ = run
+    [(checkpoint, _)] = [(c, m) for c, m in result.best_checkpoints if m.get("staged_beside")]
+    loaded: dict[str, Any] = {"o0": torch.zeros(8, 8), "o1": torch.zeros(8, 8), "gate": ""}
+    loaded["step"] = -1
+    air_transfer.dcp.load(loaded, checkpoint)
+    assert loaded["step"] == 4 and loaded["gate"] == STAGED
+    assert torch.equal(loaded["o0"], tensor(400, (8, 8)))
+    assert torch.equal(loaded["o1"], tensor(401, (8, 8)))
+
+
 def test_a_sync_report_whose_save_failed_can_be_made_again(
     run: tuple[ray.train.Result, Path],
 ) -> None:
@@ -126,7 +150,7 @@ def test_a_sync_report_whose_save_failed_can_be_made_again(
     count of reports as it was (the run would otherwise wait on it for ever)."""
     result, _ = run
     reports = [m for _, m in result.best_checkpoints]
-    assert [m.get("retried") for m in reports] == [None, True, None]
+    assert [m.get("retried") for m in reports] == [None, True, None, None]
     [retried] = [c for c, m in result.best_checkpoints if m.get("retried")]
     loaded: dict[str, Any] = {"r0": torch.zeros(8, 8), "r1": torch.zeros(8, 8), "step": -1}
     air_transfer.dcp.load(loaded, retried)
@@ -145,4 +169,4 @@ def test_the_runs_storage_holds_only_the_checkpoints_train_tracks(
     result, storage = run
     tracked = {Path(c.path).name for c, _ in result.best_checkpoints}
     stored = {p.name for p in (storage / "conventions").glob("checkpoint_*") if p.is_dir()}
-    assert len(tracked) == 3 and stored == tracked
+    assert len(tracked) == 4 and stored == tracked

@@ -6,7 +6,8 @@ DCP through ``air_transfer.dcp``: every step's checkpoint is saved by both ranks
 straight into the run's storage and reported in place; a planned failure of both
 workers; the restarted workers resume from the latest checkpoint with the model and
 the optimizer state bit-identical to an uninterrupted run's at that step, and end
-where it ended; a rank failing mid-save leaves nothing Train does not track. And
+where it ended, after a rank's failed staging too; a rank failing mid-save leaves
+nothing Train does not track. And
 ``torch.save`` checkpoints, reported the usual way, restore on every rank.
 """
 
@@ -44,7 +45,13 @@ def fs(cluster: Cluster) -> pafs.FileSystem:
 
 
 def fit(
-    loop: Any, storage: Path, name: str, fs: pafs.FileSystem, keep: int | None = None, **config: Any
+    loop: Any,
+    storage: Path,
+    name: str,
+    fs: pafs.FileSystem,
+    keep: int | None = None,
+    failures: int = 1,
+    **config: Any,
 ) -> ray.train.Result:
     trainer = TorchTrainer(
         loop,
@@ -56,7 +63,7 @@ def fit(
             name=name,
             storage_path=str(storage),
             storage_filesystem=fs,
-            failure_config=ray.train.FailureConfig(max_failures=1),
+            failure_config=ray.train.FailureConfig(max_failures=failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=keep),
         ),
     )
@@ -100,7 +107,10 @@ def test_a_failed_run_resumes_bit_identical_with_async_saves(
     """Async saves; both workers fail after step 1's checkpoint is committed; the
     restarted ones load it (each rank from the driver's node) and train on: the
     restored model and optimizer state equal the uninterrupted run's at step 1 on
-    every rank, and every later step equals it too."""
+    every rank, and every later step equals it too. At step 3 rank 1's staging
+    fails (a value that cannot be copied) while Train agrees on the report: its
+    report raises, the round ends, and the run resumes from step 2 as well, storage
+    holding only the checkpoints Train tracks."""
     reference = history(uninterrupted[0])
     marker = tmp_path / "failed-once"
     result = fit(
@@ -108,20 +118,27 @@ def test_a_failed_run_resumes_bit_identical_with_async_saves(
         tmp_path,
         "resumed",
         fs,
+        failures=2,
         upload_mode=ray.train.CheckpointUploadMode.ASYNC,
         fail_after=1,
+        fail_in_staging=3,
         fail_marker=str(marker),
     )
     assert Path(f"{marker}.0").exists() and Path(f"{marker}.1").exists()
+    assert Path(f"{marker}.staging").exists()
+    assert result.error is None
     resumed = history(result)
     assert sorted(resumed) == list(range(STEPS))
     for checkpoint, _ in result.best_checkpoints:  # each async save was complete when reported
         names = {p.name for p in Path(checkpoint.path).iterdir()}
         assert names == {".metadata", "__0_0.distcp", "__1_0.distcp"}
-    assert resumed[2]["restored_step"] == 1
+    assert resumed[2]["restored_step"] == 1 and resumed[3]["restored_step"] == 2
     assert resumed[2]["restored_digests"] == [reference[1]["digest"]] * 2
+    assert resumed[3]["restored_digests"] == [reference[2]["digest"]] * 2
     for step in range(STEPS):
         assert resumed[step]["digest"] == reference[step]["digest"], f"step {step} differs"
+    stored = {p for p in (tmp_path / "resumed").iterdir() if p.is_dir()}
+    assert stored == {Path(c.path) for c, _ in result.best_checkpoints}
 
 
 def test_a_rank_failing_mid_save_leaves_only_what_train_tracks_in_storage(

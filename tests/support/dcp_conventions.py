@@ -1,12 +1,14 @@
 """What ``tests/e2e/test_dcp_conventions.py``'s Train run does in its workers and its
 validation task: DCP's storage classes without a filesystem,
 ``air_transfer.dcp.report`` with a DCP planner and Ray's ``validation``, a ``SYNC``
-report whose save fails made again, a refused ``ASYNC`` report and an ``ASYNC``
-report whose state is overwritten before its save reads it, and the driver's
-``AIR_TRANSFER_*`` settings as a worker sees them."""
+report whose save fails made again, an ``ASYNC`` report whose staging outlasts
+Train's agreement, a refused ``ASYNC`` report and an ``ASYNC`` report whose state is
+overwritten before its save reads it, and the driver's ``AIR_TRANSFER_*`` settings
+as a worker sees them."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import faulthandler
 import os
@@ -82,6 +84,35 @@ class Weights:
         raise TypeError("Weights are staged through state_dict(), never deep-copied")
 
 
+@ray.remote(num_cpus=0)
+class Signal:
+    """An event between the ranks' processes: ``wait`` returns once ``send`` was called."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    async def send(self) -> None:
+        self.event.set()
+
+    async def wait(self) -> None:
+        await self.event.wait()
+
+
+class StagedAfter:
+    """A value whose staging (DCP deep-copies what is not a tensor) waits until
+    ``signal`` is sent, and stages as ``STAGED``."""
+
+    def __init__(self, signal: Any) -> None:
+        self.signal = signal
+
+    def __deepcopy__(self, memo: object) -> str:
+        ray.get(self.signal.wait.remote(), timeout=REPORT_DEADLINE_S)
+        return STAGED
+
+
+STAGED = "staged once the other rank's report had returned"
+
+
 def rank_state(rank: int, step: int) -> dict[str, Any]:
     return {f"w{rank}": tensor(10 * step + rank, (64, 64)), DROPPED: torch.ones(8), "step": step}
 
@@ -117,6 +148,7 @@ def conventions_loop(config: dict[str, Any]) -> None:
         metrics, state_dict=rank_state(rank, 1), planner=DroppingPlanner(), validation=True
     )
     sync_report_fails_then_saves(rank)
+    async_report_stages_beside_the_agreement(rank, config["signal"])
     async_report_then_overwrite(rank)
 
 
@@ -134,6 +166,27 @@ def sync_report_fails_then_saves(rank: int) -> None:
         pass
     with deadline():  # were the failed try counted, this one would wait on it
         air_transfer.dcp.report({"retried": True}, state_dict=state)
+
+
+def async_report_stages_beside_the_agreement(rank: int, signal: Any) -> None:
+    """An ``ASYNC`` report whose staging on rank 0 lasts until rank 1's report has
+    returned, which takes rank 0 at Train's agreement on the checkpoint's name
+    meanwhile: the staging runs beside the agreement, not before it (before it, the
+    two ranks would wait on each other until the deadline)."""
+    import air_transfer.dcp
+
+    state: dict[str, Any] = {f"o{rank}": tensor(400 + rank, (8, 8)), "step": 4}
+    if rank == 0:
+        state["gate"] = StagedAfter(signal)
+    with deadline():
+        air_transfer.dcp.report(
+            {"step": 4, "staged_beside": True},
+            state_dict=state,
+            checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+        )
+        if rank == 1:
+            ray.get(signal.send.remote())
+        air_transfer.dcp.wait_for_pending_save()
 
 
 def async_state(rank: int) -> dict[str, Any]:

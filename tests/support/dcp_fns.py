@@ -121,9 +121,7 @@ def _fail_once(config: dict[str, Any], step: int) -> None:
     Train has committed that report (so the resume point is known)."""
     marker = f"{config.get('fail_marker')}.{ray.train.get_context().get_world_rank()}"
     if config.get("fail_after") == step and not os.path.exists(marker):
-        ray.train.get_all_reported_checkpoints(
-            consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED
-        )
+        _committed()
         Path(marker).write_text("failed once")
         raise RuntimeError(f"injected failure after step {step}")
 
@@ -136,21 +134,45 @@ class Unsaveable:
         raise RuntimeError("injected failure while saving")
 
 
+class Unstageable:
+    """A value that cannot be deep-copied: the rank staging it for an ``ASYNC``
+    report fails in its staging, which runs while Train agrees on the report."""
+
+    def __deepcopy__(self, memo: object) -> Unstageable:
+        raise TypeError("injected failure while staging")
+
+
 def _failing_save(config: dict[str, Any], step: int) -> dict[str, Any]:
-    """What rank 1 adds to its state at step ``fail_in_save``, once: ``Unsaveable``."""
-    marker = f"{config.get('fail_marker')}.save"
+    """What rank 1 adds to its state at step ``fail_in_save``, once: ``Unsaveable``;
+    at step ``fail_in_staging``, once, ``Unstageable``, the step before committed
+    first (so the resume point is known)."""
     rank = ray.train.get_context().get_world_rank()
-    if config.get("fail_in_save") == step and rank == 1 and not os.path.exists(marker):
-        Path(marker).write_text("failed once")
-        return {"unsaveable": Unsaveable()}
+    for key, value in (("save", Unsaveable), ("staging", Unstageable)):
+        marker = f"{config.get('fail_marker')}.{key}"
+        if config.get(f"fail_in_{key}") == step and rank == 1 and not os.path.exists(marker):
+            if key == "staging":
+                _committed()
+            Path(marker).write_text("failed once")
+            return {"injected": value()}
     return {}
+
+
+def _committed() -> None:
+    """Wait until every report made so far is complete and committed by Train."""
+    import air_transfer.dcp
+
+    air_transfer.dcp.wait_for_pending_save()
+    ray.train.get_all_reported_checkpoints(
+        consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED
+    )
 
 
 def dcp_train_loop(config: dict[str, Any]) -> None:
     """DDP training of a small MLP with Adam; every step DCP-saves the model, the
     optimizer and the step through ``air_transfer.dcp.report``; a restarted run
     resumes from the latest checkpoint with ``air_transfer.dcp.load``. A failure
-    planned after a report (``fail_after``) or inside rank 1's save (``fail_in_save``)."""
+    planned after a report (``fail_after``), inside rank 1's save (``fail_in_save``)
+    or in its staging of an ``ASYNC`` report (``fail_in_staging``)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.nn.parallel import DistributedDataParallel
 
