@@ -2,8 +2,10 @@
 raylet's ``ray_object_manager_bytes`` counter by ``Type`` (``PushedFromLocalPlasma``,
 ``PushedFromLocalDisk``, ``Received``), read from each node's metrics endpoint
 (``ray.nodes()``'s ``MetricsExportPort``), as a Ray user reads it. The raylet
-reports every ``metrics_report_interval_ms`` (``REPORT_MS``, set for the run), so a
-reading waits until two scrapes that far apart agree."""
+records the counter every half ``metrics_report_interval_ms`` (``REPORT_MS``, set
+for the run) and exports it to its node's agent at most once a second (Ray floors
+the export interval at 1 s), so a reading waits until two scrapes further apart
+than one export agree."""
 
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ import ray
 METRIC = "ray_object_manager_bytes"
 #: The raylets' metrics report interval of a run that reads these (its system config).
 REPORT_MS = 500
+#: Seconds between two exports of a raylet's metrics: ``max(REPORT_MS, 1000)`` ms (the
+#: floor Ray's ``stats.h`` sets, mirrored in its ``open_telemetry_metric_recorder``).
+EXPORT_S = max(REPORT_MS, 1000) / 1000
 #: node id -> Type -> bytes
 Bytes = dict[str, dict[str, float]]
 
@@ -66,24 +71,42 @@ def _scrape(urls: dict[str, str]) -> Bytes:
     return out
 
 
+#: How far the cluster's bytes pushed and bytes received may differ in a settled reading.
+BALANCE = 0.01
+
+
+def balanced(reading: Bytes) -> bool:
+    """Every byte a raylet received another pushed: the cluster's totals agree
+    (within ``BALANCE``) once every raylet has reported, and differ while the
+    receiver's counter is exported and the sender's is not yet."""
+    pushed = sum(
+        t.get("PushedFromLocalPlasma", 0.0) + t.get("PushedFromLocalDisk", 0.0)
+        for t in reading.values()
+    )
+    received = sum(t.get("Received", 0.0) for t in reading.values())
+    return abs(pushed - received) <= BALANCE * max(pushed, received)
+
+
 def snapshot(
     urls: dict[str, str],
     settle_s: float = 30.0,
     changed_from: Bytes | None = None,
     scrape: Callable[[dict[str, str]], Bytes] = _scrape,
-    interval_s: float = 1.5 * REPORT_MS / 1000,
+    interval_s: float = 1.5 * EXPORT_S,
 ) -> Bytes:
     """Every node's counters once they have settled: every node answered, two scrapes
-    ``interval_s`` apart agree and, after a phase that moved bytes, differ from
-    ``changed_from`` (the reading before it): two scrapes taken before any raylet
-    reported the phase agree too, as do two of a cluster whose metrics agents are not
-    up yet (a readers run once read 0 bytes moved). ``settle_s`` at most."""
+    ``interval_s`` apart agree, the bytes pushed balance the bytes received and,
+    after a phase that moved bytes, the reading differs from ``changed_from`` (the
+    one before it): two scrapes taken before any raylet reported the phase agree
+    too, as do two of a cluster whose metrics agents are not up yet (a readers run
+    once read 0 bytes moved), or two taken after the receiver reported and before
+    the sender did (one read 0 bytes pushed). ``settle_s`` at most."""
     deadline = time.monotonic() + settle_s
     last = scrape(urls)
     while True:
         time.sleep(interval_s)
         now = scrape(urls)
-        settled = now == last and len(now) == len(urls) and now != changed_from
+        settled = now == last and len(now) == len(urls) and now != changed_from and balanced(now)
         if settled or time.monotonic() > deadline:
             return now
         last = now

@@ -38,27 +38,49 @@ def test_a_reading_after_a_phase_waits_for_the_raylets_to_report_it() -> None:
     """Two scrapes taken before any raylet reported the phase agree: the reading after
     it waits until it differs from the one before, then until it is stable; a phase
     that moved nothing returns once ``settle_s`` is spent."""
-    before = {"n1": {"Received": 0.0}}
-    pages = iter([before, before, before, {"n1": {"Received": 5.0}}, {"n1": {"Received": 9.0}}])
-    last = {"n1": {"Received": 9.0}}
+
+    def moved(n: float) -> Bytes:
+        return {"n1": {"Received": n}, "n2": {"PushedFromLocalPlasma": n}}
+
+    before = moved(0.0)
+    pages = iter([before, before, before, moved(5.0), moved(9.0)])
+    last = moved(9.0)
 
     def scrape(urls: dict[str, str]) -> Bytes:
         return next(pages, last)
 
-    one = {"n1": "u1"}
-    assert snapshot(one, 30, before, scrape, interval_s=0) == last
-    assert snapshot(one, 0, before, lambda urls: before, interval_s=0) == before
-    assert snapshot(one, 30, None, lambda urls: before, interval_s=0) == before
+    two = {"n1": "u1", "n2": "u2"}
+    assert snapshot(two, 30, before, scrape, interval_s=0) == last
+    assert snapshot(two, 0, before, lambda urls: before, interval_s=0) == before
+    assert snapshot(two, 30, None, lambda urls: before, interval_s=0) == before
 
 
 def test_a_reading_waits_for_every_nodes_metrics_agent() -> None:
     """A node whose metrics agent does not answer yet is missing from a scrape, not
     read as zero: the reading waits until every node answers."""
     urls = {"n1": "u1", "n2": "u2"}
-    whole = {"n1": {"Received": 1.0}, "n2": {}}
+    whole = {"n1": {"Received": 1.0}, "n2": {"PushedFromLocalDisk": 1.0}}
     pages = iter([{"n1": {"Received": 1.0}}] * 3)
 
     def scrape(urls: dict[str, str]) -> Bytes:
         return next(pages, whole)
 
     assert snapshot(urls, 30, None, scrape, interval_s=0) == whole
+
+
+def test_a_reading_waits_for_the_sender_to_report_what_the_receiver_did() -> None:
+    """The receiver's raylet may report a phase before the sender's: two scrapes with
+    the bytes received and none pushed agree, and the reading waits until the bytes
+    pushed balance them."""
+    urls = {"sender": "u1", "reader": "u2"}
+    before = {"sender": {"PushedFromLocalPlasma": 0.0}, "reader": {"Received": 0.0}}
+    half = {"sender": {"PushedFromLocalPlasma": 0.0}, "reader": {"Received": 200.0}}
+    whole = {"sender": {"PushedFromLocalPlasma": 150.0, "PushedFromLocalDisk": 50.0},
+             "reader": {"Received": 200.0}}  # fmt: skip
+    pages = iter([half] * 4)
+
+    def scrape(urls: dict[str, str]) -> Bytes:
+        return next(pages, whole)
+
+    assert snapshot(urls, 30, before, scrape, interval_s=0) == whole
+    assert snapshot(urls, 0, before, lambda urls: half, interval_s=0) == half
