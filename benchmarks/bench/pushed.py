@@ -22,6 +22,8 @@ REPORT_MS = 500
 #: Seconds between two exports of a raylet's metrics: ``max(REPORT_MS, 1000)`` ms (the
 #: floor Ray's ``stats.h`` sets, mirrored in its ``open_telemetry_metric_recorder``).
 EXPORT_S = max(REPORT_MS, 1000) / 1000
+#: How far the cluster's bytes pushed and bytes received may differ in a settled reading.
+BALANCE = 0.01
 #: node id -> Type -> bytes
 Bytes = dict[str, dict[str, float]]
 
@@ -71,18 +73,11 @@ def _scrape(urls: dict[str, str]) -> Bytes:
     return out
 
 
-#: How far the cluster's bytes pushed and bytes received may differ in a settled reading.
-BALANCE = 0.01
-
-
 def balanced(reading: Bytes) -> bool:
     """Every byte a raylet received another pushed: the cluster's totals agree
     (within ``BALANCE``) once every raylet has reported, and differ while the
     receiver's counter is exported and the sender's is not yet."""
-    pushed = sum(
-        t.get("PushedFromLocalPlasma", 0.0) + t.get("PushedFromLocalDisk", 0.0)
-        for t in reading.values()
-    )
+    pushed = sum(pushed_from(t) for t in reading.values())
     received = sum(t.get("Received", 0.0) for t in reading.values())
     return abs(pushed - received) <= BALANCE * max(pushed, received)
 
@@ -112,6 +107,11 @@ def snapshot(
         last = now
 
 
+def pushed_from(types: dict[str, float]) -> float:
+    """Bytes one node's raylet pushed, from its object store or from spilled objects."""
+    return types.get("PushedFromLocalPlasma", 0.0) + types.get("PushedFromLocalDisk", 0.0)
+
+
 def delta(before: Bytes, after: Bytes) -> Bytes:
     return {
         node: {t: v - before.get(node, {}).get(t, 0.0) for t, v in types.items()}
@@ -124,9 +124,8 @@ def pushed_ratios(moved: Bytes, nbytes: int, names: dict[str, str]) -> dict[str,
     and received, as multiples of the checkpoint."""
     out: dict[str, Any] = {}
     for node, types in sorted(moved.items(), key=lambda kv: names.get(kv[0], kv[0])):
-        pushed = types.get("PushedFromLocalPlasma", 0.0) + types.get("PushedFromLocalDisk", 0.0)
         out[names.get(node, node[:12])] = {
-            "pushed": round(pushed / nbytes, 3),
+            "pushed": round(pushed_from(types) / nbytes, 3),
             "received": round(types.get("Received", 0.0) / nbytes, 3),
         }
     return out
