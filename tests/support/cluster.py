@@ -139,28 +139,46 @@ def release_read_caches() -> None:
             ray.get(agent.clear_read_cache.remote())
 
 
-def release_dead_requesters_leases() -> None:
+def exited(pid: int) -> bool:
+    """Whether the process ``pid`` has exited: gone, or a zombie that its parent has
+    not reaped yet (a worker that ``ray.kill`` ended stays one for a while, and
+    ``os.kill(pid, 0)`` still finds it)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def release_dead_requesters_leases() -> dict[str, dict[str, tuple[int, str] | None]]:
     """A node agent holds a transfer it packed for a process that died holding its
     refs until ``shutdown_agents()``, by design (``cluster.transfer_leases``): a test that
     killed such a process lets go of them here (the mock cluster's processes all run
-    on this machine, so a pid tells whether the requester still lives)."""
-    import psutil
-
-    for node_id in node_ids().values():
+    on this machine, so a pid tells whether the requester still lives). The leases
+    left, by node name, for a failure to name."""
+    left: dict[str, dict[str, tuple[int, str] | None]] = {}
+    for name, node_id in node_ids().items():
         try:
             agent = AgentClient(node_id, ray.get_actor(agent_name(node_id), namespace=NAMESPACE))
             leases = ray.get(agent.call(HeldTransfers.leases))
         except (ValueError, ray.exceptions.RayActorError):
             continue
-        dead = [key for key, requester in leases.items() if not psutil.pid_exists(requester[0])]
+        dead = [key for key, by in leases.items() if by is not None and exited(by[0])]
         with contextlib.suppress(ray.exceptions.RayActorError):
             ray.get(agent.call(HeldTransfers.release, *dead))
+        if alive := {key: by for key, by in leases.items() if key not in dead}:
+            left[name] = alive
+    return left
 
 
 def chunks_back_to_baseline() -> Iterator[None]:
     """The body of the autouse ``no_chunks_left_pinned`` fixtures: after the test,
     every node's object store returns to its baseline (nothing a test transferred
-    stays pinned once its checkpoints and refs are gone)."""
+    stays pinned once its checkpoints and refs are gone).
+
+    A requester the test killed may exit only while this waits (Ray ends a killed
+    worker asynchronously), so its leases are looked for again on every poll."""
     if not ray.is_initialized():
         yield
         return
@@ -171,14 +189,25 @@ def chunks_back_to_baseline() -> Iterator[None]:
         return  # the test let go of this Ray (an example starting a cluster of its own)
     gc.collect()
     release_read_caches()
-    release_dead_requesters_leases()
+    seen: dict[str, object] = {}
+
+    def short() -> dict[str, tuple[int, int]]:
+        """Node name -> (free bytes now, at the start) for nodes below baseline."""
+        live = node_ids()
+        now = {name: object_store_free_bytes(live[name]) or 0 for name in before if name in live}
+        return {
+            name: (now[name], free)
+            for name, free in before.items()
+            if free is not None and name in now and now[name] < free - 4 * MiB
+        }
 
     def back_to_baseline() -> bool:
-        live = node_ids()
-        return all(
-            name not in live or (object_store_free_bytes(live[name]) or 0) >= free - 4 * MiB
-            for name, free in before.items()
-            if free is not None
-        )
+        if not (below := short()):
+            return True
+        seen.update(below=below, leases=release_dead_requesters_leases())
+        return False
 
-    eventually(back_to_baseline, "freeing every chunk after the test")
+    eventually(
+        back_to_baseline,
+        lambda: f"freeing every chunk after the test (last seen: {seen})",
+    )
