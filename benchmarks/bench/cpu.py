@@ -19,11 +19,12 @@ import psutil
 DAEMONS = ("raylet", "gcs_server")
 
 
-def snapshot(roles: dict[str, int | None]) -> dict[int, tuple[str, float]]:
+def snapshot(roles: dict[str, int | None], root: int | None = None) -> dict[int, tuple[str, float]]:
     """pid -> (role, CPU seconds so far) for the driver and its process tree;
-    ``roles`` names known pids (producer, consumer, agent)."""
+    ``roles`` names known pids (producer, consumer, agent). ``root``: the driver's
+    pid, for a snapshot taken by another process of the session (a Train rank)."""
     named = {pid: role for role, pid in roles.items() if pid}
-    me = psutil.Process(os.getpid())
+    me = psutil.Process(root or os.getpid())
     found: dict[int, tuple[str, float]] = {}
     for proc in [me, *me.children(recursive=True)]:
         try:

@@ -43,6 +43,9 @@ checkpoint_upload_mode=ASYNC)``) in turn, each the rank's median, the rounds kep
 (``*_rounds_s``); ``async_to_staging`` (their ratio, per rank), ``async_done_s``
 (until the save completed), ``async_reported`` (checkpoints committed by then: 4);
 the last save is restored and verified too.
+CPU (``save_cpu_s``, ``restore_cpu_s``; ``bench.dcp_cpu``): the CPU seconds of each
+process of the session during the save and the restore (each rank, the storage
+node's agent, the raylets, the rest), from the phase's start to its end.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ import ray.train
 import air_transfer
 from air_transfer import TransferConfig
 from benchmarks.bench.dcp_async import add_async_save, async_save, format_async_save
+from benchmarks.bench.dcp_cpu import PhaseCpu, add_phase_cpu, format_phase_cpu
 from benchmarks.bench.dcp_floor import floor_row, floor_trip, start_storage_end
 from benchmarks.bench.dcp_incremental import CONTENDER as INCREMENTAL
 from benchmarks.bench.dcp_incremental import add_second_save, format_second_save, second_save
@@ -135,7 +139,9 @@ def dcp_loop(config: dict[str, Any]) -> None:
     state = sharded_state(rank, config["layers"])
     ours = config["contender"] != RAY_RECIPE
     out: dict[str, Any] = {"rank": rank, "node": ray.get_runtime_context().get_node_id()}
-    dist.barrier()
+    agent = air_transfer.node_agent(config["storage_node"]) if ours else None
+    phase_cpu = PhaseCpu(rank, config["driver_pid"], ray.get(agent.pid.remote()) if agent else None)
+    phase_cpu.mark()
     start = time.perf_counter()
     if ours:
         air_transfer.dcp.report({"step": 1}, state_dict=state)
@@ -151,7 +157,7 @@ def dcp_loop(config: dict[str, Any]) -> None:
     )
     out["save_wall_s"] = time.perf_counter() - start
     checkpoint = reported.checkpoint
-    dist.barrier()
+    out["save_cpu_s"] = phase_cpu.mark()
     start = time.perf_counter()
     restored = zeroed(state)
     if ours:
@@ -166,9 +172,9 @@ def dcp_loop(config: dict[str, Any]) -> None:
     out["load_anon_bytes"] = memory.growth
     dist.barrier()
     out["restore_wall_s"] = time.perf_counter() - start
+    out["restore_cpu_s"] = phase_cpu.mark()
     out["verified"] = equal(restored, state)
-    if ours:  # each rank's bytes alone: the other loads nothing in the same collective
-        agent = air_transfer.node_agent(config["storage_node"])
+    if agent is not None:  # each rank's bytes alone: the other loads nothing meanwhile
         for alone in range(WORLD):
             dist.barrier()
             before = ray.get(agent.read_counters.remote())["bytes_served"]
@@ -225,6 +231,7 @@ def run_contender(
             "log": log,
             "storage_node": storage_node,
             "storage_end": end,
+            "driver_pid": os.getpid(),
         },
         scaling_config=ray.train.ScalingConfig(
             num_workers=WORLD, resources_per_worker={"CPU": 1, "rank": 1}
@@ -251,6 +258,7 @@ def run_contender(
         row[key] = [r[key] for r in ranks]
     row["save_wall_s"] = max(r["save_wall_s"] for r in ranks)
     row["restore_wall_s"] = max(r["restore_wall_s"] for r in ranks)
+    add_phase_cpu(row, ranks)
     if contender == OURS:
         add_async_save(row, ranks)
     if contender == INCREMENTAL:
@@ -344,5 +352,6 @@ def format_dcp_table(rows: list[dict[str, Any]]) -> str:
             f"{pair('local_temp_bytes', MiB):>14} {pair('load_anon_bytes', MiB):>15} "
             f"{'yes' if r['verified'] else 'NO':>3}"
         )
-    extra = [line for line in (format_async_save(rows), format_second_save(rows)) if line]
+    extra = [format_async_save(rows), format_second_save(rows), format_phase_cpu(rows)]
+    extra = [line for line in extra if line]
     return "\n".join([*lines, *extra])

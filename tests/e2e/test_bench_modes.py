@@ -72,7 +72,7 @@ def test_dcp_mode_restores_each_rank_its_share_verified(tmp_path: Path) -> None:
     restore verified; ours moves each rank less than Ray's recipe (the whole
     checkpoint per rank) and keeps no local temp copy; the raw Ray floor moves each
     rank exactly its tensors' bytes; each load's private memory growth is measured
-    (a growth, not the process's size). 1 MiB
+    (a growth, not the process's size), and so is each phase's CPU per process. 1 MiB
     chunks: the replicated ``step`` in the other rank's file costs one chunk of it."""
     report = tmp_path / "dcp.json"
     cmd = [
@@ -128,6 +128,22 @@ def test_dcp_mode_restores_each_rank_its_share_verified(tmp_path: Path) -> None:
         assert 0 < mine < theirs, (ours, ray_recipe)
     assert ours["local_temp_bytes"] == [0, 0] and min(ray_recipe["local_temp_bytes"]) > 0
     assert "ray-recipe" in proc.stdout and "restore MiB" in proc.stdout
+    # Each phase's CPU seconds per process: both ranks are named in each and worked in
+    # the save (a restore of 12 MiB can take less than a clock tick, 10 ms); ours, the
+    # storage node's agent too (it writes the save and serves the restore); the total
+    # is every process's.
+    for name in ("ray-recipe", "air-transfer", "air-incremental"):
+        for phase in ("save_cpu_s", "restore_cpu_s"):
+            spent = rows[name][phase]
+            assert {"rank 0", "rank 1"} <= spent.keys() and spent["total"] > 0, spent
+            if phase == "save_cpu_s":
+                assert spent["rank 0"] > 0 and spent["rank 1"] > 0, (name, spent)
+            others = sum(s for role, s in spent.items() if role != "total")
+            assert spent["total"] == pytest.approx(others, abs=0.01), spent
+            assert ("storage agent" in spent) == (name != "ray-recipe"), spent
+            if name != "ray-recipe":
+                assert spent["storage agent"] > 0, (name, phase, spent)
+    assert "CPU s per process" in proc.stdout
     assert "raw-ray-floor" in proc.stdout and "load +MiB" in proc.stdout
     assert "async save blocking" in proc.stdout
 

@@ -17,3 +17,12 @@ def test_snapshot_names_this_process_by_its_role_or_as_the_driver() -> None:
     assert snapshot({})[os.getpid()][0] == "driver"
     role, seconds = snapshot({"consumer": os.getpid()})[os.getpid()]
     assert role == "consumer" and seconds > 0
+
+
+def test_a_snapshot_from_another_process_of_the_session_names_the_root_the_driver() -> None:
+    """A Train rank snapshots the driver's tree (``bench --dcp``): the root is the
+    driver, wherever the snapshot is taken."""
+    parent = os.getppid()
+    found = snapshot({"rank 0": os.getpid()}, root=parent)
+    assert found[parent][0] == "driver"
+    assert found[os.getpid()][0] == "rank 0"
