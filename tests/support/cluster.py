@@ -194,12 +194,13 @@ def chunks_back_to_baseline() -> Iterator[None]:
     def short() -> dict[str, tuple[int, int]]:
         """Node name -> (free bytes now, at the start) for nodes below baseline."""
         live = node_ids()
-        now = {name: object_store_free_bytes(live[name]) or 0 for name in before if name in live}
-        return {
-            name: (now[name], free)
-            for name, free in before.items()
-            if free is not None and name in now and now[name] < free - 4 * MiB
-        }
+        below = {}
+        for name, free in before.items():
+            if free is not None and name in live:
+                now = object_store_free_bytes(live[name]) or 0
+                if now < free - 4 * MiB:
+                    below[name] = (now, free)
+        return below
 
     def back_to_baseline() -> bool:
         if not (below := short()):
