@@ -16,7 +16,9 @@ import contextlib
 import errno
 import logging
 import os
+import stat
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import pyarrow.fs as pafs
 import ray
@@ -291,10 +293,10 @@ def upload_checkpoint(
     by this node's agent through ``fs``, which keeps every copy.
     """
     handler = node_storage_handler(fs)
-    if handler is not None:
-        handler.wait_for_room()  # a durable tier's max_lag_bytes
-        if node in (None, handler.node_id):
-            source = local_directory(checkpoint)
+    source = local_directory(checkpoint)
+    room = handler.admitted(directory_bytes(source)) if handler is not None else nullcontext()
+    with room:  # a durable tier's max_lag_bytes
+        if handler is not None and node in (None, handler.node_id):
             chosen = config or handler.config
             stored = source is not None and _store_directory(
                 handler, dest, checkpoint, source, chosen, None
@@ -304,10 +306,12 @@ def upload_checkpoint(
             # Written through ``fs``: by this node's agent into replicated storage
             # (``fs`` keeps every copy), else by the storage node's.
             node = this_node_id() if isinstance(handler, ReplicatedHandler) else handler.node_id
-    link = AgentLink(node or head_node_id(), "/", config or TransferConfig())  # its errors as ours
-    _pack_and_store(
-        checkpoint, config, lambda ref: link.call(NodeCheckpoints.store_checkpoint, ref, fs, dest)
-    )
+        link = AgentLink(node or head_node_id(), "/", config or TransferConfig())  # its errors
+        _pack_and_store(
+            checkpoint,
+            config,
+            lambda ref: link.call(NodeCheckpoints.store_checkpoint, ref, fs, dest),
+        )
     return Checkpoint(dest, filesystem=fs)
 
 
@@ -350,9 +354,22 @@ def upload_directory(
     source = None if handler is None else local_directory(checkpoint)
     if handler is None or source is None:
         return None
-    handler.wait_for_room()  # a durable tier's max_lag_bytes
-    _store_directory(handler, path, checkpoint, source, handler.config, worker)
+    with handler.admitted(directory_bytes(source)):  # a durable tier's max_lag_bytes
+        _store_directory(handler, path, checkpoint, source, handler.config, worker)
     return Checkpoint(path, filesystem=filesystem)
+
+
+def directory_bytes(source: str | None) -> int:
+    """The bytes of the regular files under the local directory ``source`` (0 for
+    None): what storing it adds to node storage."""
+    if source is None:
+        return 0
+    total = 0
+    for top, _, names in os.walk(source):
+        for name in names:
+            st = os.lstat(os.path.join(top, name))
+            total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return total
 
 
 def local_directory(checkpoint: Checkpoint) -> str | None:
@@ -503,7 +520,7 @@ def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) 
         return replica_train.download(handler, path, local_path)
     local = storage_path(handler.root, path)
     if handler.durable is not None:
-        (_, _, _), here = handler.link.call(NodeDurable.durable_locate, handler.root, local)
+        _, here, _ = handler.link.call(NodeDurable.durable_locate, handler.root, local)
         if not here:
             return False  # only in the durable tier: Ray copies, file by file, verified
     try:

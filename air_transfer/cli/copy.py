@@ -17,11 +17,9 @@ again with ``--overwrite``.
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import posixpath
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,12 +29,10 @@ import pyarrow.fs as pafs
 from air_transfer.cli.trees import CHUNK_BYTES, FileSums, Tree, join, read_sums, tree_at
 from air_transfer.config import DURABLE_LAST
 from air_transfer.core.threads import pool
-from air_transfer.storage.client.handler import node_storage_handler
+from air_transfer.storage.durable.objects import open_whole
 
 #: Files copied at once (an object store's throughput grows with parallel uploads).
 THREADS = 4
-#: Filesystems whose uploads appear only once closed.
-ATOMIC_UPLOADS = ("s3", "gcs")
 
 Progress = Callable[[int], None]
 
@@ -136,27 +132,17 @@ def check_copy(
 def copy_file(
     src_fs: pafs.FileSystem, src: str, dst_fs: pafs.FileSystem, dst: str, progress: Progress | None
 ) -> FileSums:
-    """Copy one file so that it appears at ``dst`` whole or not at all; the sums of
-    the bytes read from ``src``."""
-    node = node_storage_handler(dst_fs) is not None
-    in_place = node or _type(dst_fs) in ATOMIC_UPLOADS
-    parent, name = posixpath.split(dst)
-    target = dst if in_place else join(parent, f".{name}.air-cp-{uuid.uuid4().hex}")
-    # The only reference to the stream: dropped unclosed, node storage aborts the
-    # upload (a closed one would be published), so no traceback may hold it.
-    stream = [dst_fs.open_output_stream(target)]
+    """Copy one file so that it appears at ``dst`` whole or not at all (the library's
+    one whole-file writer, ``storage.durable.objects.open_whole``); the sums of the
+    bytes read from ``src``."""
+    writer = open_whole(dst_fs, dst)
     try:
-        sums = read_sums(src_fs, src, CHUNK_BYTES, progress, lambda data: stream[0].write(data))
-        stream.pop().close()
-        if not in_place:
-            dst_fs.move(target, dst)
-        return sums
+        sums = read_sums(src_fs, src, CHUNK_BYTES, progress, writer.write)
     except BaseException:
-        stream.clear()
-        if not node:
-            with contextlib.suppress(OSError):
-                dst_fs.delete_file(target)  # what an object store or a disk kept of it
+        writer.abort()
         raise
+    writer.commit()
+    return sums
 
 
 def _each(items: list[str], work: Callable[[str], None]) -> None:
@@ -171,10 +157,6 @@ def _each(items: list[str], work: Callable[[str], None]) -> None:
 def _is_last(rel: str) -> bool:
     name = posixpath.basename(rel)
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in DURABLE_LAST)
-
-
-def _type(fs: pafs.FileSystem) -> str:
-    return str(fs.type_name)
 
 
 class Counter:

@@ -35,8 +35,8 @@ from air_transfer.cli.trees import (
     relative_to,
     tree_at,
 )
-from air_transfer.storage.durable.reads import open_verified
-from air_transfer.storage.durable.records import FileRecord, read_record
+from air_transfer.storage.durable.reads import TierReads, open_verified
+from air_transfer.storage.durable.records import FileRecord
 from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.train import storage_state
 
@@ -156,10 +156,11 @@ def _read_copies(
 
 
 def _records(target: DurableTarget, root: str, path: str, tree: Tree) -> dict[str, FileRecord]:
-    base = relative_to(root, path)
+    """The tier's record of each file, from its directory's manifest."""
+    base, reads = relative_to(root, path), TierReads(target)
     found = {}
     for rel in tree.files:
-        record = read_record(target, join(base, rel))
+        record = reads.record(join(base, rel))
         if record is not None:
             found[rel] = record
     return found
@@ -178,11 +179,11 @@ def _check_durable(
     if record is None:
         check.durable = "missing" if durable else "not yet durable"
         if durable:
-            check.problems.append("the durable tier holds no record of it")
+            check.problems.append("the durable tier's manifest does not name it")
         return
     rel = relative_to(root, check.path)
     try:
-        with open_verified(target, rel, record.size) as reader:
+        with open_verified(target, rel, record) as reader:
             while reader.read(record.chunk_bytes or 1):
                 pass
     except (OSError, ValueError) as e:

@@ -25,6 +25,7 @@ from air_transfer.config import TransferConfig
 from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.process_locks import Process
 from air_transfer.core.scan import Source
+from air_transfer.storage.durable.records import FileRecord
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget
@@ -213,7 +214,7 @@ class NodeCheckpoints(Protocol):
 
 
 class NodeDurable(Protocol):
-    """The durable tier behind a node storage root (its drain)."""
+    """The durable tier behind a node storage root (its drain and its reads)."""
 
     def durable_attach(
         self,
@@ -227,14 +228,30 @@ class NodeDurable(Protocol):
         ``root`` is. The drain's epoch."""
         ...
 
-    def durable_request(self, root: str) -> tuple[str, int]:
-        """``(epoch, ticket)``: the ticket is completed by the next pass to end well."""
+    def durable_request(self, root: str, confirm: bool = False) -> tuple[str, int]:
+        """``(epoch, ticket)``: the ticket is completed by the next pass to end well
+        (with ``confirm``: one that confirmed everything in the tier first)."""
         ...
 
-    def durable_status(self, root: str, path: str | None = None) -> DrainStatus:
-        """The drain's ``DrainStatus`` (of ``path`` too, if given)."""
+    def durable_status(
+        self, root: str, path: str | None = None, confirm: bool = False
+    ) -> DrainStatus:
+        """The drain's ``DrainStatus`` (of ``path`` too, if given; asked of the tier
+        itself with ``confirm``)."""
         ...
 
-    def durable_locate(self, root: str, path: str) -> tuple[Info, bool]:
-        """What ``path`` is, and whether node storage (not the durable tier) holds it."""
+    def durable_locate(self, root: str, path: str) -> tuple[Info, bool, FileRecord | None]:
+        """What ``path`` is, whether node storage (not the durable tier) holds it, and
+        the tier's record of it where only the tier does."""
+        ...
+
+    def durable_admit(self, root: str, nbytes: int) -> str | None:
+        """Room for a report of ``nbytes`` within ``max_lag_bytes``: a reservation's
+        key (give it back with ``durable_release``), or None: not yet."""
+        ...
+
+    def durable_release(self, root: str, key: str) -> None: ...
+
+    def durable_whole(self, root: str, path: str) -> tuple[bool, str]:
+        """Whether the tier holds ``path`` whole now, and if not, what is wrong."""
         ...

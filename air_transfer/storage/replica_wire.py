@@ -14,6 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+#: The prefix of every replica record's key in the GCS key-value store (the registry
+#: writes them; a drain reads which copy leads from them).
+RECORD_PREFIX = "replicas/"
 #: A copy's state: ``fresh`` (complete, read), ``syncing`` (being made again by
 #: repair), ``stale`` (missed a change; repair makes it again), ``failing`` (repair
 #: of it failed and is tried again later), ``failed`` (repair gave up on it: see

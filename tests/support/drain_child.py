@@ -12,12 +12,13 @@ import threading
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.tombstones import MemoryTombstones
-from air_transfer.storage.server.drain import Drainer
+from air_transfer.storage.server.drain.loop import Drainer
 
 
 def main() -> None:
     root, uri, rate = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    settings = DrainSettings(chunk_bytes=1024 * 1024, bytes_per_s=rate, concurrency=1)
+    mib = 1024 * 1024  # parts of S3's smallest size: the upload shows from its first
+    settings = DrainSettings(chunk_bytes=mib, bytes_per_s=rate, concurrency=1, part_bytes=5 * mib)
     target = DurableTarget.parse(uri)
     drainer = Drainer(root, target, settings, MemoryTombstones(), threading.Lock())
     drainer.start().request()

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from air_transfer.storage.durable.records import read_record
+from air_transfer.storage.durable.reads import TierReads
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.tombstones import MemoryTombstones
-from air_transfer.storage.server.drain import Drainer
-from air_transfer.storage.server.drain_scan import scan
+from air_transfer.storage.server.drain.loop import Drainer
+from air_transfer.storage.server.drain.scan import scan
 from tests.support.waiting import eventually
 
 SMALL = DrainSettings(chunk_bytes=64 * 1024, rescan_s=60.0, backoff_s=(0.05, 0.5), lead_poll_s=0.05)
@@ -53,10 +53,11 @@ def assert_same(root: Path, target: DurableTarget) -> None:
     of its size; and the tier holds no other file (its own records aside)."""
     fs = target.filesystem
     files = scan(str(root)).files
+    reads = TierReads(target, ttl_s=0)
     for rel, seen in files.items():
         with fs.open_input_stream(target.path(rel)) as f:
             assert f.read() == (root / rel).read_bytes(), rel
-        record = read_record(target, rel)
+        record = reads.record(rel)
         assert record is not None and record.size == seen.size, rel
     held = {
         target.rel(i.path)

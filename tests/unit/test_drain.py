@@ -14,8 +14,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from air_transfer.errors import ChecksumError
-from air_transfer.storage.durable.reads import open_verified
-from air_transfer.storage.durable.records import read_index
+from air_transfer.storage.durable.reads import TierReads, open_verified
 from air_transfer.storage.durable.target import DurableTarget, is_staged
 from tests.support.drains import SMALL, assert_same, drained, draining, local_target
 from tests.support.recording_fs import RecordingHandler
@@ -39,7 +38,9 @@ def test_every_file_is_drained_bit_identical_with_its_record(tmp_path: Path) -> 
     assert_same(root, target)
     assert (tmp_path / "durable" / "run" / "empty_dir").is_dir()
     assert status.uploaded_bytes == sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
-    assert set(read_index(target)) == {
+    listed = TierReads(target).listing("", True, set())
+    assert listed is not None
+    assert {rel for rel, kind, _, _ in listed if kind == pafs.FileType.File} == {
         str(f.relative_to(root)) for f in root.rglob("*") if f.is_file()
     }
 
@@ -69,9 +70,9 @@ def test_files_that_name_checkpoints_are_published_after_the_rest_of_their_pass(
 def test_a_last_file_too_large_to_hold_is_still_uploaded_after_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from air_transfer.storage.server import drain
+    from air_transfer.storage.server.drain import scan
 
-    monkeypatch.setattr(drain, "LAST_FILE_MAX_BYTES", 100)
+    monkeypatch.setattr(scan, "LAST_FILE_MAX_BYTES", 100)
     root = tmp_path / "root"
     handler = RecordingHandler()
     (tmp_path / "durable").mkdir()
@@ -125,36 +126,6 @@ def test_a_path_made_again_after_its_delete_keeps_its_new_files(tmp_path: Path) 
     assert_same(root, target)
 
 
-def test_a_file_the_tier_holds_under_another_name_is_copied_there(tmp_path: Path) -> None:
-    root, target = tmp_path / "root", local_target(tmp_path / "durable")
-    frozen = random.Random(6).randbytes(300_000)
-    write_file(root / "ckpt_1" / "frozen.bin", frozen)
-    with draining(root, target) as drainer:
-        first = drained(drainer)
-        write_file(root / "ckpt_2" / "frozen.bin", frozen)
-        write_file(root / "ckpt_2" / "new.bin", b"x" * 1000)
-        second = drained(drainer)
-    assert second.uploaded_bytes - first.uploaded_bytes == 1000  # the new file alone
-    assert second.copied_bytes - first.copied_bytes == len(frozen)
-    assert_same(root, target)
-
-
-def test_identical_files_new_in_one_pass_are_sent_once(tmp_path: Path) -> None:
-    """Reports made faster than the tier takes them reach one pass together: their
-    shared bytes still travel once (each file hashed first, one of each content sent,
-    the others copied inside the tier)."""
-    root, target = tmp_path / "root", local_target(tmp_path / "durable")
-    frozen = random.Random(9).randbytes(300_000)
-    for report in range(3):
-        write_file(root / f"ckpt_{report}" / "frozen.bin", frozen)
-        write_file(root / f"ckpt_{report}" / "head.bin", bytes([report]) * 1000)
-    with draining(root, target) as drainer:
-        status = drained(drainer)
-    assert status.uploaded_bytes == len(frozen) + 3 * 1000
-    assert status.copied_bytes == 2 * len(frozen)
-    assert_same(root, target)
-
-
 def test_a_file_replaced_after_the_scan_is_uploaded_as_it_is_now(tmp_path: Path) -> None:
     root, target = tmp_path / "root", local_target(tmp_path / "durable")
     write_file(root / "a.bin", b"1" * 100_000)
@@ -173,7 +144,9 @@ def test_reads_from_the_tier_are_verified_chunk_by_chunk(tmp_path: Path) -> None
     write_file(root / "shard.bin", data)
     with draining(root, target) as drainer:
         drained(drainer)
-    reader = open_verified(target, "shard.bin", len(data))
+    record = TierReads(target).record("shard.bin")
+    assert record is not None
+    reader = open_verified(target, "shard.bin", record)
     reader.seek(SMALL.chunk_bytes + 5)
     assert reader.read(100) == data[SMALL.chunk_bytes + 5 : SMALL.chunk_bytes + 105]
     stored = tmp_path / "durable" / "shard.bin"
@@ -182,7 +155,7 @@ def test_reads_from_the_tier_are_verified_chunk_by_chunk(tmp_path: Path) -> None
         byte = f.read(1)
         f.seek(2 * SMALL.chunk_bytes + 3)
         f.write(bytes([byte[0] ^ 1]))
-    reader = open_verified(target, "shard.bin", len(data))
+    reader = open_verified(target, "shard.bin", record)
     assert reader.read(SMALL.chunk_bytes) == data[: SMALL.chunk_bytes]
     reader.seek(2 * SMALL.chunk_bytes)
     with pytest.raises(ChecksumError, match="chunk 2"):
@@ -207,7 +180,7 @@ def test_a_copy_that_does_not_lead_never_drains_until_it_does(tmp_path: Path) ->
 
     from air_transfer.storage.durable.tombstones import MemoryTombstones
     from air_transfer.storage.replica_wire import drain_leader
-    from air_transfer.storage.server.drain import Drainer
+    from air_transfer.storage.server.drain.loop import Drainer
 
     assert drain_leader({"b", "a"}, "b") == "b"  # the storage node's, while fresh
     assert drain_leader({"c", "a"}, "b") == "a"  # else the first fresh copy
@@ -231,35 +204,4 @@ def test_a_copy_that_does_not_lead_never_drains_until_it_does(tmp_path: Path) ->
         drained(drainer)
     finally:
         drainer.stop()
-    assert_same(root, target)
-
-
-def test_a_delete_waits_while_a_newer_file_may_be_copied_from_what_it_deletes(
-    tmp_path: Path,
-) -> None:
-    """Reports faster than the tier, pruned by ``num_to_keep``: the next report (its
-    frozen file the same bytes) lands while the tier uploads the first, and the first
-    is deleted meanwhile. The delete waits a pass, so the newer file is copied inside
-    the tier from the first rather than sent again."""
-    root = tmp_path / "root"
-    frozen = random.Random(10).randbytes(300_000)
-    write_file(root / "ckpt_0" / "frozen.bin", frozen)
-    handler = RecordingHandler()
-    (tmp_path / "durable").mkdir()
-    target = DurableTarget.parse((pafs.PyFileSystem(handler), str(tmp_path / "durable")))
-    with draining(root, target) as drainer:
-
-        def next_report(dest: str) -> None:  # once ckpt_0's file is in the tier
-            if dest.endswith("ckpt_0/frozen.bin") and not (root / "ckpt_1").exists():
-                write_file(root / "ckpt_1" / "frozen.bin", frozen)
-                drainer.tombstones.add("ckpt_0")
-                (root / "ckpt_0" / "frozen.bin").unlink()
-                (root / "ckpt_0").rmdir()
-
-        handler.after_publish = next_report
-        drained(drainer)
-        status = drained(drainer)
-    assert (root / "ckpt_1").exists()
-    assert status.uploaded_bytes == len(frozen) and status.copied_bytes == len(frozen)
-    assert status.deletes_pending == 0
     assert_same(root, target)

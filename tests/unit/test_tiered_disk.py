@@ -1,4 +1,4 @@
-"""Node storage's metadata with a durable tier behind it (``storage.server.tiered_disk``,
+"""Node storage's metadata with a durable tier behind it (``storage.server.drain.tiered``,
 no Ray): a path held only in the tier is found and listed, a pending delete hides it,
 a delete of it is noted and succeeds once, a move of it is refused clearly, and node
 storage's own errors are the ones a caller gets whatever the tier holds."""
@@ -13,8 +13,8 @@ import pyarrow.fs as pafs
 import pytest
 
 from air_transfer.storage.durable.tombstones import MemoryTombstones
+from air_transfer.storage.server.drain.tiered import TieredDisk
 from air_transfer.storage.server.metadata import DiskStorage
-from air_transfer.storage.server.tiered_disk import TieredDisk
 from tests.support.drains import SMALL, drained, local_target
 from tests.support.trees import write_file
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import pyarrow as pa
@@ -28,11 +29,12 @@ from air_transfer.config import TransferConfig
 from air_transfer.core.confine import storage_path
 from air_transfer.core.reader import buffered
 from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
-from air_transfer.storage.client.durable_wait import DrainPoint, wait_for_lag
+from air_transfer.storage.client.durable_wait import DrainPoint, admitted
 from air_transfer.storage.client.same_node import open_native
 from air_transfer.storage.client.streams import AgentLink, open_reader
 from air_transfer.storage.client.uploads import Mode, NodeUpload, Route, Staged
 from air_transfer.storage.durable.reads import open_verified
+from air_transfer.storage.durable.records import FileRecord
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget, relative
 from air_transfer.storage.location import NodeStorageLocation
@@ -63,11 +65,13 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         self.config = config or TransferConfig()
         #: The durable tier the storage node's agent drains this storage into.
         self.durable = durable
-        self.drain = drain if drain is not None or durable is None else DrainSettings()
+        #: How it drains; None: this handler only reads the tier and never attaches
+        #: a drain (``air-transfer``'s commands, a storage opened to look at it).
+        self.drain = drain
         self._node_id = node_id
         self._link: AgentLink | None = None
         self._local: bool | None = None
-        self._attached = False
+        self._attached_to = 0  # the agent (``AgentLink.agents_made``) last attached
         self._constructed()
 
     def _constructed(self) -> None:
@@ -89,14 +93,23 @@ class NodeStorageHandler(pafs.FileSystemHandler):
 
     @property
     def link(self) -> AgentLink:
-        """The connection to the storage node's agent (which, with a durable tier,
-        drains this storage: attached at the first use in each process)."""
+        """The connection to the storage node's agent, its durable tier attached
+        (``attach``) before the first call of this process to each agent."""
         if self._link is None:
             self._link = AgentLink(self.node_id, self.root, self.config)
-        if self.durable is not None and not self._attached:
-            self._attach_durable(self._link)
-            self._attached = True
+        self.attach(self._link)
         return self._link
+
+    def attach(self, link: AgentLink) -> None:
+        """Have the agent behind ``link`` drain this storage into its durable tier and
+        read through to it, unless it was told so by this process already: the one
+        step that starts a drain, taken by a storage that drains (``drain`` set)."""
+        if self.durable is None or self.drain is None:
+            return
+        link.agent()  # reached: its count says whether it is a new agent
+        if self._attached_to != link.agents_made:
+            self._attach_durable(link)
+            self._attached_to = link.agents_made
 
     def _attach_durable(self, link: AgentLink) -> None:
         """Have the storage node's agent drain this storage into its durable tier."""
@@ -111,7 +124,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         if self.durable is None:
             [(ftype, _, _)] = self.link.call(NodeFiles.fs_info, self.root, [local])
             return int(ftype != pafs.FileType.NotFound)
-        _, here = self.link.call(NodeDurable.durable_locate, self.root, local)
+        _, here, _ = self.link.call(NodeDurable.durable_locate, self.root, local)
         return int(here)
 
     def drain_point(self) -> DrainPoint:
@@ -226,11 +239,12 @@ class NodeStorageHandler(pafs.FileSystemHandler):
             except FileNotFoundError:
                 if self.durable is None:
                     raise
-            return self._open_durable(path, local)
         if self.durable is not None:
-            (ftype, size, _), here = self.link.call(NodeDurable.durable_locate, self.root, local)
+            (ftype, size, _), here, record = self.link.call(
+                NodeDurable.durable_locate, self.root, local
+            )
             if not here:
-                return self._open_durable(path, local)
+                return self._open_durable(path, local, ftype, record)
         else:
             [(ftype, size, _)] = self.link.call(NodeFiles.fs_info, self.root, [local])
         if ftype == pafs.FileType.NotFound:
@@ -239,28 +253,29 @@ class NodeStorageHandler(pafs.FileSystemHandler):
             raise IsADirectoryError(errno.EISDIR, "Cannot open for reading", path)
         return pa.PythonFile(open_reader(self.link, path, local, size), mode="r")
 
-    def _open_durable(self, path: str, local: str) -> pa.NativeFile:
-        """``path``, held only in the durable tier: read from there, each chunk checked
-        against its record (``storage.durable.reads``), straight from this process."""
+    def _open_durable(
+        self, path: str, local: str, ftype: int, record: FileRecord | None
+    ) -> pa.NativeFile:
+        """``path``, held only in the durable tier: read from there by its manifest's
+        record, each chunk checked against it (``storage.durable.reads``), straight
+        from this process."""
         assert self.durable is not None
-        (ftype, size, _), here = self.link.call(NodeDurable.durable_locate, self.root, local)
-        if here:  # stored again meanwhile
-            return self._open_input(path)
         if ftype == pafs.FileType.NotFound:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-        if ftype != pafs.FileType.File or size is None:
+        if ftype != pafs.FileType.File or record is None:
             raise IsADirectoryError(errno.EISDIR, "Cannot open for reading", path)
-        reader = open_verified(self.durable, relative(self.root, local), size)
+        reader = open_verified(self.durable, relative(self.root, local), record)
         return pa.PythonFile(buffered(reader, self.config.chunk_bytes), mode="r")
 
-    def wait_for_room(self) -> None:
-        """With a durable tier and ``max_lag_bytes``: wait while more than that many
-        bytes of this storage are not in the durable tier yet (a report's
-        backpressure; logged once per wait)."""
+    def admitted(self, nbytes: int) -> AbstractContextManager[None]:
+        """With a durable tier and ``max_lag_bytes``: hold a report of ``nbytes``
+        while the bytes not yet in the tier, with it, would pass the limit (a
+        report's backpressure; logged once per wait), and keep its room until it is
+        stored."""
         limit = self.drain.max_lag_bytes if self.drain is not None else None
         if self.durable is None or limit is None:
-            return
-        wait_for_lag(self.drain_point, limit, self.durable.uri)
+            return nullcontext()
+        return admitted(self.drain_point, nbytes, limit, self.durable.uri)
 
     def _open_output(self, path: str, append: bool) -> pa.NativeFile:
         local = self._path(path)

@@ -80,7 +80,8 @@ class ReplicatedHandler(NodeStorageHandler):
             raise ValueError(f"replica_root must be absolute, got {replica_root!r}")
         replica_set.check_roots(self.root, self.replica_root, replicas)
         self._links: dict[str, AgentLink] = {}
-        self._draining: set[tuple[str, str]] = set()  # copies attached to the durable tier
+        #: Copies attached to the durable tier: the agent each was attached on.
+        self._draining: dict[tuple[str, str], int] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:
         node = self.node_id if ray.is_initialized() else self._node_id
@@ -128,7 +129,7 @@ class ReplicatedHandler(NodeStorageHandler):
             )
             found = replica_set.view(self.key)
             assert found is not None
-        if self.durable is not None:
+        if self.durable is not None and self.drain is not None:
             self._attach_copies(found[0])
         return found
 
@@ -143,17 +144,17 @@ class ReplicatedHandler(NodeStorageHandler):
         durable, drain, replica = self.durable, self.drain, (self.key, self.node_id)
         assert durable is not None and drain is not None  # called only with a tier
         for node, root in copies:
-            if (node, root) in self._draining:
-                continue
+            link = self.link_to(node, root)
             try:
-                self.link_to(node, root).call(
-                    NodeDurable.durable_attach, root, durable, drain, replica
-                )
+                link.agent()
+                if self._draining.get((node, root)) == link.agents_made:
+                    continue
+                link.call(NodeDurable.durable_attach, root, durable, drain, replica)
             except Exception as e:
                 if not is_lost(e):
                     raise
                 continue  # a copy that is gone: the registry replaces it
-            self._draining.add((node, root))
+            self._draining[(node, root)] = link.agents_made
 
     def drain_point(self) -> DrainPoint:
         """The copy whose agent drains this storage now (``drain_leader``)."""
@@ -175,7 +176,7 @@ class ReplicatedHandler(NodeStorageHandler):
                 lambda link, root: link.call(NodeFiles.fs_info, root, [on_copy(root, rel)]),
             )
             return len(fresh) if ftype != pafs.FileType.NotFound else 0
-        _, here = self.read(
+        _, here, _ = self.read(
             "answer",
             lambda link, root: link.call(NodeDurable.durable_locate, root, on_copy(root, rel)),
         )
@@ -398,12 +399,12 @@ class ReplicatedHandler(NodeStorageHandler):
                 if self.durable is None:
                     raise
         if self.durable is not None:
-            (ftype, size, _), held = self.read(
+            (ftype, size, _), held, record = self.read(
                 "answer",
                 lambda link, root: link.call(NodeDurable.durable_locate, root, on_copy(root, rel)),
             )
-            if not held and ftype == pafs.FileType.File and size is not None:
-                reader = open_verified(self.durable, rel, size)  # the durable tier's alone
+            if not held and ftype == pafs.FileType.File and record is not None:
+                reader = open_verified(self.durable, rel, record)  # the durable tier's alone
                 return pa.PythonFile(buffered(reader, self.config.chunk_bytes), mode="r")
         else:
             [(ftype, size, _)] = self.read(

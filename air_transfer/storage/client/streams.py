@@ -52,6 +52,9 @@ class AgentLink:
         self._agent: AgentClient | None = None
         self._generation = agents_generation()
         self._lost = False
+        #: Counts the agents this link has reached: a new one (the agent restarted)
+        #: knows nothing a caller told the one before (its durable tier's credentials).
+        self.agents_made = 0
 
     def agent(self) -> AgentClient:
         """The storage node's agent, started if needed (again, after this process
@@ -65,6 +68,7 @@ class AgentLink:
                     "files stored on it are unreachable"
                 )
             self._agent = AgentClient(self.node_id)
+            self.agents_made += 1
             if self._lost:
                 self._lost = False
                 logger.warning(

@@ -1,43 +1,59 @@
-"""Reading the durable tier where node storage does not hold a path: what a path is,
-what a directory lists (less what a pending delete took and the tier's own names),
-and a file's bytes, each chunk verified against the file's record.
+"""Reading the durable tier by its manifests (``records``), never by a listing: what a
+path is, what a directory holds (less what a pending delete took), whether a
+checkpoint is whole there, and a file's bytes, each chunk verified.
 
-A file is read in whole chunks of its record (``records``), one ranged read each
-(tens of MiB: pyarrow's own reads of an S3 object are small), so a rank of a torch
-DCP load reads the chunks its byte ranges fall in, and every byte it gets was
-checked. A chunk that does not match raises ChecksumError naming the file and the
-chunk; nothing of it is returned.
+``TierReads`` caches the manifests it read (a few seconds; the drain's own writes
+replace them at once). An endpoint that does not answer is asked again for at most
+``wait_s`` seconds, answering from a manifest read before if it has one, then
+``TierUnreachable`` says so: a path node storage does not hold is answered by the
+tier alone, and a reader must not take "no answer" for "not there" (a restart would
+start from scratch beside a run the tier holds).
+
+A file is read in whole chunks of its record, one ranged read each, decoded by its
+codec and checked against the chunk's checksum before a byte of it is returned
+(``ChecksumError`` otherwise, naming the file and the chunk).
 """
 
 from __future__ import annotations
 
 import errno
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
 from air_transfer.cluster.agent_client import Info, Listed
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.reader import ChunkFileReader
+from air_transfer.core.threads import pool
 from air_transfer.errors import ChecksumError
-from air_transfer.storage.durable.records import FileRecord, read_record
+from air_transfer.storage.durable.codecs import decode
+from air_transfer.storage.durable.objects import TierObjects
+from air_transfer.storage.durable.records import (
+    DirManifest,
+    FileRecord,
+    manifest_path,
+    parent_and_name,
+)
 from air_transfer.storage.durable.target import META_DIR, DurableTarget, is_staged
 from air_transfer.storage.durable.tombstones import covered
 
 NOT_FOUND: Info = (pafs.FileType.NotFound, None, None)
+DIRECTORY: Info = (pafs.FileType.Directory, None, None)
 _counted = threading.Lock()
 _bytes_read = 0
 
 
 def bytes_read() -> int:
-    """Bytes this process has read from durable tiers' files so far (each chunk
-    read counted once): what a restore that reads through cost."""
+    """Bytes this process has read from durable tiers' files so far (each chunk read
+    counted once): what a restore that reads through cost."""
     return _bytes_read
 
 
-#: Chunk size of a file read without a record (written there by someone else).
-UNRECORDED_CHUNK_BYTES = 32 * 1024 * 1024
+class TierUnreachable(ConnectionError):
+    """The durable tier did not answer within the wait, and only it can answer."""
 
 
 def hidden(rel: str) -> bool:
@@ -49,83 +65,200 @@ def hidden(rel: str) -> bool:
     )
 
 
-def infos(target: DurableTarget, rels: list[str], deleted: set[str]) -> list[Info]:
-    """What each of ``rels`` is in the durable tier, as a reader of node storage sees
-    it: not found where a pending delete covers it or it is one of the tier's own."""
-    shown = [i for i, rel in enumerate(rels) if not hidden(rel) and not covered(rel, deleted)]
-    out = [NOT_FOUND] * len(rels)
-    if shown:
-        found = target.filesystem.get_file_info([target.path(rels[i]) for i in shown])
-        for i, info in zip(shown, found, strict=True):
-            out[i] = (info.type, info.size, info.mtime_ns)
-    return out
+@dataclass(frozen=True)
+class Whole:
+    """Whether a path is whole in the tier, and if not, the first thing wrong."""
+
+    whole: bool
+    why: str = ""
 
 
-def listing(target: DurableTarget, base: str, recursive: bool, deleted: set[str]) -> list[Listed]:
-    """``(path relative to base, type, size, mtime_ns)`` under ``base`` in the
-    durable tier, less what a pending delete covers and the tier's own names; empty
-    if it is not there."""
-    if covered(base, deleted) or hidden(base):
-        return []
-    selector = pafs.FileSelector(target.path(base), recursive=recursive, allow_not_found=True)
-    try:
-        found = target.filesystem.get_file_info(selector)
-    except NotADirectoryError:
-        return []
-    prefix = target.path(base) + "/"
-    out: list[Listed] = []
-    for info in found:
-        inner = info.path[len(prefix) :]
-        rel = f"{base}/{inner}" if base else inner
-        if inner and not hidden(rel) and not covered(rel, deleted):
-            out.append((inner, info.type, info.size, info.mtime_ns))
-    return out
+class TierReads:
+    """The manifests of tier ``target``, read on demand and kept ``ttl_s`` seconds."""
 
+    def __init__(self, target: DurableTarget, wait_s: float = 30.0, ttl_s: float = 5.0) -> None:
+        self.target, self.wait_s, self.ttl_s = target, wait_s, ttl_s
+        self.objects = TierObjects(target)
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[float, DirManifest | None]] = {}
 
-def open_verified(target: DurableTarget, rel: str, size: int) -> ChunkFileReader:
-    """A seekable stream over the durable tier's file ``rel`` of ``size`` bytes,
-    each chunk checked against the file's record (its size alone if it has none)."""
-    record = read_record(target, rel)
-    if record is not None and record.size != size:
-        raise ChecksumError(
-            errno.EBADMSG,
-            f"the durable tier's file is {size} bytes but its record says {record.size}: "
-            "it was replaced by something else than the drain",
-            target.path(rel),
+    # -- manifests -----------------------------------------------------------------------
+    def manifest(self, rel_dir: str) -> DirManifest | None:
+        """The manifest of directory ``rel_dir`` (None: the tier has none)."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._cache.get(rel_dir)
+        if cached is not None and now - cached[0] < self.ttl_s:
+            return cached[1]
+        path = manifest_path(self.target, rel_dir)
+        try:
+            found = self.objects.get(path)
+        except OSError:
+            if cached is not None:
+                return cached[1]  # what it said before: better than no answer
+            found = self._ask(lambda: self.objects.get(path))
+        manifest = (
+            None if found is None else DirManifest.from_bytes(found, rel_dir, self.target.uri)
         )
-    chunk_bytes = record.chunk_bytes if record is not None else UNRECORDED_CHUNK_BYTES
-    source = target.filesystem.open_input_file(target.path(rel))
+        self.remember(rel_dir, manifest)
+        return manifest
+
+    def remember(self, rel_dir: str, manifest: DirManifest | None) -> None:
+        """What the tier holds for ``rel_dir`` now (the drain wrote it)."""
+        with self._lock:
+            self._cache[rel_dir] = (time.monotonic(), manifest)
+
+    def _ask(self, call: Callable[[], bytes | None]) -> bytes | None:
+        """``call()``, asked again while the tier does not answer, ``wait_s`` at most."""
+        deadline = time.monotonic() + self.wait_s
+        delay = 0.1
+        while True:
+            try:
+                return call()
+            except FileNotFoundError:
+                return None
+            except OSError as e:
+                if time.monotonic() + delay > deadline:
+                    raise TierUnreachable(
+                        errno.EHOSTUNREACH,
+                        f"the durable tier {self.target.uri} did not answer for "
+                        f"{self.wait_s:g} s ({type(e).__name__}: {e}); it alone holds what "
+                        "node storage does not: check that its endpoint is up and reachable",
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    # -- what a path is ----------------------------------------------------------------
+    def record(self, rel: str) -> FileRecord | None:
+        """The record of the file ``rel`` (None: the tier names no such file)."""
+        if not rel or hidden(rel):
+            return None
+        parent, name = parent_and_name(rel)
+        manifest = self.manifest(parent)
+        return None if manifest is None else manifest.files.get(name)
+
+    def info(self, rel: str, deleted: set[str]) -> Info:
+        """What ``rel`` is in the tier, as a reader of node storage sees it."""
+        if hidden(rel) or covered(rel, deleted):
+            return NOT_FOUND
+        if not rel:
+            return DIRECTORY if self.manifest("") is not None else NOT_FOUND
+        parent, name = parent_and_name(rel)
+        manifest = self.manifest(parent)
+        if manifest is None:
+            return NOT_FOUND
+        record = manifest.files.get(name)
+        if record is not None:
+            return (pafs.FileType.File, record.size, record.mtime_ns)
+        return DIRECTORY if name in manifest.dirs else NOT_FOUND
+
+    def listing(self, base: str, recursive: bool, deleted: set[str]) -> list[Listed] | None:
+        """``(path relative to base, type, size, mtime_ns)`` under ``base`` as its
+        manifests name them, less what a pending delete covers; None if the tier
+        holds no directory ``base``."""
+        if covered(base, deleted) or hidden(base):
+            return None
+        top = self.manifest(base)
+        if top is None:
+            return None
+        out: list[Listed] = []
+        pending = [("", top)]
+        while pending:
+            inner, manifest = pending.pop()
+            for name, record in manifest.files.items():
+                rel = _join(inner, name)
+                if not covered(_join(base, rel), deleted):
+                    out.append((rel, pafs.FileType.File, record.size, record.mtime_ns))
+            for name in manifest.dirs:
+                rel = _join(inner, name)
+                if covered(_join(base, rel), deleted):
+                    continue
+                out.append((rel, pafs.FileType.Directory, None, None))
+                if recursive:
+                    below = self.manifest(_join(base, rel))
+                    if below is not None:
+                        pending.append((rel, below))
+        return sorted(out)
+
+    def whole(self, rel: str) -> Whole:
+        """Whether everything the manifests name at and under ``rel`` is in the tier
+        now: each subdirectory's manifest, each object of its recorded size and
+        version (a HEAD each, several at a time)."""
+        files: list[tuple[str, FileRecord]] = []
+        record = self.record(rel)
+        if record is not None:
+            files.append((rel, record))
+        else:
+            parent, name = parent_and_name(rel)
+            if rel and (m := self.manifest(parent)) is not None and name not in m.dirs:
+                return Whole(False, f"{self.target.path(rel)} is not in its directory's manifest")
+            dirs = [rel]
+            while dirs:
+                at = dirs.pop()
+                manifest = self.manifest(at)
+                if manifest is None:
+                    return Whole(False, f"the manifest of {self.target.path(at)} is missing")
+                files += [(_join(at, n), r) for n, r in manifest.files.items()]
+                dirs += [_join(at, n) for n in manifest.dirs]
+        with pool("air-transfer-tier-heads", 16) as heads:
+            problems = list(heads.map(self._problem, files))
+        wrong = [p for p in problems if p]
+        return Whole(False, wrong[0]) if wrong else Whole(True)
+
+    def _problem(self, item: tuple[str, FileRecord]) -> str:
+        rel, record = item
+        path = self.target.path(rel)
+        found = self.objects.head(path)
+        if found is None:
+            return f"{path} is missing"
+        if found.size != record.stored_size:
+            return f"{path} holds {found.size} bytes, its manifest says {record.stored_size}"
+        if record.tag and found.tag != record.tag:
+            return f"{path} was replaced since the drain confirmed it (version {found.tag})"
+        return ""
+
+
+def open_verified(target: DurableTarget, rel: str, record: FileRecord) -> ChunkFileReader:
+    """A seekable stream over the durable tier's file ``rel`` as ``record`` (its
+    manifest's) describes it, each chunk decoded and checked against it."""
+    path = target.path(rel)
+    source = target.filesystem.open_input_file(path)
 
     def chunks(first: int, _last: int) -> Iterator[tuple[int, memoryview]]:
         index = first
-        while index * chunk_bytes < size:
-            yield index, _chunk(target, rel, source, record, index, chunk_bytes, size)
+        while index * record.chunk_bytes < record.size:
+            yield index, _chunk(path, source, record, index)
             index += 1
 
-    return ChunkFileReader(target.path(rel), size, 0, chunk_bytes, chunks)
+    return ChunkFileReader(path, record.size, 0, record.chunk_bytes, chunks)
 
 
-def _chunk(
-    target: DurableTarget,
-    rel: str,
-    source: pafs.NativeFile,
-    record: FileRecord | None,
-    index: int,
-    chunk_bytes: int,
-    size: int,
-) -> memoryview:
-    offset = index * chunk_bytes
-    length = min(chunk_bytes, size - offset)
-    data = memoryview(source.read_at(length, offset)).cast("B")
+def _chunk(path: str, source: pafs.NativeFile, record: FileRecord, index: int) -> memoryview:
+    offset, length = record.stored_range(index)
+    expected = record.chunk_length(index)
+    stored = memoryview(source.read_at(length, offset)).cast("B")
     global _bytes_read
     with _counted:
-        _bytes_read += len(data)
-    if len(data) != length or (record is not None and chunk_checksum(data) != record.sums[index]):
+        _bytes_read += len(stored)
+    problem = ""
+    data = stored
+    if len(stored) != length:
+        problem = f"{len(stored)} bytes at offset {offset} of the object, expected {length}"
+    else:
+        try:
+            data = memoryview(decode(record.codec, stored, expected)).cast("B")
+        except ValueError as e:
+            problem = f"it does not decode ({e})"
+    if not problem and (len(data) != expected or chunk_checksum(data) != record.sums[index]):
+        problem = "its bytes do not match the checksum the drain recorded"
+    if problem:
         raise ChecksumError(
             errno.EBADMSG,
-            f"chunk {index} ({len(data)} bytes at offset {offset}, expected {length}) of "
-            "the durable tier's file does not match the checksum the drain recorded; "
-            "nothing of it was returned",
-            target.path(rel),
+            f"chunk {index} of the durable tier's file: {problem}; nothing of it was returned",
+            path,
         )
     return data
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}/{b}" if a else b

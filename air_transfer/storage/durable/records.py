@@ -1,167 +1,183 @@
-"""What the drain stores beside each file in the durable tier, so that a reader there
-verifies every byte it reads: the file's size, mode and mtime and a checksum per
-chunk, cut every ``chunk_bytes`` from the file's start (as incremental node storage
-cuts them, so a byte range is checked by the chunks it falls in).
+"""The durable tier's truth: one manifest per directory, naming every file in it (its
+size, mode, mtime, how its bytes are stored and a checksum per chunk) and every
+subdirectory, written after what it names.
 
-A record lives at ``base/.air-transfer/files/<path>.json`` and is written after its
-file, so a record never describes bytes that are not there yet; a file without a
-record (written there by someone else) is read unverified beyond its size. The
-drain also keeps every record in one ``index.json`` (what a drain taking over
-starts from). Data with a schema version: an unknown version is an error, never
-guessed at.
+A reader goes by the manifests, never by a listing of the bucket: a file exists in the
+tier when its directory's manifest names it, and every byte read is checked against
+the chunk checksums there. So an object that went missing, was cut short or replaced
+is an error naming the file, not a file that silently is not there or holds other
+bytes. A checkpoint directory is complete when its manifest is there: the drain
+writes it once every file it names is confirmed in the tier, and each subdirectory's
+manifest before its parent's.
+
+A manifest lives at ``base/.air-transfer/dirs/<hash of its path>.json`` (a flat name
+that no path of node storage can collide with) and holds its own path. Data with a
+schema version: an unknown version, kind or codec is an error, never guessed at.
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import json
-import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-import pyarrow.fs as pafs
 import xxhash
 
-from air_transfer.core.checksum import chunk_checksum
+from air_transfer.core.checksum import is_checksum
 from air_transfer.storage.durable.target import META_DIR, DurableTarget
 
-SCHEMA_VERSION = 1
-FILES_DIR = f"{META_DIR}/files"
-INDEX = f"{META_DIR}/index.json"
+SCHEMA_VERSION = 2
+DIRS_DIR = f"{META_DIR}/dirs"
+#: The codec of a file stored as it is (``FileRecord.codec``).
+IDENTITY = "identity"
 
 
 @dataclass(frozen=True)
 class FileRecord:
-    """One file as the durable tier holds it."""
+    """One file as the durable tier holds it: ``size`` bytes whose chunks of
+    ``chunk_bytes`` (cut from offset 0) have checksums ``sums`` (xxh3-128 of the
+    file's own bytes); stored by ``codec``, chunk ``i`` taking ``stored[i]`` bytes of
+    the object (None: stored as they are, the object is the file); ``tag``: the
+    tier's version of the object when the drain confirmed it (an S3 ETag, a size and
+    mtime elsewhere), which changes when anything replaces it."""
 
     size: int
     mtime_ns: int
     mode: int
     chunk_bytes: int
-    #: xxh3-128 of each chunk, cut every ``chunk_bytes`` from offset 0.
     sums: tuple[str, ...]
+    codec: str = IDENTITY
+    stored: tuple[int, ...] | None = None
+    tag: str = ""
 
     @property
     def digest(self) -> str:
         """The file's content identity: equal digests, equal bytes."""
-        return xxhash.xxh3_128_hexdigest(f"{self.size}:{','.join(self.sums)}".encode())
+        return content_digest(self.size, self.sums)
+
+    @property
+    def stored_size(self) -> int:
+        """The object's size in the tier."""
+        return self.size if self.stored is None else sum(self.stored)
 
     def chunk_length(self, index: int) -> int:
         return min(self.chunk_bytes, self.size - index * self.chunk_bytes)
 
+    def stored_range(self, index: int) -> tuple[int, int]:
+        """``(offset, length)`` of chunk ``index`` in the object."""
+        if self.stored is None:
+            return index * self.chunk_bytes, self.chunk_length(index)
+        return sum(self.stored[:index]), self.stored[index]
+
+    def confirmed(self, tag: str) -> FileRecord:
+        return replace(self, tag=tag)
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
+        out: dict[str, Any] = {
             "size": self.size,
             "mtime_ns": self.mtime_ns,
             "mode": self.mode,
             "chunk_bytes": self.chunk_bytes,
             "sums": list(self.sums),
+            "codec": self.codec,
+            "tag": self.tag,
         }
+        if self.stored is not None:
+            out["stored"] = list(self.stored)
+        return out
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FileRecord:
-        version = d.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ValueError(
-                f"a durable-tier file record of schema version {version!r}; this "
-                f"air-transfer reads version {SCHEMA_VERSION} (upgrade it to read this tier)"
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> FileRecord:
+        try:
+            stored = d.get("stored")
+            record = cls(
+                int(d["size"]),
+                int(d["mtime_ns"]),
+                int(d["mode"]),
+                int(d["chunk_bytes"]),
+                tuple(str(s) for s in d["sums"]),
+                str(d.get("codec", IDENTITY)),
+                None if stored is None else tuple(int(n) for n in stored),
+                str(d.get("tag", "")),
             )
-        record = cls(
-            int(d["size"]),
-            int(d["mtime_ns"]),
-            int(d["mode"]),
-            int(d["chunk_bytes"]),
-            tuple(str(s) for s in d["sums"]),
-        )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"a malformed file record in the durable tier ({where}): {e!r}") from e
         expected = -(-record.size // record.chunk_bytes) if record.chunk_bytes > 0 else -1
-        if expected != len(record.sums):
+        if record.size < 0 or expected != len(record.sums):
             raise ValueError(
-                f"a durable-tier file record of {record.size} bytes holds "
+                f"the durable tier's record of {where} ({record.size} bytes) holds "
                 f"{len(record.sums)} chunk checksums, not {expected}"
+            )
+        if not all(is_checksum(s) for s in record.sums):
+            raise ValueError(f"the durable tier's record of {where} holds a malformed checksum")
+        if record.stored is not None and len(record.stored) != len(record.sums):
+            raise ValueError(
+                f"the durable tier's record of {where} stores {len(record.stored)} chunks, "
+                f"not {len(record.sums)}"
             )
         return record
 
 
-def record_path(target: DurableTarget, rel: str) -> str:
-    return target.path(f"{FILES_DIR}/{rel}.json")
+@dataclass(frozen=True)
+class DirManifest:
+    """One directory of the tier: ``files`` by name, and the names of its ``dirs``."""
+
+    path: str
+    files: Mapping[str, FileRecord] = field(default_factory=dict)
+    dirs: frozenset[str] = frozenset()
+
+    def to_bytes(self) -> bytes:
+        doc = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "directory",
+            "path": self.path,
+            "files": {name: r.to_dict() for name, r in sorted(self.files.items())},
+            "dirs": sorted(self.dirs),
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: str, uri: str) -> DirManifest:
+        """The manifest of directory ``path`` read from tier ``uri``; ValueError if it
+        is not one this version reads, or names another directory."""
+        where = f"{uri}: the manifest of {path or '(the base)'!r}"
+        try:
+            doc = json.loads(data)
+        except ValueError as e:
+            raise ValueError(f"{where} is not JSON: {e}") from e
+        if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
+            version = doc.get("schema_version") if isinstance(doc, dict) else None
+            raise ValueError(
+                f"{where} is of schema version {version!r}; this air-transfer reads "
+                f"version {SCHEMA_VERSION} (upgrade it to read this tier)"
+            )
+        if doc.get("kind") != "directory" or doc.get("path") != path:
+            raise ValueError(f"{where} describes {doc.get('kind')!r} {doc.get('path')!r}")
+        files = {
+            str(name): FileRecord.from_dict(d, f"{path}/{name}" if path else str(name))
+            for name, d in doc.get("files", {}).items()
+        }
+        dirs = frozenset(str(d) for d in doc.get("dirs", []))
+        for name in (*files, *dirs):
+            if not name or "/" in name or name in (".", ".."):
+                raise ValueError(f"{where} names {name!r}, not a name")
+        return cls(path, files, dirs)
 
 
-def read_record(target: DurableTarget, rel: str) -> FileRecord | None:
-    """The record of ``rel``, or None where there is none."""
-    try:
-        with target.filesystem.open_input_stream(record_path(target, rel)) as f:
-            data = f.read()
-    except FileNotFoundError:
-        return None
-    return FileRecord.from_dict(json.loads(data))
+def content_digest(size: int, sums: tuple[str, ...]) -> str:
+    """A file's content identity from its size and chunk checksums."""
+    return xxhash.xxh3_128_hexdigest(f"{size}:{','.join(sums)}".encode())
 
 
-def write_record(target: DurableTarget, rel: str, record: FileRecord) -> None:
-    put_whole(target, record_path(target, rel), json.dumps(record.to_dict()).encode())
+def manifest_path(target: DurableTarget, rel_dir: str) -> str:
+    """Where the manifest of directory ``rel_dir`` ("" for the base) lives."""
+    name = hashlib.sha256(rel_dir.encode()).hexdigest()[:40]
+    return target.path(f"{DIRS_DIR}/{name}.json")
 
 
-def delete_record(target: DurableTarget, rel: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        target.filesystem.delete_file(record_path(target, rel))
-
-
-def read_index(target: DurableTarget) -> dict[str, FileRecord]:
-    """Every record the last drain saved in the index (empty if none)."""
-    try:
-        with target.filesystem.open_input_stream(target.path(INDEX)) as f:
-            data = json.loads(f.read())
-    except FileNotFoundError:
-        return {}
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(
-            f"the durable tier {target.uri} has an index of schema version "
-            f"{data.get('schema_version')!r}; this air-transfer reads {SCHEMA_VERSION}"
-        )
-    return {rel: FileRecord.from_dict(d) for rel, d in data["files"].items()}
-
-
-def write_index(target: DurableTarget, records: dict[str, FileRecord]) -> None:
-    doc = {
-        "schema_version": SCHEMA_VERSION,
-        "files": {rel: r.to_dict() for rel, r in sorted(records.items())},
-    }
-    put_whole(target, target.path(INDEX), json.dumps(doc).encode())
-
-
-def put_whole(target: DurableTarget, path: str, data: bytes) -> None:
-    """Write ``data`` at ``path`` so that it appears whole or not at all: in place on
-    an object store, else under a temporary name moved into place."""
-    fs = target.filesystem
-    parent = path.rsplit("/", 1)[0]
-    if target.atomic_writes:
-        with fs.open_output_stream(path) as out:
-            out.write(data)
-        return
-    fs.create_dir(parent, recursive=True)
-    staged = target.staged(target.rel(path))
-    try:
-        with fs.open_output_stream(staged) as out:
-            out.write(data)
-        fs.move(staged, path)
-    except BaseException:
-        _discard(fs, staged)
-        raise
-
-
-def _discard(fs: pafs.FileSystem, path: str) -> None:
-    with contextlib.suppress(OSError):
-        fs.delete_file(path)
-
-
-def file_sums(fd: int, size: int, chunk_bytes: int) -> Iterator[str]:
-    """The checksum of each chunk of the open file ``fd`` of ``size`` bytes."""
-    offset = 0
-    while offset < size:
-        n = min(chunk_bytes, size - offset)
-        data = os.pread(fd, n, offset)
-        if len(data) != n:
-            raise OSError(f"read {len(data)} of {n} bytes at offset {offset}: the file shrank")
-        yield chunk_checksum(data)
-        offset += n
+def parent_and_name(rel: str) -> tuple[str, str]:
+    """``("a/b", "c")`` for ``"a/b/c"``; ``("", "c")`` for ``"c"``."""
+    parent, _, name = rel.rpartition("/")
+    return parent, name

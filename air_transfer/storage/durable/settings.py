@@ -4,10 +4,14 @@ travels with the storage to the agent that drains it."""
 from __future__ import annotations
 
 import fnmatch
+import math
 import posixpath
 from dataclasses import dataclass
 
 from air_transfer.config import DURABLE_LAST as LAST_FILES
+from air_transfer.storage.durable import codecs
+from air_transfer.storage.durable.records import IDENTITY
+from air_transfer.storage.durable.s3 import MAX_PARTS, MIN_PART_BYTES
 
 MiB = 1024 * 1024
 
@@ -24,7 +28,16 @@ class DrainSettings:
     uploaded last (``LAST_FILES``); ``rescan_s``: the longest a change waits for a
     pass when nothing announced it (a write made outside the library);
     ``max_lag_bytes``: past this many bytes not yet in the durable tier, a report
-    into node storage waits (None: never)."""
+    into node storage waits (None: never); ``scrub_s``: how often everything the
+    drain counts durable is confirmed in the tier again, its size and version (one
+    HEAD a file; None: only when asked); ``scrub_bytes_per_s``: besides, the rate at
+    which stored bytes are read back and checked against their checksums (None:
+    never); ``read_wait_s``: how long a read the tier alone can answer waits for an
+    endpoint that does not answer; ``part_bytes``, ``max_parts``,
+    ``part_bytes_in_flight``: S3 multipart uploads (parts of at least ``part_bytes``,
+    larger where a file needs more than ``max_parts``, at most
+    ``part_bytes_in_flight`` bytes of parts sent at once); ``codec``: how the
+    tier stores files (``codecs``)."""
 
     concurrency: int = 4
     bytes_per_s: int | None = None
@@ -37,6 +50,13 @@ class DrainSettings:
     #: How often a copy that does not lead a replicated storage's drain asks again
     #: whether it does (the takeover's delay once the leading copy's node is gone).
     lead_poll_s: float = 1.0
+    scrub_s: float | None = 3600.0
+    scrub_bytes_per_s: int | None = None
+    read_wait_s: float = 30.0
+    part_bytes: int = 32 * MiB
+    max_parts: int = MAX_PARTS
+    part_bytes_in_flight: int = 256 * MiB
+    codec: str = IDENTITY
 
     def __post_init__(self) -> None:
         _positive_int("durable_concurrency", self.concurrency, 256)
@@ -45,13 +65,27 @@ class DrainSettings:
         _positive_int("durable chunk_bytes", self.chunk_bytes, 2048 * MiB)
         if self.max_lag_bytes is not None:
             _positive_int("max_lag_bytes", self.max_lag_bytes, 1 << 62)
-        if not isinstance(self.rescan_s, (int, float)) or not 0 < self.rescan_s <= 3600:
-            raise ValueError(f"durable rescan_s must be in (0, 3600] s, got {self.rescan_s!r}")
+        _seconds("durable rescan_s", self.rescan_s, 3600)
         low, high = self.backoff_s
         if not 0 < low <= high <= 3600:
             raise ValueError(
                 f"durable backoff_s must be 0 < first <= last <= 3600, got {self.backoff_s!r}"
             )
+        _seconds("durable lead_poll_s", self.lead_poll_s, 3600)
+        if self.scrub_s is not None:
+            _seconds("durable_scrub_s", self.scrub_s, 30 * 86400)
+        if self.scrub_bytes_per_s is not None:
+            _positive_int("durable_scrub_bytes_per_s", self.scrub_bytes_per_s, 1 << 62)
+        _seconds("durable_read_wait_s", self.read_wait_s, 3600)
+        _positive_int("durable_part_bytes", self.part_bytes, 5 * 1024 * MiB)
+        if self.part_bytes < MIN_PART_BYTES:
+            raise ValueError(
+                f"StorageConfig.durable_part_bytes = {self.part_bytes} is below S3's "
+                f"smallest part, {MIN_PART_BYTES} bytes"
+            )
+        _positive_int("durable max_parts", self.max_parts, MAX_PARTS)
+        _positive_int("durable_part_bytes_in_flight", self.part_bytes_in_flight, 1 << 62)
+        codecs.check(self.codec)
         if not all(isinstance(p, str) and p for p in self.last):
             raise ValueError(f"durable_last must be file name patterns, got {self.last!r}")
 
@@ -66,3 +100,13 @@ def _positive_int(name: str, value: object, high: int) -> None:
         raise TypeError(f"StorageConfig.{name} must be an int, got {value!r}")
     if not 1 <= value <= high:
         raise ValueError(f"StorageConfig.{name} = {value} is outside [1, {high}]")
+
+
+def _seconds(name: str, value: object, high: float) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0 < value <= high
+    ):
+        raise ValueError(f"StorageConfig.{name} must be seconds in (0, {high:g}], got {value!r}")

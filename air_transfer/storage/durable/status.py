@@ -24,3 +24,7 @@ class DrainStatus:
     deletes_pending: int
     #: For a status of one path: whether every file at or under it is in the tier.
     durable: bool | None = None
+    #: The last ticket completed by a pass that confirmed everything in the tier.
+    confirmed: int = 0
+    #: Files that did not reach the tier at the last try, and why (the first ones).
+    stuck: tuple[tuple[str, str], ...] = ()

@@ -5,6 +5,12 @@ A path ``root/p`` of node storage is ``base/p`` there. The tier also keeps its o
 records under ``base/.air-transfer/`` (``records``), out of the way of anything that
 reads the checkpoints with plain pyarrow or Ray (which see hidden names as files, so
 nothing of ours sits inside a checkpoint directory).
+
+Secrets: a URI's ``user:secret@`` part is never shown (``uri`` is redacted, and so is
+every message naming what was given), and what is saved for an agent that starts
+again (``persistable``) holds no credential: it finds them where pyarrow and boto3
+look (the environment, a credentials file, an instance role), or waits for its next
+caller to attach the tier again.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import posixpath
 import re
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -21,22 +28,24 @@ from air_transfer.core.confine import storage_path
 
 #: The tier's own records, under its base: never a path of node storage.
 META_DIR = ".air-transfer"
-#: The mark of an upload staged under a temporary name (filesystems whose writes are
+#: The mark of a file staged under a temporary name (filesystems whose writes are
 #: not atomic): ``.<name>.air-durable-<id>``, moved to ``<name>`` once whole.
 STAGED_MARK = ".air-durable-"
-#: Filesystems whose writes appear whole or not at all (an object store completes
-#: an upload at close, or never): uploaded in place. Others are staged and moved.
-ATOMIC_WRITES = ("s3", "gcs")
+#: Filesystem types whose saved form may hold a credential, and its fields.
+_SECRET_FIELDS = {
+    "s3": ("access_key", "secret_key", "session_token"),
+    "gcs": ("access_token", "credential_token_expiration"),
+}
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class DurableTarget:
     """The durable tier: ``filesystem`` at ``base`` (no trailing slash), named
-    ``uri`` in messages. Picklable (pyarrow's filesystems are), so it travels with
-    the storage filesystem to every process that uses it."""
+    ``uri`` in messages (never with a secret). Picklable (pyarrow's filesystems are),
+    so it travels with the storage filesystem to every process that uses it."""
 
-    filesystem: pafs.FileSystem = field(compare=False)
+    filesystem: pafs.FileSystem = field(compare=False, repr=False)
     base: str
     uri: str
 
@@ -47,15 +56,16 @@ class DurableTarget:
         if isinstance(value, DurableTarget):
             return value
         if isinstance(value, str):
+            shown = redacted(value)
             try:
                 fs, path = pafs.FileSystem.from_uri(value)
             except (ValueError, TypeError, OSError) as e:
                 raise ValueError(
-                    f"durable={value!r} is not a URI pyarrow.fs.FileSystem.from_uri "
+                    f"durable={shown!r} is not a URI pyarrow.fs.FileSystem.from_uri "
                     f"accepts (s3://bucket/prefix?endpoint_override=..., gs://..., "
-                    f"file:///mnt/nfs/..., hdfs://...): {e}"
-                ) from e
-            return cls(fs, _base(path, value), _redacted(value))
+                    f"file:///mnt/nfs/..., hdfs://...): {redacted(str(e), value)}"
+                ) from None
+            return cls(fs, _base(path, shown), shown)
         if (
             isinstance(value, tuple)
             and len(value) == 2
@@ -63,16 +73,12 @@ class DurableTarget:
             and isinstance(value[1], str)
         ):
             fs, path = value
-            return cls(fs, _base(path, repr(value)), f"{fs.type_name}:{path}")
+            name = f"{fs.type_name}:{path}"
+            return cls(fs, _base(path, name), name)
         raise TypeError(
             "durable must be a URI (str) or a (pyarrow.fs.FileSystem, path) pair, "
             f"got {type(value).__name__}"
         )
-
-    @property
-    def atomic_writes(self) -> bool:
-        """Whether a write appears only once whole (an object store's upload)."""
-        return str(self.filesystem.type_name) in ATOMIC_WRITES
 
     def path(self, rel: str) -> str:
         """The tier's path of node storage's relative path ``rel`` ("" = the base)."""
@@ -87,10 +93,22 @@ class DurableTarget:
             raise ValueError(f"{path!r} is not under the durable tier's base {self.base!r}")
         return path[len(prefix) :]
 
-    def staged(self, rel: str) -> str:
-        """A fresh temporary path beside ``rel`` for a staged upload."""
-        parent, name = posixpath.split(rel)
-        return self.path(posixpath.join(parent, f".{name}{STAGED_MARK}{uuid.uuid4().hex}"))
+    def persistable(self) -> DurableTarget | None:
+        """This tier with no credential in its filesystem (for a record others can
+        read), or None where that cannot be made (a filesystem of unknown kind)."""
+        fs = self.filesystem
+        kind = str(fs.type_name)
+        if kind in ("local", "hdfs"):
+            return self
+        fields = _SECRET_FIELDS.get(kind)
+        if fields is None:
+            return None
+        rebuild, (kwargs,) = fs.__reduce__()
+        clean: dict[str, Any] = dict(kwargs)
+        for name in fields:
+            if name in clean:
+                clean[name] = None if name == "credential_token_expiration" else ""
+        return DurableTarget(rebuild(clean), self.base, self.uri)
 
     def check(self) -> None:
         """Raise ValueError where the tier cannot be used: a bucket (or the base's
@@ -99,7 +117,8 @@ class DurableTarget:
         the agents that drain may reach it where this process cannot, and the drain
         retries."""
         fs = self.filesystem
-        top = self.base.split("/", 1)[0] if str(fs.type_name) in ATOMIC_WRITES else None
+        object_store = str(fs.type_name) in ("s3", "gcs")
+        top = self.base.split("/", 1)[0] if object_store else None
         probe = [top] if top else [posixpath.dirname(self.base) or "/"]
         try:
             infos = fs.get_file_info([*probe, self.base])
@@ -129,6 +148,11 @@ def is_staged(name: str) -> bool:
     return name.startswith(".") and STAGED_MARK in name
 
 
+def staged_name(name: str) -> str:
+    """A fresh temporary name beside ``name`` for a file written whole."""
+    return f".{name}{STAGED_MARK}{uuid.uuid4().hex}"
+
+
 def _base(path: str, what: str) -> str:
     base = path.rstrip("/")
     if not base or base in (".", "/"):
@@ -139,6 +163,24 @@ def _base(path: str, what: str) -> str:
     return base
 
 
-def _redacted(uri: str) -> str:
-    """``uri`` without the secret of a ``user:secret@`` part (whatever it holds)."""
-    return re.sub(r"^([a-zA-Z][\w+.-]*://[^:/@?]*):[^?]*@", r"\1:***@", uri)
+_USERINFO = re.compile(r"([a-zA-Z][\w+.-]*://[^:/@?\s]*):[^?\s]*@")
+
+
+def redacted(text: str, uri: str | None = None) -> str:
+    """``text`` without the secret of any ``scheme://user:secret@`` in it, nor the
+    secret of ``uri`` (or its percent-decoded form) wherever it appears."""
+    out = _USERINFO.sub(r"\1:***@", text)
+    if uri is not None:
+        for secret in _secrets(uri):
+            out = out.replace(secret, "***")
+    return out
+
+
+def _secrets(uri: str) -> list[str]:
+    from urllib.parse import unquote
+
+    found = re.match(r"[a-zA-Z][\w+.-]*://[^:/@?\s]*:([^?\s]*)@", uri)
+    if found is None or not found.group(1):
+        return []
+    secret = found.group(1)
+    return sorted({secret, unquote(secret)}, key=len, reverse=True)

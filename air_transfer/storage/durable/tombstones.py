@@ -18,8 +18,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from air_transfer.cluster._ray import kv_delete, kv_keys, kv_put
-
-NAMESPACE = "air_transfer"
+from air_transfer.cluster.nodes import NAMESPACE
 
 
 class Tombstones(Protocol):

@@ -3,7 +3,7 @@ object behind the Protocols of ``storage.node_api`` (its subclass, so mypy holds
 their signatures).
 
 Each method hands its call to the module that does the work (``metadata``,
-``uploads``, ``chunk_cache``, ``sink``, ``incremental``, ``tiered_disk``...) and adds
+``uploads``, ``chunk_cache``, ``sink``, ``incremental``, ``drain.tiered``...) and adds
 what every call of its kind needs: a replicated change (``op``) runs fenced
 (``op_fence``), and a change tells the durable tier that ``root`` changed. The
 agent hosts one and hands it the two ways it packs (``FileChunks``' chunk tasks and
@@ -28,6 +28,7 @@ from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.process_locks import Process
 from air_transfer.core.scan import Source
+from air_transfer.storage.durable.records import FileRecord
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget
@@ -45,6 +46,7 @@ from air_transfer.storage.server.chunk_cache import (
     Submit,
     cache_cap,
 )
+from air_transfer.storage.server.drain.tiered import TieredDisk
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.metadata import DiskStorage, storage_path
 from air_transfer.storage.server.op_fence import OpFence
@@ -54,7 +56,6 @@ from air_transfer.storage.server.report_ledger import ReportLedger
 from air_transfer.storage.server.senders import sender
 from air_transfer.storage.server.sink import store_checkpoint, store_report
 from air_transfer.storage.server.stream_uploads import StreamUploads
-from air_transfer.storage.server.tiered_disk import TieredDisk
 from air_transfer.storage.server.upload_writers import UploadWriters
 from air_transfer.storage.server.uploads import DiskUploads
 from air_transfer.transfer.handle import TransferHandle
@@ -265,11 +266,22 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
     ) -> str:
         return self._disk.attach(root, target, settings, replica)
 
-    def durable_request(self, root: str) -> tuple[str, int]:
-        return self._disk.request(root)
+    def durable_request(self, root: str, confirm: bool = False) -> tuple[str, int]:
+        return self._disk.request(root, confirm)
 
-    def durable_status(self, root: str, path: str | None = None) -> DrainStatus:
-        return self._disk.status(root, path)
+    def durable_status(
+        self, root: str, path: str | None = None, confirm: bool = False
+    ) -> DrainStatus:
+        return self._disk.status(root, path, confirm)
 
-    def durable_locate(self, root: str, path: str) -> tuple[Info, bool]:
+    def durable_locate(self, root: str, path: str) -> tuple[Info, bool, FileRecord | None]:
         return self._disk.locate(root, path)
+
+    def durable_admit(self, root: str, nbytes: int) -> str | None:
+        return self._disk.admit(root, nbytes)
+
+    def durable_release(self, root: str, key: str) -> None:
+        self._disk.release(root, key)
+
+    def durable_whole(self, root: str, path: str) -> tuple[bool, str]:
+        return self._disk.whole(root, path)

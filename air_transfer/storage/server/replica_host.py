@@ -21,14 +21,13 @@ from air_transfer.cluster.identity import Identity, this_process
 from air_transfer.cluster.nodes import NAMESPACE, live_node_ids
 from air_transfer.cluster.rpc import R, Services
 from air_transfer.core.threads import start_daemon
+from air_transfer.storage.replica_wire import RECORD_PREFIX
 from air_transfer.storage.server.dead_ops import resolve_dead
 from air_transfer.storage.server.repair import repair_pass
 from air_transfer.storage.server.replica_registry import ReplicaRegistry
 
 logger = logging.getLogger(__name__)
 
-#: The prefix of every record's key in the GCS key-value store.
-PREFIX = "replicas/"
 #: How often the background thread looks (seconds).
 POLL_S = 0.5
 
@@ -38,11 +37,11 @@ class GcsStore:
     live as long as the cluster, whatever happens to the registry's actor."""
 
     def save(self, key: str, record: bytes) -> None:
-        _ray.kv_put(NAMESPACE, PREFIX + key, record)
+        _ray.kv_put(NAMESPACE, RECORD_PREFIX + key, record)
 
     def load_all(self) -> dict[str, bytes]:
-        saved = _ray.kv_items(NAMESPACE, PREFIX)
-        return {k[len(PREFIX) :]: v for k, v in saved.items()}
+        saved = _ray.kv_items(NAMESPACE, RECORD_PREFIX)
+        return {k[len(RECORD_PREFIX) :]: v for k, v in saved.items()}
 
 
 class ReplicaHost(ReplicaRegistry):

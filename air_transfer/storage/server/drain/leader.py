@@ -2,7 +2,7 @@
 ``replica_wire.drain_leader`` names, from the registry's record of the storage in
 the GCS (which copies are fresh). A stale copy never drains (it may lack a change);
 when the leading copy's node goes, the registry marks it stale and the next fresh
-copy's drain takes over, from the tier's own index."""
+copy's drain takes over, from the tier's manifests and the journal."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from collections.abc import Callable
 
 from air_transfer.cluster import _ray
 from air_transfer.cluster.nodes import NAMESPACE
-from air_transfer.storage.replica_wire import drain_leader
-from air_transfer.storage.server.replica_host import PREFIX
+from air_transfer.storage.replica_wire import RECORD_PREFIX, drain_leader
 from air_transfer.storage.server.replica_record import Replicated
 
 
@@ -20,7 +19,7 @@ def replica_leads(key: str, node: str, primary: str) -> Callable[[], bool]:
     is ``primary``) leads its drain now."""
 
     def leads() -> bool:
-        saved = _ray.kv_items(NAMESPACE, PREFIX + key).get(PREFIX + key)
+        saved = _ray.kv_items(NAMESPACE, RECORD_PREFIX + key).get(RECORD_PREFIX + key)
         if saved is None:  # not registered yet: the storage node's copy
             return node == primary
         return drain_leader(Replicated.from_record(saved).fresh, primary) == node

@@ -1,13 +1,15 @@
 """Node storage's metadata operations with a durable tier behind them, in the storage
-node's agent: what node storage does not hold is looked up in the durable tier (less
-the deletes still pending), deletes are noted as tombstones before they are done,
-and every change wakes the drain.
+node's agent: what node storage does not hold is looked up in the tier's manifests
+(less the deletes still pending), deletes are noted as tombstones before they are
+done, and every change wakes the drain.
 
 A storage without a durable tier is ``DiskStorage`` unchanged. One with one is
-``attach``-ed (the caller's handler does it on first use; the attachment is saved
-in the GCS, so an agent that starts again resumes its drains). Deletes of one root
-hold its lock while they note and delete, and the drain holds it while it reads
-the pending deletes: every tombstone it reads is done in node storage.
+``attach``-ed (by its callers, explicitly, before they change it or wait for the
+tier); the attachment is saved in the GCS without any credential, so an agent that
+starts again resumes its drains with what its environment provides, until a caller
+attaches the tier again with its own. Deletes of one root hold its lock while they
+note and delete, and the drain holds it while it reads the pending deletes: every
+tombstone it reads is done in node storage.
 """
 
 from __future__ import annotations
@@ -24,29 +26,33 @@ import pyarrow.fs as pafs
 
 from air_transfer.cluster._ray import kv_items, kv_put
 from air_transfer.cluster.agent_client import Info, Listed
+from air_transfer.cluster.nodes import NAMESPACE
 from air_transfer.core.confine import oserror
-from air_transfer.storage.durable import reads
+from air_transfer.storage.durable.records import FileRecord
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget, relative
 from air_transfer.storage.durable.tombstones import ClusterTombstones, Tombstones
-from air_transfer.storage.server.drain import Drainer
-from air_transfer.storage.server.drain_leader import replica_leads
+from air_transfer.storage.server.drain.journal import ClusterJournal, Journal
+from air_transfer.storage.server.drain.leader import replica_leads
+from air_transfer.storage.server.drain.loop import Drainer
 from air_transfer.storage.server.metadata import DiskStorage
 
-NAMESPACE = "air_transfer"
 logger = logging.getLogger(__name__)
+ATTACHMENTS = "durable-attach/"
 
 
 @dataclass
 class Tier:
-    """One root's durable tier in this agent."""
+    """One root's durable tier in this agent; ``resumed``: attached from the saved
+    record (no credential of a caller's)."""
 
     target: DurableTarget
     settings: DrainSettings
     tombstones: Tombstones
     lock: threading.Lock
     drainer: Drainer
+    resumed: bool = False
 
 
 class TieredDisk:
@@ -66,7 +72,8 @@ class TieredDisk:
         settings: DrainSettings,
         replica: tuple[str, str] | None = None,
         tombstones: Tombstones | None = None,
-        save: bool = True,
+        journal: Journal | None = None,
+        resumed: bool = False,
     ) -> str:
         """Drain ``root`` into ``target`` from this agent (idempotent); its epoch.
         ``replica``: ``(storage key, storage node)`` of a replicated storage whose
@@ -79,27 +86,52 @@ class TieredDisk:
                         f"node storage {root!r} already drains into {tier.target.uri}; "
                         f"it cannot also drain into {target.uri}"
                     )
+                if tier.resumed and not resumed:  # a caller's credentials, at last
+                    tier.target, tier.resumed = target, False
+                    tier.drainer.retarget(target)
                 return tier.drainer.epoch
             stones = tombstones or ClusterTombstones(target.uri)
             lock = threading.Lock()
             leads = None
             if replica is not None and self.node_id is not None:
                 leads = replica_leads(replica[0], self.node_id, replica[1])
-            drainer = Drainer(root, target, settings, stones, lock, leads).start()
-            self._tiers[root] = Tier(target, settings, stones, lock, drainer)
-        if save and self.node_id is not None:
-            saved = pickle.dumps((root, target, settings, replica))
-            kv_put(NAMESPACE, _attachment_key(self.node_id, root), saved)
+            if journal is None and self.node_id is not None:
+                journal = ClusterJournal(target.uri, target.base)
+            drainer = Drainer(root, target, settings, stones, lock, leads, journal).start()
+            self._tiers[root] = Tier(target, settings, stones, lock, drainer, resumed)
+        if not resumed and self.node_id is not None:
+            self._save(root, target, settings, replica)
         return drainer.epoch
+
+    def _save(
+        self,
+        root: str,
+        target: DurableTarget,
+        settings: DrainSettings,
+        replica: tuple[str, str] | None,
+    ) -> None:
+        """Save the attachment for this node's next agent, without any credential."""
+        assert self.node_id is not None
+        kept = target.persistable()
+        if kept is None:
+            logger.info(
+                "air-transfer: the durable tier %s is not saved for a restarted agent (its "
+                "filesystem may hold credentials): its drain resumes when a caller "
+                "attaches it again",
+                target.uri,
+            )
+            return
+        saved = pickle.dumps((root, kept, settings, replica))
+        kv_put(NAMESPACE, _attachment_key(self.node_id, root), saved)
 
     def resume(self) -> None:
         """Attach every root this node's agent drained before it started again."""
         if self.node_id is None:
             return
-        for key, value in kv_items(NAMESPACE, f"durable-attach/{self.node_id}/").items():
+        for key, value in kv_items(NAMESPACE, f"{ATTACHMENTS}{self.node_id}/").items():
             try:
                 root, target, settings, replica = pickle.loads(value)
-                self.attach(root, target, settings, replica, save=False)
+                self.attach(root, target, settings, replica, resumed=True)
             except Exception as e:  # another version's record: its next caller attaches
                 logger.warning("air-transfer: could not resume the drain %s: %r", key, e)
 
@@ -111,13 +143,26 @@ class TieredDisk:
         if tier is not None:
             tier.drainer.touch()
 
-    def request(self, root: str) -> tuple[str, int]:
-        tier = self._require(root)
-        return tier.drainer.epoch, tier.drainer.request()
+    def request(self, root: str, confirm: bool = False) -> tuple[str, int]:
+        drainer = self._require(root).drainer
+        return drainer.epoch, drainer.request(confirm)
 
-    def status(self, root: str, path: str | None) -> DrainStatus:
+    def status(self, root: str, path: str | None, confirm: bool = False) -> DrainStatus:
+        rel = None if path is None else relative(root, path)
+        return self._require(root).drainer.status(rel, confirm)
+
+    def admit(self, root: str, nbytes: int) -> str | None:
+        return self._require(root).drainer.admit(nbytes)
+
+    def release(self, root: str, key: str) -> None:
+        self._require(root).drainer.release(key)
+
+    def whole(self, root: str, path: str) -> tuple[bool, str]:
+        """Whether the tier holds ``path`` whole (``TierReads.whole``): by its
+        manifests, each object there as the drain confirmed it."""
         tier = self._require(root)
-        return tier.drainer.status(None if path is None else relative(root, path))
+        found = tier.drainer.work.reads.whole(relative(root, path))
+        return found.whole, found.why
 
     def stop(self) -> None:
         for tier in list(self._tiers.values()):
@@ -137,17 +182,22 @@ class TieredDisk:
         if tier is None or not missing:
             return found
         deleted = set(tier.tombstones.pending().values())
-        durable = reads.infos(tier.target, [relative(root, paths[i]) for i in missing], deleted)
-        for i, info in zip(missing, durable, strict=True):
-            found[i] = info
+        reads = tier.drainer.work.reads
+        for i in missing:
+            found[i] = reads.info(relative(root, paths[i]), deleted)
         return found
 
-    def locate(self, root: str, path: str) -> tuple[Info, bool]:
-        """What ``path`` is, and whether node storage (not the durable tier) holds it."""
+    def locate(self, root: str, path: str) -> tuple[Info, bool, FileRecord | None]:
+        """What ``path`` is, whether node storage (not the durable tier) holds it, and
+        the tier's record of it where only the tier does."""
         [info] = self.disk.fs_info(root, [path])
         if info[0] != pafs.FileType.NotFound:
-            return info, True
-        return self.fs_info(root, [path])[0], False
+            return info, True, None
+        [info] = self.fs_info(root, [path])
+        tier = self._tiers.get(root)
+        if tier is None or info[0] != pafs.FileType.File:
+            return info, False, None
+        return info, False, tier.drainer.work.reads.record(relative(root, path))
 
     def fs_list(self, root: str, base: str, recursive: bool, allow_not_found: bool) -> list[Listed]:
         tier = self._tiers.get(root)
@@ -159,15 +209,15 @@ class TieredDisk:
         except FileNotFoundError:
             fast, here = [], False
         deleted = set(tier.tombstones.pending().values())
-        rel = relative(root, base)
+        listed = tier.drainer.work.reads.listing(relative(root, base), recursive, deleted)
         held = {entry[0] for entry in fast}
-        durable = [
-            e for e in reads.listing(tier.target, rel, recursive, deleted) if e[0] not in held
-        ]
-        if not here and not durable:
+        durable = [e for e in listed or [] if e[0] not in held]
+        if not here and listed is None:
             [info] = self.fs_info(root, [base])
             if info[0] == pafs.FileType.NotFound and not allow_not_found:
                 raise oserror(FileNotFoundError, errno.ENOENT, base)
+            if info[0] == pafs.FileType.File:
+                raise oserror(NotADirectoryError, errno.ENOTDIR, base)
         return sorted([*fast, *durable])
 
     # -- changes ------------------------------------------------------------------------
@@ -210,7 +260,7 @@ class TieredDisk:
             except FileNotFoundError:
                 tier.tombstones.remove(key)
                 deleted = set(tier.tombstones.pending().values())
-                [info] = reads.infos(tier.target, [relative(root, src)], deleted)
+                info = tier.drainer.work.reads.info(relative(root, src), deleted)
                 if info[0] != pafs.FileType.NotFound:
                     raise oserror(
                         OSError, errno.ENOTSUP, src,
@@ -236,7 +286,7 @@ class TieredDisk:
                 # Held only in the durable tier (a run resumed on a new cluster): the
                 # tombstone deletes it there; a path held nowhere is an error.
                 others = {k: r for k, r in tier.tombstones.pending().items() if k != key}
-                [info] = reads.infos(tier.target, [rel], set(others.values()))
+                info = tier.drainer.work.reads.info(rel, set(others.values()))
                 if info[0] == pafs.FileType.NotFound:
                     tier.tombstones.remove(key)
                     raise
@@ -247,4 +297,4 @@ class TieredDisk:
 
 
 def _attachment_key(node_id: str, root: str) -> str:
-    return f"durable-attach/{node_id}/{hashlib.sha256(root.encode()).hexdigest()[:24]}"
+    return f"{ATTACHMENTS}{node_id}/{hashlib.sha256(root.encode()).hexdigest()[:24]}"

@@ -15,8 +15,9 @@ import os
 import stat
 from dataclasses import dataclass
 
-from air_transfer.core.confine import Where, at, open_listable, storage_path
+from air_transfer.core.confine import Where, at, open_listable, open_regular, storage_path
 from air_transfer.core.staging import is_internal
+from air_transfer.storage.durable.settings import LAST_FILE_MAX_BYTES, DrainSettings
 
 
 @dataclass(frozen=True)
@@ -107,3 +108,27 @@ def exists(root: str, rel: str) -> bool:
         return bool(at(root, storage_path(root, rel), look, follow=False))
     except (FileNotFoundError, NotADirectoryError):
         return False
+
+
+def read_last(root: str, settings: DrainSettings) -> tuple[list[tuple[Seen, bytes]], list[Seen]]:
+    """The files uploaded last, read now, before the rest is scanned; and those
+    too large to hold (``LAST_FILE_MAX_BYTES``), uploaded last as they are then."""
+    out, big = [], []
+    for rel, seen in scan(root).files.items():
+        if not settings.is_last(rel):
+            continue
+        if seen.size > LAST_FILE_MAX_BYTES:
+            big.append(seen)
+            continue
+        try:
+            fd, st = open_regular(root, storage_path(root, rel))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        try:
+            content = os.pread(fd, st.st_size, 0)
+            now = Seen.of(rel, os.fstat(fd))
+        finally:
+            os.close(fd)
+        if len(content) == now.size:
+            out.append((now, content))
+    return out, big
