@@ -7,8 +7,10 @@ instead of surfacing later as an odd failure deep in a transfer.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import unquote
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -166,6 +168,21 @@ def _require_int(
         raise ValueError(f"{owner}.{name} = {value} is outside the allowed range [{low}, {upper}]")
 
 
+_USERINFO = re.compile(r"([a-zA-Z][\w+.-]*://[^:/@?\s]*):[^?\s]*@")
+
+
+def redacted(text: str, uri: str | None = None) -> str:
+    """``text`` without the secret of any ``scheme://user:secret@`` in it, nor the
+    secret of ``uri`` (or its percent-decoded form) wherever it appears: how a
+    durable tier's URI is shown in reprs, errors and logs."""
+    out = _USERINFO.sub(r"\1:***@", text)
+    found = re.match(r"[a-zA-Z][\w+.-]*://[^:/@?\s]*:([^?\s]*)@", uri or "")
+    if found is not None and found.group(1):
+        for secret in sorted({found.group(1), unquote(found.group(1))}, key=len, reverse=True):
+            out = out.replace(secret, "***")
+    return out
+
+
 #: Files the durable tier receives after the rest of a drain pass: the ones that make
 #: a checkpoint whole (torch DCP writes ``.metadata`` last) or that name checkpoints
 #: (Ray Train's run state, Ray Tune's experiment state).
@@ -203,6 +220,16 @@ class StorageConfig:
         max_lag_bytes: a report waits while more than this many bytes of node storage
             are not yet in the durable tier (None: never waits).
         durable_last: name patterns of the files uploaded after the rest of a pass.
+        durable_scrub_s: how often everything counted durable is confirmed in the
+            tier again (its size and version, one request a file; what was lost is
+            uploaded again); None: only when ``wait_durable`` asks.
+        durable_scrub_bytes_per_s: besides, read every stored byte back and check
+            it against its checksums at this rate (None: never).
+        durable_read_wait_s: how long a read that the durable tier alone can answer
+            waits for an endpoint that does not answer, before it raises.
+        durable_part_bytes: the smallest part of an S3 upload (larger where a file
+            needs more than S3's 10,000 parts).
+        durable_codec: how the durable tier stores files: ``identity`` (plain files).
     """
 
     replicas: int = 1
@@ -215,6 +242,20 @@ class StorageConfig:
     durable_bytes_per_s: int | None = None
     max_lag_bytes: int | None = None
     durable_last: tuple[str, ...] = DURABLE_LAST
+    durable_scrub_s: float | None = 3600.0
+    durable_scrub_bytes_per_s: int | None = None
+    durable_read_wait_s: float = 30.0
+    durable_part_bytes: int = 32 * 1024 * 1024
+    durable_codec: str = "identity"
+
+    def __repr__(self) -> str:
+        fields = ", ".join(
+            f"{f.name}={redacted(getattr(self, f.name))!r}"
+            if f.name == "durable" and isinstance(getattr(self, f.name), str)
+            else f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+        )
+        return f"StorageConfig({fields})"
 
     def __post_init__(self) -> None:
         if (

@@ -178,12 +178,19 @@ def _with_storage(config: object, storage: StorageConfig | None) -> TransferConf
 
 
 def _drain_settings(storage: StorageConfig, config: TransferConfig | None) -> DrainSettings:
+    """How the durable tier is fed, from the one ``StorageConfig`` (validated here,
+    where the storage is made: a bad setting is an error of this call)."""
     return DrainSettings(
         concurrency=storage.durable_concurrency,
         bytes_per_s=storage.durable_bytes_per_s,
         chunk_bytes=(config or TransferConfig()).chunk_bytes,
         last=storage.durable_last,
         max_lag_bytes=storage.max_lag_bytes,
+        scrub_s=storage.durable_scrub_s,
+        scrub_bytes_per_s=storage.durable_scrub_bytes_per_s,
+        read_wait_s=storage.durable_read_wait_s,
+        part_bytes=storage.durable_part_bytes,
+        codec=storage.durable_codec,
     )
 
 

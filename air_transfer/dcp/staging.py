@@ -86,6 +86,11 @@ class StagedTensors:
         except OSError as e:
             raise not_staged(e, offset + len(view)) from None
 
+    def finish(self) -> None:
+        """Wait until every tensor is staged; raise what staging the last one raised
+        (before anything of the load reaches the state dict)."""
+        self._written()
+
     def _written(self) -> None:
         """Wait for the tensor being written; raise what writing it raised."""
         writing, self._writing = self._writing, None

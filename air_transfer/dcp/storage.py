@@ -390,7 +390,9 @@ class NodeStorageReader(FileSystemReader):
                         assert target is not None
                         staged.add(item, value, target)
                     del value
-            # Every item is read, decoded and checked: only now is the state dict touched.
+            # Every item is read, decoded, checked and staged (the last tensor's write
+            # too): only now is the state dict touched.
+            staged.finish()
             for item, value in values:
                 planner.load_bytes(item, value)
             staged.copy_out(planner)

@@ -18,6 +18,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from air_transfer.storage.durable.reads import TierReads
+from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget, is_staged
 from tests.support.drains import assert_same, drained, draining, local_target
 from tests.support.procs import REPO_ROOT, child_env
@@ -152,3 +153,37 @@ def test_the_tier_never_shows_a_name_its_manifests_do_not_name(tmp_path: Path) -
     listed = reads.listing("", True, set())
     assert listed is not None and [e[0] for e in listed] == ["d", "d/f"]
     assert reads.info("d/stray", set())[0] == pafs.FileType.NotFound
+
+
+def test_an_upload_cut_off_mid_way_is_aborted_once_the_endpoint_is_back(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    """The connection cut while parts go up: the upload's abort cannot reach the
+    endpoint either, so the next pass, once it answers, aborts what was left open
+    (S3 bills the parts of an upload nobody completes or aborts)."""
+    mib = 1024 * 1024
+    root = tmp_path / "root"
+    write_file(root / "big.bin", random.Random(3).randbytes(16 * mib))
+    target = DurableTarget.parse((s3.filesystem(attempts=1), "ckpts/cut"))
+    settings = DrainSettings(
+        chunk_bytes=mib, bytes_per_s=4 * mib, part_bytes=5 * mib, concurrency=1,
+        rescan_s=60.0, backoff_s=(0.05, 0.5),
+    )  # fmt: skip
+    client = s3.client()
+
+    def open_uploads() -> list[str]:
+        found = client.list_multipart_uploads(Bucket="ckpts", Prefix="cut/")  # type: ignore[attr-defined]
+        return [u["Key"] for u in found.get("Uploads", [])]
+
+    with draining(root, target, settings) as drainer:
+        drainer.request()
+        eventually(lambda: open_uploads() == ["cut/big.bin"], "a multipart upload to start", 60)
+        s3.proxy.down()
+        try:
+            eventually(lambda: drainer.status().errors >= 1, "the cut pass to fail", 60)
+            assert open_uploads() == ["cut/big.bin"]  # its abort did not get through
+        finally:
+            s3.proxy.up()
+        drained(drainer, 90)
+    assert open_uploads() == []
+    assert_same(root, target)

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import logging
 import posixpath
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.fs as pafs
 
+from air_transfer.config import redacted
 from air_transfer.core.confine import storage_path
 
 #: The tier's own records, under its base: never a path of node storage.
@@ -161,26 +161,3 @@ def _base(path: str, what: str) -> str:
             "s3://bucket/runs), not the root of the filesystem"
         )
     return base
-
-
-_USERINFO = re.compile(r"([a-zA-Z][\w+.-]*://[^:/@?\s]*):[^?\s]*@")
-
-
-def redacted(text: str, uri: str | None = None) -> str:
-    """``text`` without the secret of any ``scheme://user:secret@`` in it, nor the
-    secret of ``uri`` (or its percent-decoded form) wherever it appears."""
-    out = _USERINFO.sub(r"\1:***@", text)
-    if uri is not None:
-        for secret in _secrets(uri):
-            out = out.replace(secret, "***")
-    return out
-
-
-def _secrets(uri: str) -> list[str]:
-    from urllib.parse import unquote
-
-    found = re.match(r"[a-zA-Z][\w+.-]*://[^:/@?\s]*:([^?\s]*)@", uri)
-    if found is None or not found.group(1):
-        return []
-    secret = found.group(1)
-    return sorted({secret, unquote(secret)}, key=len, reverse=True)
