@@ -47,6 +47,7 @@ from air_transfer.storage.client.durable_wait import (
 from air_transfer.storage.client.handler import NodeStorageHandler, node_storage_handler
 from air_transfer.storage.client.incremental import store_incremental
 from air_transfer.storage.client.replicas import ReplicatedHandler
+from air_transfer.storage.client.restore_choice import newest_whole
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.copy import copy_tree
 from air_transfer.storage.durable.settings import DrainSettings
@@ -333,6 +334,7 @@ class TrainStorageHandler(NodeStorageHandler):
 
     def _constructed(self) -> None:
         _ray.install_train_hooks(upload_directory, download_directory, reclaim_reports)
+        _ray.install_restore_choice(newest_whole)
 
 
 class ReplicatedTrainHandler(ReplicatedHandler):
@@ -342,6 +344,7 @@ class ReplicatedTrainHandler(ReplicatedHandler):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         _ray.install_train_hooks(upload_directory, download_directory, reclaim_reports)
+        _ray.install_restore_choice(newest_whole)
 
 
 def upload_directory(

@@ -376,3 +376,62 @@ def install_train_hooks(upload: Upload, download: Download, reclaim: Reclaim) ->
     _train_hooks_installed = True
     logger.debug("air-transfer: Ray Train's checkpoint copies go through node storage")
     return True
+
+
+#: ``choose(filesystem, paths)``: which of a run's checkpoints (paths of
+#: ``filesystem``, newest first) a restart restores.
+Choose = Callable[["pafs.FileSystem", list[str]], "str | None"]
+_restore_choice_installed = False
+
+
+def install_restore_choice(choose: Choose) -> bool:
+    """Have Ray Train's controller ask ``choose`` which checkpoint a (re)started worker
+    group restores, rather than take the latest one it registered (once per process;
+    True if installed now or before). Train hands every worker of a new group the
+    checkpoint ``CheckpointManager.before_init_train_context`` names; this wraps it,
+    offering the run's checkpoints newest first (by report). Off with
+    ``AIR_TRANSFER_TRAIN_HOOKS=0``, like the other hooks; a Ray without these names
+    keeps its own choice, and that is logged once."""
+    global _restore_choice_installed
+    if _restore_choice_installed:
+        return True
+    if os.environ.get(TRAIN_HOOKS_ENV, "1") == "0":
+        return False
+    try:
+        from ray.train.v2._internal.execution.checkpoint import (
+            checkpoint_manager as manager_module,
+        )
+
+        manager: Any = manager_module  # private, untyped on purpose
+        original = manager.CheckpointManager.before_init_train_context
+    except (ImportError, AttributeError) as e:
+        logger.warning(
+            "air-transfer: Ray Train's restore cannot skip a checkpoint that is not whole "
+            "in the durable tier (%s); it restores the latest it registered",
+            e,
+        )
+        return False
+
+    @functools.wraps(original)
+    def before_init_train_context(self: Any, workers: list[Any]) -> dict[str, list[Any]]:
+        args: dict[str, list[Any]] = original(self, workers)
+        latest = args.get("checkpoint", [None])[0] if args.get("checkpoint") else None
+        if latest is None:
+            return args
+        try:
+            order = self._checkpoint_to_report_index
+            results = [r for r in self._checkpoint_results if r.checkpoint is not None]
+            newest = sorted(results, key=lambda r: order.get(r.checkpoint, -1), reverse=True)
+            by_path = {r.checkpoint.path: r.checkpoint for r in newest}
+            paths = [latest.path, *(p for p in by_path if p != latest.path)]
+        except AttributeError as e:  # instance attributes: not pinned by the test
+            logger.warning("air-transfer: cannot read Ray Train's checkpoints (%s)", e)
+            return args
+        chosen = choose(latest.filesystem, paths)
+        if chosen is not None and chosen != latest.path:
+            args["checkpoint"] = [by_path[chosen]] * len(workers)
+        return args
+
+    manager.CheckpointManager.before_init_train_context = before_init_train_context
+    _restore_choice_installed = True
+    return True

@@ -135,8 +135,8 @@ def test_an_endpoint_down_lets_reports_land_and_is_caught_up_with(
 def _room(fs: pafs.FileSystem) -> bool:
     handler = node_storage_handler(fs)
     assert handler is not None
-    handler.wait_for_room()
-    return True
+    with handler.admitted(1):  # a report of a byte, past max_lag_bytes behind
+        return True
 
 
 def test_max_lag_bytes_holds_a_report_back_until_the_tier_caught_up(
@@ -164,22 +164,36 @@ def test_max_lag_bytes_holds_a_report_back_until_the_tier_caught_up(
 
 
 def test_a_drain_whose_agent_was_killed_mid_upload_is_resumed(s3: S3Server, tmp_path: Path) -> None:
-    fs = _storage(s3, tmp_path, "killed", durable_bytes_per_s=4 * MiB)
+    """The storage node's agent killed mid-pass: a new one resumes the drain from the
+    saved attachment (no credentials in it: the next caller attaches them again),
+    what the pass had finished is not sent again, and what was cut off never shows."""
+    fs = _storage(s3, tmp_path, "killed", durable_bytes_per_s=2 * MiB, durable_part_bytes=5 * MiB)
     root = tmp_path / "root"
-    _writers(fs, root, ["big-0.bin", "big-1.bin"], 12 * MiB)
+    _writers(fs, root, ["small.bin", "big.bin"], MiB)
+    air_transfer.wait_durable(fs, timeout=120)
+    _writers(fs, root, ["done.bin"], MiB)
+    _writers(fs, root, ["big-0.bin"], 24 * MiB)  # ~12 s at 2 MiB/s: killed mid-way
     client: Any = s3.client()
 
-    def uploading() -> bool:
+    def finished_and_uploading() -> bool:
         found = client.list_multipart_uploads(Bucket="tier").get("Uploads", [])
-        return any(u["Key"].startswith("killed/big-") for u in found)
+        if not any(u["Key"] == "killed/big-0.bin" for u in found):
+            return False
+        listed = client.list_objects_v2(Bucket="tier", Prefix="killed/done.bin")
+        return bool(listed.get("KeyCount"))
 
-    eventually(uploading, "an upload to start", 60)
+    eventually(finished_and_uploading, "one file finished and one uploading", 60)
     ray.kill(node_agent(node_ids()["node_a"]))
     for rel in _bucket(s3, "killed"):  # what the tier shows is whole, never cut off
         assert _bucket(s3, "killed")[rel] == (root / rel).read_bytes()
     eventually(_agent_back, "a new agent on node_a", 60)  # it resumes the drain itself
     air_transfer.wait_durable(fs, timeout=180)
     assert _bucket(s3, "killed") == _disk(root)
+    handler = node_storage_handler(fs)
+    assert handler is not None
+    status = handler.link.call(NodeDurable.durable_status, handler.root)
+    assert status.uploaded_bytes == 24 * MiB  # the cut-off file alone, sent again
+    assert not client.list_multipart_uploads(Bucket="tier").get("Uploads")
 
 
 def _agent_back() -> bool:

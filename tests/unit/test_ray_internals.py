@@ -67,6 +67,7 @@ def hooked():
         _checkpoint._download_from_fs_path,
         context.TrainContext.report,
         checkpoint_manager.CheckpointManager.before_worker_group_shutdown,
+        checkpoint_manager.CheckpointManager.before_init_train_context,
     )
 before = hooked()
 installed = _ray.install_train_hooks(
@@ -74,6 +75,7 @@ installed = _ray.install_train_hooks(
     lambda fs, path, local: False,
     lambda fs, workers, tracked: None,
 )
+installed = _ray.install_restore_choice(lambda fs, paths: paths[0]) and installed
 after = hooked()
 changed = [b != a for b, a in zip(before, after)]
 assert all(changed) or not any(changed), changed

@@ -131,6 +131,14 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         """The agent that drains this storage into its durable tier, and its root."""
         return self.node_id, self.root, self.link
 
+    def durable_whole(self, path: str) -> tuple[bool, str]:
+        """Whether the durable tier holds ``path`` whole now (its manifests, each
+        object as the drain confirmed it), and if not, what is wrong."""
+        rel = relative(self.root, self._path(path))
+        _, root, link = self.drain_point()
+        whole, why = link.call(NodeDurable.durable_whole, root, posixpath.join(root, rel))
+        return whole, why
+
     def __reduce__(self) -> tuple[Any, ...]:
         # Shipped by Ray, it names its node (the sender's if not yet known): a copy
         # unpickled elsewhere must not take its own node for the storage's.

@@ -56,6 +56,10 @@ class TierUnreachable(ConnectionError):
     """The durable tier did not answer within the wait, and only it can answer."""
 
 
+class TierDamaged(ChecksumError):
+    """The durable tier lacks what its own manifests name."""
+
+
 def hidden(rel: str) -> bool:
     """Whether ``rel`` is one of the tier's own names (records, staged uploads)."""
     return (
@@ -128,13 +132,31 @@ class TierReads:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
+    def named_manifest(self, rel_dir: str) -> DirManifest | None:
+        """The manifest of ``rel_dir``; None where the tier holds no such directory;
+        ``TierDamaged`` where its parent's manifest names it but its own is missing
+        (never taken for "not there": a restore would start from scratch)."""
+        manifest = self.manifest(rel_dir)
+        if manifest is not None or not rel_dir:
+            return manifest
+        parent, name = parent_and_name(rel_dir)
+        above = self.named_manifest(parent)
+        if above is not None and name in above.dirs:
+            raise TierDamaged(
+                errno.EBADMSG,
+                f"the durable tier {self.target.uri} names the directory but its manifest "
+                "is missing (deleted or lost): what it held cannot be read or trusted",
+                self.target.path(rel_dir),
+            )
+        return None
+
     # -- what a path is ----------------------------------------------------------------
     def record(self, rel: str) -> FileRecord | None:
         """The record of the file ``rel`` (None: the tier names no such file)."""
         if not rel or hidden(rel):
             return None
         parent, name = parent_and_name(rel)
-        manifest = self.manifest(parent)
+        manifest = self.named_manifest(parent)
         return None if manifest is None else manifest.files.get(name)
 
     def info(self, rel: str, deleted: set[str]) -> Info:
@@ -144,7 +166,7 @@ class TierReads:
         if not rel:
             return DIRECTORY if self.manifest("") is not None else NOT_FOUND
         parent, name = parent_and_name(rel)
-        manifest = self.manifest(parent)
+        manifest = self.named_manifest(parent)
         if manifest is None:
             return NOT_FOUND
         record = manifest.files.get(name)
@@ -158,7 +180,7 @@ class TierReads:
         holds no directory ``base``."""
         if covered(base, deleted) or hidden(base):
             return None
-        top = self.manifest(base)
+        top = self.named_manifest(base)
         if top is None:
             return None
         out: list[Listed] = []
@@ -175,7 +197,7 @@ class TierReads:
                     continue
                 out.append((rel, pafs.FileType.Directory, None, None))
                 if recursive:
-                    below = self.manifest(_join(base, rel))
+                    below = self.named_manifest(_join(base, rel))
                     if below is not None:
                         pending.append((rel, below))
         return sorted(out)
@@ -185,7 +207,10 @@ class TierReads:
         now: each subdirectory's manifest, each object of its recorded size and
         version (a HEAD each, several at a time)."""
         files: list[tuple[str, FileRecord]] = []
-        record = self.record(rel)
+        try:
+            record = self.record(rel)
+        except TierDamaged as e:
+            return Whole(False, str(e))
         if record is not None:
             files.append((rel, record))
         else:
@@ -222,7 +247,15 @@ def open_verified(target: DurableTarget, rel: str, record: FileRecord) -> ChunkF
     """A seekable stream over the durable tier's file ``rel`` as ``record`` (its
     manifest's) describes it, each chunk decoded and checked against it."""
     path = target.path(rel)
-    source = target.filesystem.open_input_file(path)
+    try:
+        source = target.filesystem.open_input_file(path)
+    except FileNotFoundError:
+        raise TierDamaged(
+            errno.ENOENT,
+            f"the durable tier's manifest names this file ({record.size} bytes) but the "
+            "tier does not hold it (deleted or lost)",
+            path,
+        ) from None
 
     def chunks(first: int, _last: int) -> Iterator[tuple[int, memoryview]]:
         index = first
