@@ -231,7 +231,11 @@ class TierObjects:
             return bytes(f.read_at(length, offset))
 
     def get(self, path: str) -> bytes | None:
-        """The whole object ``path``; None if there is none."""
+        """The whole object ``path``, one version of it (on S3 one GET: pyarrow's stream
+        asks for the size, then ranges, and an object replaced between reads comes
+        back cut); None if there is none."""
+        if self.client is not None:
+            return s3.get(self.client, path)
         try:
             with self.fs.open_input_stream(path) as f:
                 return bytes(f.read())

@@ -85,14 +85,17 @@ class TierReads:
         self.objects = TierObjects(target)
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, DirManifest | None]] = {}
+        self._written: dict[str, int] = {}  # how often the drain wrote each
 
     # -- manifests -----------------------------------------------------------------------
-    def manifest(self, rel_dir: str) -> DirManifest | None:
-        """The manifest of directory ``rel_dir`` (None: the tier has none)."""
+    def manifest(self, rel_dir: str, fresh: bool = False) -> DirManifest | None:
+        """The manifest of directory ``rel_dir`` (None: the tier has none), read anew
+        with ``fresh`` or once the cached one is ``ttl_s`` old."""
         now = time.monotonic()
         with self._lock:
             cached = self._cache.get(rel_dir)
-        if cached is not None and now - cached[0] < self.ttl_s:
+            written = self._written.get(rel_dir, 0)
+        if cached is not None and not fresh and now - cached[0] < self.ttl_s:
             return cached[1]
         path = manifest_path(self.target, rel_dir)
         try:
@@ -104,13 +107,18 @@ class TierReads:
         manifest = (
             None if found is None else DirManifest.from_bytes(found, rel_dir, self.target.uri)
         )
-        self.remember(rel_dir, manifest)
+        with self._lock:
+            if self._written.get(rel_dir, 0) != written:  # the drain wrote it meanwhile
+                return self._cache[rel_dir][1]
+            self._cache[rel_dir] = (time.monotonic(), manifest)
         return manifest
 
     def remember(self, rel_dir: str, manifest: DirManifest | None) -> None:
-        """What the tier holds for ``rel_dir`` now (the drain wrote it)."""
+        """What the tier holds for ``rel_dir`` now (the drain wrote it): a read that
+        was in flight meanwhile does not replace it."""
         with self._lock:
             self._cache[rel_dir] = (time.monotonic(), manifest)
+            self._written[rel_dir] = self._written.get(rel_dir, 0) + 1
 
     def _ask(self, call: Callable[[], bytes | None]) -> bytes | None:
         """``call()``, asked again while the tier does not answer, ``wait_s`` at most."""
@@ -141,14 +149,17 @@ class TierReads:
             return manifest
         parent, name = parent_and_name(rel_dir)
         above = self.named_manifest(parent)
-        if above is not None and name in above.dirs:
+        if above is None or name not in above.dirs:
+            return None
+        manifest = self.manifest(rel_dir, fresh=True)  # written since the first look?
+        if manifest is None:
             raise TierDamaged(
                 errno.EBADMSG,
                 f"the durable tier {self.target.uri} names the directory but its manifest "
                 "is missing (deleted or lost): what it held cannot be read or trusted",
                 self.target.path(rel_dir),
             )
-        return None
+        return manifest
 
     # -- what a path is ----------------------------------------------------------------
     def record(self, rel: str) -> FileRecord | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -86,6 +87,42 @@ def _make_client(kwargs: dict[str, Any]) -> Any:
     return session.client("s3", endpoint_url=url, config=config)
 
 
+#: S3 error codes that mean "not allowed" (credentials wrong, missing or expired).
+_REFUSED = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken")
+
+
+@contextlib.contextmanager
+def errors(what: str, path: str) -> Iterator[None]:
+    """boto3's errors as the built-in ones pyarrow raises, naming ``what`` was done to
+    ``path``: a connection that fails as ConnectionError, refused credentials as
+    PermissionError, a missing object as FileNotFoundError, anything else OSError.
+    So the drain's retries and a reader's wait treat both libraries alike."""
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        HTTPClientError,
+        NoCredentialsError,
+    )
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+
+    try:
+        yield
+    except ClientError as e:
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        kind: type[OSError] = OSError
+        if code in _REFUSED:
+            kind = PermissionError
+        elif code in ("404", "NoSuchKey", "NotFound", "NoSuchUpload"):
+            kind = FileNotFoundError
+        raise kind(f"S3 {what} {path}: {e}") from None
+    except (BotoConnectionError, HTTPClientError) as e:
+        raise ConnectionError(f"S3 {what} {path}: the endpoint did not answer ({e})") from None
+    except NoCredentialsError as e:
+        raise PermissionError(f"S3 {what} {path}: {e}") from None
+    except BotoCoreError as e:
+        raise OSError(f"S3 {what} {path}: {e}") from None
+
+
 def split(path: str) -> tuple[str, str]:
     """``(bucket, key)`` of a pyarrow S3 path ``bucket/key``."""
     bucket, _, key = path.partition("/")
@@ -111,17 +148,26 @@ class Head:
 
 def head(client: Any, path: str) -> Head | None:
     """The object at ``path``; None if there is none."""
-    from botocore.exceptions import ClientError
-
     bucket, key = split(path)
     try:
-        found = client.head_object(Bucket=bucket, Key=key)
-    except ClientError as e:
-        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-            return None
-        raise
+        with errors("HEAD", path):
+            found = client.head_object(Bucket=bucket, Key=key)
+    except FileNotFoundError:
+        return None
     meta = found.get("Metadata") or {}
     return Head(int(found["ContentLength"]), str(found["ETag"]).strip('"'), meta.get(DIGEST_KEY))
+
+
+def get(client: Any, path: str) -> bytes | None:
+    """The object at ``path`` in one GET (one version of it); None if there is none."""
+    bucket, key = split(path)
+    try:
+        with errors("GET", path):
+            found = client.get_object(Bucket=bucket, Key=key)
+            body: bytes = found["Body"].read()
+    except FileNotFoundError:
+        return None
+    return body
 
 
 class PartBudget:
@@ -166,7 +212,8 @@ class S3Whole:
         while len(self._buffer) >= self.part:
             body = bytes(self._buffer[: self.part])
             del self._buffer[: self.part]
-            self._send(body)
+            with errors("upload", self.path):
+                self._send(body)
 
     def _send(self, body: bytes) -> None:
         if self._upload is None:
@@ -199,25 +246,29 @@ class S3Whole:
 
     def commit(self) -> str:
         try:
-            if self._upload is None:
-                put = self.client.put_object(
-                    Bucket=self.bucket, Key=self.key, Body=bytes(self._buffer), Metadata=self._meta
-                )
-                self._done = True
-                return str(put["ETag"]).strip('"')
-            if self._buffer:
-                self._send(bytes(self._buffer))
-                self._buffer.clear()
-            parts = [future.result() for future in self._parts]
-            done = self.client.complete_multipart_upload(
-                Bucket=self.bucket, Key=self.key, UploadId=self._upload,
-                MultipartUpload={"Parts": parts},
-            )  # fmt: skip
-            self._done = True
-            return str(done["ETag"]).strip('"')
+            with errors("upload", self.path):
+                return self._complete()
         except BaseException:
             self.abort()
             raise
+
+    def _complete(self) -> str:
+        if self._upload is None:
+            put = self.client.put_object(
+                Bucket=self.bucket, Key=self.key, Body=bytes(self._buffer), Metadata=self._meta
+            )
+            self._done = True
+            return str(put["ETag"]).strip('"')
+        if self._buffer:
+            self._send(bytes(self._buffer))
+            self._buffer.clear()
+        parts = [future.result() for future in self._parts]
+        done = self.client.complete_multipart_upload(
+            Bucket=self.bucket, Key=self.key, UploadId=self._upload,
+            MultipartUpload={"Parts": parts},
+        )  # fmt: skip
+        self._done = True
+        return str(done["ETag"]).strip('"')
 
     def abort(self) -> None:
         """Abort the upload (best effort: one left behind is aborted by the next
@@ -242,6 +293,11 @@ class S3Whole:
 def copy(client: Any, src: str, dst: str, size: int, part: int) -> str:
     """A server-side copy of ``src`` (``size`` bytes) to ``dst`` with its metadata;
     the new object's ETag. Over 5 GiB, a multipart copy of ``part``-byte ranges."""
+    with errors(f"copy of {src} to", dst):
+        return _copy(client, src, dst, size, part)
+
+
+def _copy(client: Any, src: str, dst: str, size: int, part: int) -> str:
     bucket, key = split(dst)
     source_bucket, source_key = split(src)
     source = {"Bucket": source_bucket, "Key": source_key}
@@ -274,6 +330,11 @@ def abort_uploads(client: Any, prefix_path: str) -> int:
     """Abort every multipart upload under ``prefix_path`` (``bucket/prefix``): those
     a drain that died or lost its connection left (S3 bills their parts until a
     lifecycle rule removes them). How many."""
+    with errors("abort of the uploads under", prefix_path):
+        return _abort_uploads(client, prefix_path)
+
+
+def _abort_uploads(client: Any, prefix_path: str) -> int:
     bucket, prefix = split(prefix_path)
     aborted = 0
     paginator = client.get_paginator("list_multipart_uploads")

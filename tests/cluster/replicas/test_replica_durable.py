@@ -57,6 +57,7 @@ def test_a_surviving_copy_finishes_the_drain_when_the_storage_node_goes(
         replica_root=str(tmp_path / "copies" / "{node_id}"),
         durable=(s3.filesystem(attempts=1), "tier/replicated"),
         durable_bytes_per_s=4 * MiB,  # slow enough to remove the node mid-upload
+        durable_part_bytes=5 * MiB,  # a multipart upload from the first 5 MiB on
     )
     fs = air_transfer.storage_filesystem(
         node=primary, config=CONFIG, root=str(tmp_path / "copies" / primary), storage=storage
@@ -84,3 +85,33 @@ def test_a_surviving_copy_finishes_the_drain_when_the_storage_node_goes(
     assert cut_off != expected  # so the surviving copy's agent uploaded the rest
     state = air_transfer.storage_state(fs, f"{handler.root}/ckpt")
     assert state.durable and state.copies >= 1
+
+
+def test_wait_durable_follows_the_copy_that_leads_once_the_storage_node_is_gone(
+    cluster4: Cluster, s3: S3Server, tmp_path: Path
+) -> None:
+    """The storage node removed right after a file was closed, before the bucket
+    has it, and ``wait_durable`` called at once (the registry has not yet marked the
+    lost copy stale): the wait follows the copy that leads the drain next, and the
+    bucket then holds the file whole."""
+    w = workers()
+    ids = node_ids()
+    primary, other = ids[w[0]], ids[w[1]]
+    storage = StorageConfig(
+        replicas=2,
+        replica_nodes=(other,),
+        replica_root=str(tmp_path / "copies" / "{node_id}"),
+        durable=(s3.filesystem(attempts=1), "tier/follow"),
+        durable_bytes_per_s=8 * MiB,
+    )
+    fs = air_transfer.storage_filesystem(
+        node=primary, config=CONFIG, root=str(tmp_path / "copies" / primary), storage=storage
+    )
+    handler = node_storage_handler(fs)
+    assert isinstance(handler, ReplicatedHandler)
+    data = os.urandom(24 * MiB + 5)
+    with fs.open_output_stream(f"{handler.root}/model.bin") as out:
+        out.write(data)
+    remove(cluster4, primary)
+    air_transfer.wait_durable(fs, timeout=180)
+    assert _bucket(s3, "follow") == {"model.bin": data}

@@ -18,6 +18,7 @@ import errno
 import hashlib
 import logging
 import pickle
+import posixpath
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from air_transfer.cluster._ray import kv_items, kv_put
 from air_transfer.cluster.agent_client import Info, Listed
 from air_transfer.cluster.nodes import NAMESPACE
 from air_transfer.core.confine import oserror
+from air_transfer.storage.durable.reads import NOT_FOUND, TierDamaged
 from air_transfer.storage.durable.records import FileRecord
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.status import DrainStatus
@@ -63,6 +65,7 @@ class TieredDisk:
         self.node_id = node_id
         self._tiers: dict[str, Tier] = {}
         self._lock = threading.Lock()
+        self._warned: set[str] = set()
 
     # -- attachments --------------------------------------------------------------------
     def attach(
@@ -184,8 +187,28 @@ class TieredDisk:
         deleted = set(tier.tombstones.pending().values())
         reads = tier.drainer.work.reads
         for i in missing:
-            found[i] = reads.info(relative(root, paths[i]), deleted)
+            try:
+                found[i] = reads.info(relative(root, paths[i]), deleted)
+            except TierDamaged as e:
+                self._damaged(root, posixpath.dirname(paths[i]), e)
+                found[i] = NOT_FOUND
         return found
+
+    def _damaged(self, root: str, held: str, damage: TierDamaged) -> None:
+        """A damaged part of the tier met while answering for a path in ``held``: if
+        node storage holds ``held``, a run goes on (what the tier held there is not
+        shown, and that is logged once); else only the tier could answer, and the
+        damage is the answer."""
+        [info] = self.disk.fs_info(root, [held])
+        if info[0] != pafs.FileType.Directory:
+            raise damage
+        if str(damage) not in self._warned:
+            self._warned.add(str(damage))
+            logger.warning(
+                "air-transfer: %s; node storage's files are answered as they are, "
+                "and what the tier held there is not shown",
+                damage,
+            )
 
     def locate(self, root: str, path: str) -> tuple[Info, bool, FileRecord | None]:
         """What ``path`` is, whether node storage (not the durable tier) holds it, and
@@ -209,7 +232,11 @@ class TieredDisk:
         except FileNotFoundError:
             fast, here = [], False
         deleted = set(tier.tombstones.pending().values())
-        listed = tier.drainer.work.reads.listing(relative(root, base), recursive, deleted)
+        try:
+            listed = tier.drainer.work.reads.listing(relative(root, base), recursive, deleted)
+        except TierDamaged as e:
+            self._damaged(root, base, e)
+            listed = None
         held = {entry[0] for entry in fast}
         durable = [e for e in listed or [] if e[0] not in held]
         if not here and listed is None:

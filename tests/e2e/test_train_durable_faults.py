@@ -1,11 +1,13 @@
-"""A run resumed on a new cluster from a durable tier (moto's S3 server over HTTP) whose
-latest checkpoint lost an object in the bucket: Train restores the newest checkpoint
-that is whole, byte for byte, never the broken one without its file, for a plain
-checkpoint and a torch DCP one alike."""
+"""Ray Train with a durable tier (moto's S3 server over HTTP) when the tier fails: a run
+resumed on a new cluster whose latest checkpoint lost an object in the bucket restores
+the newest checkpoint that is whole, byte for byte, never the broken one without its
+file, for a plain checkpoint and a torch DCP one alike; a run started while the
+endpoint is down waits for it within the bound, then trains and drains."""
 
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 from ray.cluster_utils import Cluster
 
 import air_transfer
+from air_transfer import StorageConfig
 from tests.e2e.test_train_durable import _bucket_files, _checkpoint_dirs, _fit, _fit_dcp
 from tests.support import shared_ray
 from tests.support.cluster import shared_cluster
@@ -77,3 +80,25 @@ def test_a_resumed_run_restores_the_newest_checkpoint_that_is_whole(
     assert restart["step"] == 1  # step 1's shard is gone: step 0's, on both ranks
     assert restart["restored_step"] == 0
     assert restart["restored_digests"] == [dcp_digests[0]] * 2
+
+
+def test_a_run_started_while_the_endpoint_is_down_waits_for_it_then_trains(
+    cluster: Cluster, s3: S3Server, tmp_path: Path
+) -> None:
+    """Train's controller asks for the run's state, which only the tier could hold on
+    a new cluster: the read waits for the endpoint (``durable_read_wait_s``) rather
+    than fail the run at once or take "no answer" for "no run"."""
+    root = tmp_path / "node-storage"
+    root.mkdir()
+    storage = StorageConfig(durable=s3.uri("runs", "start-down"), durable_read_wait_s=120.0)
+    fs = air_transfer.storage_filesystem(root=str(root), storage=storage)
+    s3.proxy.down()
+    back = threading.Timer(5.0, s3.proxy.up)
+    back.start()
+    try:
+        result = _fit(root, fs, steps=2)
+    finally:
+        back.join()
+    assert result.metrics["step"] == 1
+    air_transfer.wait_durable(fs, timeout=120)
+    assert _checkpoint_dirs(_bucket_files(s3, "start-down"))
