@@ -130,7 +130,7 @@ class ReportFiles(ArrowFiles):
     writes itself: in node storage its directory is made by the storage node's agent,
     which notes it under the worker, so that a round Train stops before it tracks
     the checkpoint (a rank failed mid-save) leaves nothing in storage
-    (``train.reclaim_reports``). Replicated storage makes it as any directory."""
+    (``train.hooks.reclaim_reports``). Replicated storage makes it as any directory."""
 
     def __init__(self, filesystem: pafs.FileSystem, worker: str) -> None:
         super().__init__(filesystem)

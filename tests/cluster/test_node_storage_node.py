@@ -232,7 +232,7 @@ def test_memory_stays_within_a_few_chunks_on_both_ends(tmp_path: Path) -> None:
 @ray.remote(num_cpus=0)
 def restore(f: pafs.FileSystem, path: str, local: str) -> dict[str, str]:
     """What Ray Train's restore on another node does with a node-storage checkpoint."""
-    from air_transfer.train import download_directory
+    from air_transfer.train.hooks import download_directory
 
     assert download_directory(f, path, local)
     return digest_tree(local)

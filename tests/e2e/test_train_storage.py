@@ -185,7 +185,7 @@ def test_reports_go_through_one_chunked_transfer_each(
 ) -> None:
     """A worker's ``report`` into node storage is not pyarrow's file-by-file
     copy (every byte through a Python ``bytes``) but one transfer per checkpoint,
-    written by the storage node's agent (``TrainStorageHandler``'s hooks)."""
+    written by the storage node's agent (the hooks that ``train.hooks.install`` sets up)."""
     _, _, stored = sync_run
     assert stored == 3
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -47,6 +48,11 @@ class NodeStorageHandler(pafs.FileSystemHandler):
     node of the process that first uses or ships the filesystem (the driver's, when
     made there); an IP address or ``"head"`` (``nodes.resolve_node``) is resolved to
     its node id there too. Copies compare equal: same node, same root.
+
+    ``setup``: what every process that makes or receives the filesystem runs first
+    (Ray Train's hooks, ``train.hooks.install``): called here, and again wherever a
+    copy is unpickled, as ``__reduce__`` constructs it again; a module-level function,
+    so that pickling names it and unpickling imports its module.
     """
 
     def __init__(
@@ -56,6 +62,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         config: TransferConfig | None = None,
         durable: DurableTarget | None = None,
         drain: DrainSettings | None = None,
+        setup: Callable[[], object] | None = None,
     ) -> None:
         if not isinstance(root, str) or not root.startswith("/"):
             raise ValueError(f"the storage root must be an absolute path, got {root!r}")
@@ -68,11 +75,9 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         self._link: AgentLink | None = None
         self._local: bool | None = None
         self._attached = False
-        self._constructed()
-
-    def _constructed(self) -> None:
-        """What a subclass does once constructed: here, and in every process a copy
-        is unpickled in (``__reduce__`` constructs it again)."""
+        self.setup = setup
+        if setup is not None:
+            setup()
 
     @property
     def node_id(self) -> str:
@@ -122,7 +127,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         # Shipped by Ray, it names its node (the sender's if not yet known): a copy
         # unpickled elsewhere must not take its own node for the storage's.
         node = self.node_id if ray.is_initialized() else self._node_id
-        return (type(self), (node, self.root, self.config, self.durable, self.drain))
+        return (type(self), (node, self.root, self.config, self.durable, self.drain, self.setup))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, NodeStorageHandler):
