@@ -1,8 +1,9 @@
-"""``storage_filesystem()``'s settings, checked once at the entrance: its keywords
-folded into one ``StorageConfig`` (validated as it is built), the transfers'
-``TransferConfig`` given the storage's part of it, the nodes named checked (and
-resolved where Ray runs), the durable tier parsed and checked. The drain's
-``DrainSettings`` are built from them here, and nowhere else.
+"""``storage_filesystem()``'s settings, checked once at the entrance: its root
+given its default or refused (``root``), its keywords folded into one
+``StorageConfig`` (validated as it is built), the transfers' ``TransferConfig``
+given the storage's part of it, the nodes named checked (and resolved where Ray
+runs), the durable tier parsed and checked. The drain's ``DrainSettings`` are built
+from them here, and nowhere else.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from air_transfer.cluster.nodes import check_node_spec, resolve_node, this_node_
 from air_transfer.config import StorageConfig, TransferConfig
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
+from air_transfer.train.root import storage_root
 
 
 @dataclass(frozen=True)
@@ -52,13 +54,17 @@ class StorageSettings:
 def storage_settings(
     node: str | None,
     config: object,
-    root: str,
+    root: str | None,
     keywords: StorageConfig,
     storage: object,
+    expose_system_dirs: bool = False,
 ) -> StorageSettings:
-    """The settings of ``storage_filesystem(node=, config=, root=, storage=)``,
-    ``keywords`` being its other keywords as a ``StorageConfig``: checked, and the
-    nodes resolved where Ray runs; TypeError or ValueError naming what is wrong."""
+    """The settings of ``storage_filesystem(node=, config=, root=, storage=,
+    expose_system_dirs=)``, ``keywords`` being its other keywords as a
+    ``StorageConfig``: checked, the root given its default (``root.storage_root``),
+    and the nodes resolved where Ray runs; TypeError or ValueError naming what is
+    wrong."""
+    root = storage_root(root, expose_system_dirs)
     chosen = _one_storage_config(keywords, storage)
     transfers = _transfer_config(config, chosen if storage is not None else None)
     if node is not None:
@@ -71,7 +77,7 @@ def storage_settings(
     durable = None
     if chosen.durable is not None:
         durable = DurableTarget.parse(chosen.durable)
-        if root.rstrip("/") == "":
+        if root == "/":
             raise ValueError(
                 "storage_filesystem(durable=...) needs a root of its own (root='/abs/dir'): "
                 "the durable tier receives everything under the root"

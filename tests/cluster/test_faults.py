@@ -114,7 +114,7 @@ def report_to_node_storage(src: str, storage_node: str, dest: str) -> tuple[str,
     from air_transfer import storage_filesystem
     from air_transfer.train.hooks import upload_directory
 
-    fs = storage_filesystem(node=storage_node, config=CONFIG)
+    fs = storage_filesystem(node=storage_node, config=CONFIG, root=os.path.dirname(dest))
     try:
         upload_directory(fs, dest, Checkpoint(src))
     except Exception as e:
@@ -177,7 +177,8 @@ def test_a_report_whose_checkpoint_is_lost_before_its_handover_is_a_checkpoint_l
     root = tmp_path / "storage"
     root.mkdir()
     ids = node_ids()
-    fs = storage_filesystem(node=ids["node_a"], config=CONFIG.replace(strategy=GatedSubmit.name))
+    gated = CONFIG.replace(strategy=GatedSubmit.name)
+    fs = storage_filesystem(node=ids["node_a"], config=gated, root=str(root))
     outcome: list[BaseException | None] = []
 
     def report() -> None:

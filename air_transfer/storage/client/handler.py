@@ -28,6 +28,7 @@ from air_transfer.cluster.nodes import (
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import storage_path
 from air_transfer.core.reader import buffered
+from air_transfer.core.threads import pool
 from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
 from air_transfer.storage.client.durable_wait import DrainPoint, wait_for_lag
 from air_transfer.storage.client.same_node import open_native
@@ -76,6 +77,11 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         self._local: bool | None = None
         self._attached = False
         self.setup = setup
+        #: What the maker checks once Ray runs, for a filesystem made before
+        #: ``ray.init``: run as this handler is first shipped from its process (Ray
+        #: Train's ``fit()`` ships it to its controller), so that what it raises is
+        #: raised there, as itself. Not pickled: copies elsewhere check nothing.
+        self.checks_when_shipped: Callable[[], None] | None = None
         if setup is not None:
             setup()
 
@@ -123,7 +129,19 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         """The agent that drains this storage into its durable tier, and its root."""
         return self.node_id, self.root, self.link
 
+    def _shipped(self) -> None:
+        """Run the maker's pending checks (``checks_when_shipped``) once Ray runs;
+        they stay pending while they raise. On a thread of their own: this runs in
+        the middle of Ray's serializer, whose state (the refs an object holds) is
+        per thread, and the checks call agents, which serializes their arguments."""
+        checks = self.checks_when_shipped
+        if checks is not None and ray.is_initialized():
+            with pool("air-transfer-storage-checks", 1) as thread:
+                thread.submit(checks).result()
+            self.checks_when_shipped = None
+
     def __reduce__(self) -> tuple[Any, ...]:
+        self._shipped()
         # Shipped by Ray, it names its node (the sender's if not yet known): a copy
         # unpickled elsewhere must not take its own node for the storage's.
         node = self.node_id if ray.is_initialized() else self._node_id

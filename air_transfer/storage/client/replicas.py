@@ -83,6 +83,7 @@ class ReplicatedHandler(NodeStorageHandler):
         self._draining: set[tuple[str, str]] = set()  # copies attached to the durable tier
 
     def __reduce__(self) -> tuple[Any, ...]:
+        self._shipped()
         node = self.node_id if ray.is_initialized() else self._node_id
         args = (node, self.root, self.config, self.replicas, self.nodes, self.replica_root)
         return (type(self), (*args, self.durable, self.drain, self.setup))
