@@ -4,7 +4,7 @@ linear in size, memory-bounded, verified.
 The user API is what ``__all__`` lists; ``air_transfer.dcp`` is torch DCP through
 node storage, ``air_transfer.extend`` the API for new transfer strategies.
 
-``ChunkedCheckpoint``, ``storage_filesystem`` and ``checkpoint_upload_fn`` are
+``ChunkedCheckpoint``, ``storage_filesystem``, ``run_config`` and ``checkpoint_upload_fn`` are
 imported at first use (PEP 562): they need Ray Train, whose import (pandas, Ray
 Data) costs ~1 s of CPU, and every process that runs the library's code (each
 node's agent, each packing task's worker) imports this package, most of them never
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from air_transfer.train import (
         checkpoint_upload_fn,
         replica_status,
+        run_config,
         storage_filesystem,
         storage_state,
         wait_durable,
@@ -53,6 +54,7 @@ _ON_FIRST_USE = {
     "ChunkedCheckpoint": "air_transfer.checkpoint",
     "checkpoint_upload_fn": "air_transfer.train",
     "replica_status": "air_transfer.train",
+    "run_config": "air_transfer.train",
     "storage_filesystem": "air_transfer.train",
     "storage_state": "air_transfer.train",
     "wait_durable": "air_transfer.train",
@@ -135,6 +137,7 @@ __all__ = [
     "checkpoint_upload_fn",
     "node_agent",
     "replica_status",
+    "run_config",
     "shutdown_agents",
     "storage_filesystem",
     "storage_state",

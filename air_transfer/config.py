@@ -258,13 +258,9 @@ class StorageConfig:
         return f"StorageConfig({fields})"
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.replicas, bool)
-            or not isinstance(self.replicas, int)
-            or self.replicas < 1
-        ):
-            raise ValueError(f"replicas must be an int >= 1, got {self.replicas!r}")
-        _require_int("replicas", self.replicas, 1, 64, owner="StorageConfig")
+        replicas = self.replicas
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= 64:
+            raise ValueError(f"replicas must be an int >= 1 (at most 64), got {replicas!r}")
         _require_int("cache_bytes", self.cache_bytes, 0, 1 << 62, owner="StorageConfig")
         _require_int("durable_concurrency", self.durable_concurrency, 1, 256, owner="StorageConfig")
         for name in ("durable_bytes_per_s", "max_lag_bytes"):

@@ -2,7 +2,7 @@
 
 Starts an embedded two-node mock cluster (``ray.cluster_utils.Cluster``: real raylets
 on this machine), runs a ``DataParallelTrainer`` whose workers sit on the non-driver
-node and report checkpoints, with ``RunConfig(storage_filesystem=storage_filesystem())``
+node and report checkpoints, with ``air_transfer.run_config(root=...)`` (node storage)
 so they land on the driver node's disk; then restores the last one on the driver and
 on the worker node, checking the bytes. Prints where each checkpoint landed and how
 long each transfer took.
@@ -24,7 +24,7 @@ import ray
 import ray.train
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from air_transfer import TransferConfig, storage_filesystem
+from air_transfer import TransferConfig, run_config
 from benchmarks.cliargs import positive_int
 from benchmarks.units import MiB
 
@@ -148,7 +148,12 @@ def run(opts: argparse.Namespace) -> int:
 
 def _demo(opts: argparse.Namespace, size: int, storage: Path) -> int:
     driver = ray.get_runtime_context().get_node_id()
-    fs = storage_filesystem(config=TransferConfig(chunk_bytes=opts.chunk_mb * MiB))
+    config = run_config(
+        root=str(storage),
+        config=TransferConfig(chunk_bytes=opts.chunk_mb * MiB),
+        name="demo",
+        checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+    )
     log: Any = ray.remote(num_cpus=0)(_Log).remote()
     print(f"storage: {storage} on the driver node {driver[:12]}")
     trainer = DataParallelTrainer(
@@ -157,12 +162,7 @@ def _demo(opts: argparse.Namespace, size: int, storage: Path) -> int:
         scaling_config=ray.train.ScalingConfig(
             num_workers=opts.workers, resources_per_worker={"CPU": 1, WORKER_NODE: 1}
         ),
-        run_config=ray.train.RunConfig(
-            name="demo",
-            storage_path=str(storage),
-            storage_filesystem=fs,
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
-        ),
+        run_config=config,
     )
     result = trainer.fit()
     transfers = ray.get(log.get.remote())

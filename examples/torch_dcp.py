@@ -117,10 +117,9 @@ def fit(storage_path: str, steps: int, width: int, name: str) -> ray.train.Resul
             # On the mock cluster: one worker on each node that is not the driver's.
             resources_per_worker={"CPU": 1, WORKER_NODE: 1} if on_worker_nodes else None,
         ),
-        run_config=ray.train.RunConfig(
+        run_config=air_transfer.run_config(
+            root=storage_path,  # a directory on the driver's node
             name=name,
-            storage_path=storage_path,  # a directory on the driver's node
-            storage_filesystem=air_transfer.storage_filesystem(),
             failure_config=ray.train.FailureConfig(max_failures=1),
         ),
     )

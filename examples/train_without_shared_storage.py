@@ -77,12 +77,10 @@ def fit(storage_path: str, epochs: int, size_bytes: int, chunk_bytes: int) -> ra
             # On the mock cluster, keep the worker off the driver's node.
             resources_per_worker={"CPU": 1, WORKER_NODE: 0.01} if on_worker_node else None,
         ),
-        run_config=ray.train.RunConfig(
+        run_config=air_transfer.run_config(
+            root=storage_path,  # a directory on the driver node
+            config=air_transfer.TransferConfig(chunk_bytes=chunk_bytes),
             name="no-shared-storage",
-            storage_path=storage_path,  # a directory on the driver node
-            storage_filesystem=air_transfer.storage_filesystem(
-                config=air_transfer.TransferConfig(chunk_bytes=chunk_bytes)
-            ),
             failure_config=ray.train.FailureConfig(max_failures=1),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
         ),

@@ -199,7 +199,8 @@ def _cp(args: argparse.Namespace) -> int:
     for where in (src, dst):
         if isinstance(where, NodePath):
             session.connect(args.address)
-            storage = session.open_storage(where, args.node, root="/")
+            # Any path the user names, as cp reaches it: the whole disk, asked for.
+            storage = session.open_storage(where, args.node, root="/", expose_system_dirs=True)
             sides.append((storage.filesystem, where.path))
         else:
             sides.append(session.open_other(where))

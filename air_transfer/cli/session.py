@@ -81,12 +81,18 @@ class Storage:
 
 
 def open_storage(
-    path: NodePath, default_node: str | None, durable: str | None = None, *, root: str | None = None
+    path: NodePath,
+    default_node: str | None,
+    durable: str | None = None,
+    *,
+    root: str | None = None,
+    expose_system_dirs: bool = False,
 ) -> Storage:
     """Node storage holding ``path``: the registry's replicated storage whose root
     holds it if there is one, else a storage rooted at ``root`` (default: ``path``
-    itself, which must exist); with ``durable``, the durable tier the storage node's
-    agent drains ``path`` into (see the module)."""
+    itself, which must exist; ``expose_system_dirs`` as ``storage_filesystem`` takes
+    it); with ``durable``, the durable tier the storage node's agent drains ``path``
+    into (see the module)."""
     node = node_id(path.node or default_node)
     if durable is not None:
         _require_draining(node, path.path, durable)
@@ -96,7 +102,9 @@ def open_storage(
     found = _replicated(node, path.path)
     if found is None:
         top = root or path.path
-        fs = storage_filesystem(node=node, config=CONFIG, root=top)
+        fs = storage_filesystem(
+            node=node, config=CONFIG, root=top, expose_system_dirs=expose_system_dirs
+        )
         one = ((node, top),)
         return Storage(node, top, fs, one, one)
     replicated, members, fresh, replicas = found

@@ -130,7 +130,7 @@ class ReportFiles(ArrowFiles):
     writes itself: in node storage its directory is made by the storage node's agent,
     which notes it under the worker, so that a round Train stops before it tracks
     the checkpoint (a rank failed mid-save) leaves nothing in storage
-    (``train.reclaim_reports``). Replicated storage makes it as any directory."""
+    (``train.hooks.reclaim_reports``). Replicated storage makes it as any directory."""
 
     def __init__(self, filesystem: pafs.FileSystem, worker: str) -> None:
         super().__init__(filesystem)
@@ -191,10 +191,11 @@ class Upload(io.RawIOBase):
 
 
 def default_filesystem(what: str, path: str) -> pafs.FileSystem:
-    """Where ``what`` (a writer or a reader of ``path``) works without a filesystem:
-    the Train run's storage in a Ray Train worker; node storage of this node in a
-    one-node cluster. Anywhere else it would be a guess (each rank's own node, so
-    shards scatter and only a restore fails): ValueError naming the fix."""
+    """Where ``what`` (a writer or a reader of ``path``, absolute) works without a
+    filesystem: the Train run's storage in a Ray Train worker; in a one-node cluster,
+    node storage of this node rooted at ``path``. Anywhere else it would be a guess
+    (each rank's own node, so shards scatter and only a restore fails): ValueError
+    naming the fix."""
     run = run_storage_filesystem()
     if run is not None:
         return run
@@ -212,7 +213,7 @@ def default_filesystem(what: str, path: str) -> pafs.FileSystem:
             f"{nodes} live nodes and each rank would write to, or read from, its own "
             f"node's disk; {fix}"
         )
-    return storage_filesystem()
+    return storage_filesystem(root=path)
 
 
 class NodeStorageWriter(FileSystemWriter):
@@ -232,6 +233,8 @@ class NodeStorageWriter(FileSystemWriter):
 
     def __init__(self, path: str, filesystem: pafs.FileSystem | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("sync_files", False)
+        if filesystem is None:
+            path = os.path.abspath(path)
         super().__init__(path, **kwargs)
         chosen = filesystem or default_filesystem(type(self).__name__, path)
         self.fs = ArrowFiles(chosen)  # type: ignore[assignment]
@@ -342,6 +345,8 @@ class NodeStorageReader(FileSystemReader):
     """
 
     def __init__(self, path: str, filesystem: pafs.FileSystem | None = None) -> None:
+        if filesystem is None:
+            path = os.path.abspath(path)
         super().__init__(path)
         chosen = filesystem or default_filesystem(type(self).__name__, path)
         # torch's FsspecWriter/Reader swap their FileSystemBase in the same way.

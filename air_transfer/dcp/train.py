@@ -13,6 +13,7 @@ import threading
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import ray
@@ -93,47 +94,83 @@ def report(
     ``NO_UPLOAD`` is refused: the save is the upload. ``async_save=True`` is the
     former spelling of ``ASYNC`` (deprecated).
     """
-    global _pending
     mode = _upload_mode(checkpoint_upload_mode, async_save)
     wait_for_pending_save()
     storage = ray.train.get_context().get_storage()
-    worker = ray.get_runtime_context().get_actor_id() or ""
+    save = _Save(storage, ray.get_runtime_context().get_actor_id() or "", planner)
+    if mode == CheckpointUploadMode.SYNC:
+        _report_sync(metrics, state_dict, save, checkpoint_dir_name, validation)
+    else:
+        _report_async(metrics, state_dict, save, checkpoint_dir_name, validation)
 
-    def save_into(
-        name: str, state: dict[str, Any], group: dist.ProcessGroup | None, staged: bool
+
+@dataclass(frozen=True)
+class _Save:
+    """DCP-saves a state dict into a checkpoint directory of the run's ``storage``
+    (Train's ``StorageContext``), as Train worker ``worker``'s report, with
+    ``planner``."""
+
+    storage: Any
+    worker: str
+    planner: SavePlanner | None
+
+    def __call__(
+        self,
+        name: str,
+        state: dict[str, Any],
+        group: dist.ProcessGroup | None = None,
+        staged: bool = False,
     ) -> Checkpoint:
-        """DCP-save ``state`` into the run's checkpoint directory ``name``."""
+        """Save ``state`` into the run's checkpoint directory ``name`` (on the
+        collectives of ``group``; ``staged``: on CPU already)."""
+        storage = self.storage
         path = storage.build_checkpoint_path_from_name(name)
-        writer = report_writer(path, storage.storage_filesystem, worker)
+        writer = report_writer(path, storage.storage_filesystem, self.worker)
         if staged:  # on CPU already: no copy-ahead (and no CUDA stream in Train's thread)
             writer.per_thread_copy_ahead = 0
         _unwrapped(
             lambda: state_dict_saver.save(
-                state, storage_writer=writer, planner=planner, process_group=group
+                state, storage_writer=writer, planner=self.planner, process_group=group
             )
         )
         return Checkpoint(path, filesystem=storage.storage_filesystem)
 
-    if mode == CheckpointUploadMode.SYNC:
-        # Saved before Train's report is called: a save that fails (on every rank:
-        # DCP gathers the failures) leaves Train's report count as it was, so the
-        # loop may catch the error and report again.
-        name = checkpoint_dir_name or ray.train.collective.broadcast_from_rank_zero(
-            storage.make_default_checkpoint_dir_name()
-        )
-        ray.train.report(
-            metrics,
-            checkpoint=save_into(name, state_dict, None, staged=False),
-            checkpoint_dir_name=name,
-            checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
-            validation=validation,
-        )
-        return
-    # ASYNC: Train's report runs on a thread of its own while this one stages: it
-    # agrees on the name with the other ranks (a barrier) and hands the save to
-    # Train's upload thread, where it starts once the staging is done. The call
-    # returns when both are. (Staged here, the copies come from the memory the
-    # caller's thread allocates from, as they would for the caller's own staging.)
+
+def _report_sync(
+    metrics: dict[str, Any],
+    state_dict: dict[str, Any],
+    save: _Save,
+    checkpoint_dir_name: str | None,
+    validation: bool | ValidationTaskConfig,
+) -> None:
+    """``SYNC``: saved before Train's report is called, so that a save that fails (on
+    every rank: DCP gathers the failures) leaves Train's report count as it was,
+    and the loop may catch the error and report again."""
+    name = checkpoint_dir_name or ray.train.collective.broadcast_from_rank_zero(
+        save.storage.make_default_checkpoint_dir_name()
+    )
+    ray.train.report(
+        metrics,
+        checkpoint=save(name, state_dict),
+        checkpoint_dir_name=name,
+        checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
+        validation=validation,
+    )
+
+
+def _report_async(
+    metrics: dict[str, Any],
+    state_dict: dict[str, Any],
+    save: _Save,
+    checkpoint_dir_name: str | None,
+    validation: bool | ValidationTaskConfig,
+) -> None:
+    """``ASYNC``: Train's report runs on a thread of its own while this one stages:
+    it agrees on the name with the other ranks (a barrier) and hands the save to
+    Train's upload thread, where it starts once the staging is done. Returns when
+    both are. (Staged here, the copies come from the memory the caller's thread
+    allocates from, as they would for the caller's own staging.)"""
+    global _pending
     group = _save_group()
     resolved = _stateful_to_state_dict(state_dict)
     done: Future[None] = Future()
@@ -147,13 +184,14 @@ def report(
             # collective save is not made again by one rank alone
             raise done.exception() or RuntimeError("air-transfer: this save already ended")
         try:
-            saved = save_into(name, staged.result(), group, staged=True)
+            saved = save(name, staged.result(), group, staged=True)
         except BaseException as e:
             done.set_exception(e)
             raise
         done.set_result(None)
         return saved
 
+    storage = save.storage
     made = train_reports_made()
     reporting = _reporter().submit(
         ray.train.report,

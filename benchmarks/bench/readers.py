@@ -30,7 +30,7 @@ import ray
 import ray.train
 
 from air_transfer import TransferConfig, node_agent, storage_filesystem
-from air_transfer.train import upload_directory
+from air_transfer.train.hooks import upload_directory
 from benchmarks.bench import pushed
 from benchmarks.bench.contenders import Trip
 from benchmarks.bench.data import first_difference

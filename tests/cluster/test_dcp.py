@@ -36,9 +36,10 @@ CONFIG = TransferConfig(chunk_bytes=256 * 1024, window=4)
 
 
 @pytest.fixture(scope="module")
-def fs() -> pafs.FileSystem:
-    """Node storage on the driver's node, where no rank runs."""
-    return air_transfer.storage_filesystem(config=CONFIG)
+def fs(tmp_path_factory: pytest.TempPathFactory) -> pafs.FileSystem:
+    """Node storage on the driver's node, where no rank runs, rooted at the
+    session's temporary directory."""
+    return air_transfer.storage_filesystem(config=CONFIG, root=str(tmp_path_factory.getbasetemp()))
 
 
 @pytest.fixture(scope="module")

@@ -47,10 +47,13 @@ GATED = "part2"
 
 
 @pytest.fixture
-def fs() -> pafs.FileSystem:
-    """Node storage on the driver's node, where no rank runs (made anew for each
-    test: a test kills the storage agent, and a link to a dead agent fails once)."""
-    return air_transfer.storage_filesystem(node=node_ids()["head"], config=CONFIG)
+def fs(tmp_path: Path) -> pafs.FileSystem:
+    """Node storage on the driver's node, where no rank runs, rooted at the test's
+    directory (made anew for each test: a test kills the storage agent, and a link
+    to a dead agent fails once)."""
+    return air_transfer.storage_filesystem(
+        node=node_ids()["head"], config=CONFIG, root=str(tmp_path)
+    )
 
 
 @pytest.fixture

@@ -107,14 +107,14 @@ def test_producer_killed_before_the_consumer_reads(tmp_path: Path) -> None:
 @ray.remote(num_cpus=0, max_retries=0)
 def report_to_node_storage(src: str, storage_node: str, dest: str) -> tuple[str, str, str]:
     """What Ray Train's report does through ``storage_filesystem()`` on a worker
-    that is not on the storage node (``train.upload_directory``, the hook on its
+    that is not on the storage node (``train.hooks.upload_directory``, the hook on its
     persist); returns the class, the module and the message of what it raised."""
     from ray.train import Checkpoint
 
     from air_transfer import storage_filesystem
-    from air_transfer.train import upload_directory
+    from air_transfer.train.hooks import upload_directory
 
-    fs = storage_filesystem(node=storage_node, config=CONFIG)
+    fs = storage_filesystem(node=storage_node, config=CONFIG, root=os.path.dirname(dest))
     try:
         upload_directory(fs, dest, Checkpoint(src))
     except Exception as e:
@@ -169,7 +169,7 @@ def test_a_report_whose_checkpoint_is_lost_before_its_handover_is_a_checkpoint_l
     raises CheckpointLostError (defect: Ray's RayTaskError(ActorDiedError) wrapper
     of the storage agent's call); nothing is stored, no staging is left."""
     from air_transfer.cluster.nodes import node_agent
-    from air_transfer.train import upload_directory
+    from air_transfer.train.hooks import upload_directory
 
     GatedSubmit.reset()
     register_strategy(GatedSubmit)
@@ -177,7 +177,8 @@ def test_a_report_whose_checkpoint_is_lost_before_its_handover_is_a_checkpoint_l
     root = tmp_path / "storage"
     root.mkdir()
     ids = node_ids()
-    fs = storage_filesystem(node=ids["node_a"], config=CONFIG.replace(strategy=GatedSubmit.name))
+    gated = CONFIG.replace(strategy=GatedSubmit.name)
+    fs = storage_filesystem(node=ids["node_a"], config=gated, root=str(root))
     outcome: list[BaseException | None] = []
 
     def report() -> None:

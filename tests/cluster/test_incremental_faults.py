@@ -90,7 +90,7 @@ def test_a_source_changed_after_its_checksums_reaches_the_worker(tmp_path: Path)
 
 
 def test_a_stopped_groups_incremental_report_is_reclaimed(tmp_path: Path) -> None:
-    from air_transfer.train import reclaim_reports
+    from air_transfer.train.hooks import reclaim_reports
 
     root, src = tmp_path / "root", make_files(tmp_path / "src")
     (root / "run").mkdir(parents=True)

@@ -29,7 +29,7 @@ from air_transfer import TransferConfig
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.core import proven_read
 from air_transfer.dcp import NodeStorageWriter
-from air_transfer.train import upload_directory
+from air_transfer.train.hooks import upload_directory
 from tests.support.checkpoints import MiB, digest_tree, make_checkpoint, on
 from tests.support.cluster import node_ids, release_read_caches
 from tests.support.dcp_fns import digest, tensor
@@ -99,7 +99,7 @@ def tree(tmp_path: Path, src: Path) -> Storage:
 @ray.remote(num_cpus=0, max_retries=0)
 def restore(fs: pafs.FileSystem, path: str, target: str) -> tuple[str, Any]:
     """``Checkpoint.to_directory`` as a Train worker's restore calls it (through the
-    hook: ``train.download_directory``); the tree's digests, or the error raised."""
+    hook: ``train.hooks.download_directory``); the tree's digests, or the error raised."""
     try:
         return "ok", digest_tree(Checkpoint(path, filesystem=fs).to_directory(target))
     except Exception as e:

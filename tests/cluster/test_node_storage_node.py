@@ -58,7 +58,7 @@ def test_paths_escaping_the_root_are_refused(node_fs: tuple[pafs.FileSystem, Pat
     assert read(f, "d/f") == b"inside"
     f.delete_dir_contents("/", accept_root_dir=True)
     assert os.listdir(root) == [] and (root.parent / "secret").exists()
-    whole_disk = storage_filesystem(node=node_ids()["node_a"])
+    whole_disk = storage_filesystem(node=node_ids()["node_a"], root="/", expose_system_dirs=True)
     raises(PermissionError, lambda: whole_disk.delete_dir_contents("/", accept_root_dir=True))
     raises(PermissionError, lambda: whole_disk.delete_dir("/"))
 
@@ -157,8 +157,12 @@ def test_an_agent_stores_a_transferred_checkpoint(tmp_path: Path, storage: str) 
     handle = ChunkedCheckpoint.from_directory(src).pack(CONFIG)
     ids = node_ids()
     target = {
-        "node-storage-here": lambda: storage_filesystem(node=ids["node_a"], config=CONFIG),
-        "node-storage-elsewhere": lambda: storage_filesystem(node=ids["node_b"], config=CONFIG),
+        "node-storage-here": lambda: storage_filesystem(
+            node=ids["node_a"], config=CONFIG, root=str(tmp_path)
+        ),
+        "node-storage-elsewhere": lambda: storage_filesystem(
+            node=ids["node_b"], config=CONFIG, root=str(tmp_path)
+        ),
         "local": pafs.LocalFileSystem,
     }[storage]()
     dest = str(tmp_path / "exp" / "checkpoint_0")
@@ -232,7 +236,7 @@ def test_memory_stays_within_a_few_chunks_on_both_ends(tmp_path: Path) -> None:
 @ray.remote(num_cpus=0)
 def restore(f: pafs.FileSystem, path: str, local: str) -> dict[str, str]:
     """What Ray Train's restore on another node does with a node-storage checkpoint."""
-    from air_transfer.train import download_directory
+    from air_transfer.train.hooks import download_directory
 
     assert download_directory(f, path, local)
     return digest_tree(local)

@@ -58,7 +58,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ray.train.Re
         run_config=ray.train.RunConfig(
             name="conventions",
             storage_path=str(storage),
-            storage_filesystem=air_transfer.storage_filesystem(),
+            storage_filesystem=air_transfer.storage_filesystem(root=str(storage)),
         ),
         validation_config=ValidationConfig(fn=validate, ray_remote_kwargs={"num_cpus": 0}),
     )

@@ -40,8 +40,9 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def fs(cluster: Cluster) -> pafs.FileSystem:
-    return air_transfer.storage_filesystem(config=CONFIG)
+def fs(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> pafs.FileSystem:
+    """Node storage on the head node, rooted at the session's temporary directory."""
+    return air_transfer.storage_filesystem(config=CONFIG, root=str(tmp_path_factory.getbasetemp()))
 
 
 def fit(

@@ -42,8 +42,9 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def fs() -> pafs.FileSystem:
-    return air_transfer.storage_filesystem()
+def fs(tmp_path_factory: pytest.TempPathFactory) -> pafs.FileSystem:
+    """Node storage on the head node, rooted at the session's temporary directory."""
+    return air_transfer.storage_filesystem(root=str(tmp_path_factory.getbasetemp()))
 
 
 @pytest.mark.parametrize("mode", ["SYNC", "ASYNC"])
@@ -81,7 +82,7 @@ def test_incremental_reports_send_what_changed_and_restore_whole(tmp_path: Path)
     restarted worker restores the last one bit-identical."""
     before = sent_to_head()
     marker = tmp_path / "failed-once"
-    fs = air_transfer.storage_filesystem(config=INCREMENTAL)
+    fs = air_transfer.storage_filesystem(config=INCREMENTAL, root=str(tmp_path))
     result = fit_frozen(tmp_path, "incremental", fs, fail_after=0, fail_marker=str(marker))
     assert marker.exists()
     assert_kept_whole(result)

@@ -88,8 +88,9 @@ def assert_landed(result: ray.train.Result, storage: Path, name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def fs() -> pafs.FileSystem:
-    return air_transfer.storage_filesystem(config=CONFIG)
+def fs(tmp_path_factory: pytest.TempPathFactory) -> pafs.FileSystem:
+    """Node storage on the head node, rooted at the session's temporary directory."""
+    return air_transfer.storage_filesystem(config=CONFIG, root=str(tmp_path_factory.getbasetemp()))
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +186,7 @@ def test_reports_go_through_one_chunked_transfer_each(
 ) -> None:
     """A worker's ``report`` into node storage is not pyarrow's file-by-file
     copy (every byte through a Python ``bytes``) but one transfer per checkpoint,
-    written by the storage node's agent (``TrainStorageHandler``'s hooks)."""
+    written by the storage node's agent (the hooks that ``train.hooks.install`` sets up)."""
     _, _, stored = sync_run
     assert stored == 3
 
@@ -284,7 +285,7 @@ def test_incremental_checkpoint_upload_fn_sends_what_changed(tmp_path: Path) -> 
     changed bytes travel, the frozen file is stored once."""
     before = sent_to_head()
     upload = functools.partial(air_transfer.checkpoint_upload_fn, config=INCREMENTAL)
-    fs = air_transfer.storage_filesystem()
+    fs = air_transfer.storage_filesystem(root=str(tmp_path))
     result = fit_frozen(tmp_path, "incremental", fs, upload_fn=upload)
     assert_kept_whole(result)
     assert sent_to_head() - before <= MOST_SENT

@@ -12,7 +12,7 @@ from ray.train import Checkpoint
 
 from air_transfer import ChunkedCheckpoint, TransferConfig, storage_filesystem
 from air_transfer.storage.server.sink import store_checkpoint
-from air_transfer.train import download_directory, upload_directory
+from air_transfer.train.hooks import download_directory, upload_directory
 from tests.support.attack import INSIDE, ITERATIONS, Attack, attacked, make_attack, no_secret
 
 

@@ -37,13 +37,14 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
 @pytest.fixture(params=["local", "node-storage"])
-def fs(request: pytest.FixtureRequest) -> Iterator[pafs.FileSystem]:
-    """pyarrow's own local filesystem, and node storage on this (the storage) node."""
+def fs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[pafs.FileSystem]:
+    """pyarrow's own local filesystem, and node storage on this (the storage) node,
+    rooted at the test's directory."""
     if request.param == "local":
         yield pafs.LocalFileSystem()
     else:
         request.getfixturevalue("ray_local")
-        yield air_transfer.storage_filesystem()
+        yield air_transfer.storage_filesystem(root=str(tmp_path))
 
 
 def trained(seed: int) -> dict[str, Any]:
@@ -326,5 +327,5 @@ def test_without_a_filesystem_a_one_node_cluster_is_its_node_storage(
     restored = trained(2)
     dcp.load(restored, storage_reader=NodeStorageReader(str(tmp_path / "ckpt")), no_dist=True)
     assert same(flat(restored), flat(state))
-    by_ip = air_transfer.storage_filesystem(node=ray.util.get_node_ip_address())
+    by_ip = air_transfer.storage_filesystem(node=ray.util.get_node_ip_address(), root=str(tmp_path))
     assert by_ip.handler.node_id == here

@@ -92,7 +92,7 @@ def report_to(src: str, root: str, dest: str, worker: str = "") -> None:
     storage on ``node_a`` under ``root``, incremental."""
     from ray.train import Checkpoint
 
-    from air_transfer.train import upload_directory
+    from air_transfer.train.hooks import upload_directory
 
     fs = storage_filesystem(node=node_ids()["node_a"], config=INCREMENTAL_CONFIG, root=root)
     upload_directory(fs, dest, Checkpoint(src), worker)
@@ -142,7 +142,7 @@ def report_outcome(src: str, root: str, dest: str) -> tuple[str, str, str]:
     raised (``("no error", "", "")`` if nothing)."""
     from ray.train import Checkpoint
 
-    from air_transfer.train import upload_directory
+    from air_transfer.train.hooks import upload_directory
 
     fs = storage_filesystem(node=node_ids()["node_a"], config=INCREMENTAL_CONFIG, root=root)
     try:

@@ -28,6 +28,7 @@ USER_API = {
     "checkpoint_upload_fn",
     "node_agent",
     "replica_status",
+    "run_config",
     "shutdown_agents",
     "storage_filesystem",
     "storage_state",
@@ -130,7 +131,7 @@ def test_each_form_of_node_is_kept_until_ray_can_resolve_it(node: str) -> None:
     (resolved by the process that first uses it)."""
     from air_transfer import storage_filesystem
 
-    fs = storage_filesystem(node=node, root="/tmp")
+    fs = storage_filesystem(node=node, root="/data/checkpoints")
     assert node[:12] in repr(fs.handler)
     assert pickle.loads(pickle.dumps(fs)).handler._node_id == node
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -28,6 +29,7 @@ from air_transfer.cluster.nodes import (
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import storage_path
 from air_transfer.core.reader import buffered
+from air_transfer.core.threads import pool
 from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
 from air_transfer.storage.client.durable_wait import DrainPoint, admitted
 from air_transfer.storage.client.same_node import open_native
@@ -49,6 +51,11 @@ class NodeStorageHandler(pafs.FileSystemHandler):
     node of the process that first uses or ships the filesystem (the driver's, when
     made there); an IP address or ``"head"`` (``nodes.resolve_node``) is resolved to
     its node id there too. Copies compare equal: same node, same root.
+
+    ``setup``: what every process that makes or receives the filesystem runs first
+    (Ray Train's hooks, ``train.hooks.install``): called here, and again wherever a
+    copy is unpickled, as ``__reduce__`` constructs it again; a module-level function,
+    so that pickling names it and unpickling imports its module.
     """
 
     def __init__(
@@ -58,6 +65,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         config: TransferConfig | None = None,
         durable: DurableTarget | None = None,
         drain: DrainSettings | None = None,
+        setup: Callable[[], object] | None = None,
     ) -> None:
         if not isinstance(root, str) or not root.startswith("/"):
             raise ValueError(f"the storage root must be an absolute path, got {root!r}")
@@ -72,11 +80,14 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         self._link: AgentLink | None = None
         self._local: bool | None = None
         self._attached_to = 0  # the agent (``AgentLink.agents_made``) last attached
-        self._constructed()
-
-    def _constructed(self) -> None:
-        """What a subclass does once constructed: here, and in every process a copy
-        is unpickled in (``__reduce__`` constructs it again)."""
+        self.setup = setup
+        #: What the maker checks once Ray runs, for a filesystem made before
+        #: ``ray.init``: run as this handler is first shipped from its process (Ray
+        #: Train's ``fit()`` ships it to its controller), so that what it raises is
+        #: raised there, as itself. Not pickled: copies elsewhere check nothing.
+        self.checks_when_shipped: Callable[[], None] | None = None
+        if setup is not None:
+            setup()
 
     @property
     def node_id(self) -> str:
@@ -139,11 +150,23 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         whole, why = link.call(NodeDurable.durable_whole, root, posixpath.join(root, rel))
         return whole, why
 
+    def _shipped(self) -> None:
+        """Run the maker's pending checks (``checks_when_shipped``) once Ray runs;
+        they stay pending while they raise. On a thread of their own: this runs in
+        the middle of Ray's serializer, whose state (the refs an object holds) is
+        per thread, and the checks call agents, which serializes their arguments."""
+        checks = self.checks_when_shipped
+        if checks is not None and ray.is_initialized():
+            with pool("air-transfer-storage-checks", 1) as thread:
+                thread.submit(checks).result()
+            self.checks_when_shipped = None
+
     def __reduce__(self) -> tuple[Any, ...]:
+        self._shipped()
         # Shipped by Ray, it names its node (the sender's if not yet known): a copy
         # unpickled elsewhere must not take its own node for the storage's.
         node = self.node_id if ray.is_initialized() else self._node_id
-        return (type(self), (node, self.root, self.config, self.durable, self.drain))
+        return (type(self), (node, self.root, self.config, self.durable, self.drain, self.setup))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, NodeStorageHandler):

@@ -1,7 +1,7 @@
 """Node storage on K nodes, Ray Train's copies: a report stored on every copy from
 one packing, a restore from one fresh copy (failing over), and a stopped round's
-reports reclaimed on every copy. ``train``'s hooks call these for a replicated
-storage; the single-copy versions stay there.
+reports reclaimed on every copy. ``train``'s uploads and hooks call these for a
+replicated storage; the single-copy versions stay there.
 """
 
 from __future__ import annotations
@@ -10,47 +10,42 @@ import contextlib
 import logging
 import os
 
-import pyarrow.fs as pafs
 import ray
 
 from air_transfer.cluster.fetch import get
 from air_transfer.cluster.nodes import this_node_id
+from air_transfer.cluster.refs import CheckpointRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import checked_path
-from air_transfer.core.scan import Source
 from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.replica_set import is_lost, on_copy
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.copy import copy_tree
 from air_transfer.storage.node_api import NodeCheckpoints, NodeReads
-from air_transfer.transfer.route import start_on_this_thread
 
 logger = logging.getLogger(__name__)
 
 
-def upload_report(
+def store_report(
     handler: ReplicatedHandler,
     path: str,
-    source: str,
+    ref: CheckpointRef,
     worker: str,
-    config: TransferConfig | None = None,
+    config: TransferConfig,
 ) -> None:
-    """Store the checkpoint directory ``source`` at ``path`` on every copy: packed
-    once here (with ``config``, default the storage's), each copy's agent writing it
-    from the same chunk objects (and noting it under ``worker`` for ``reclaim``);
-    returns once every live copy holds it. Whole on every copy, whatever
-    ``config.incremental`` says: a copy reusing what it holds would need every copy
-    to hold the same, which a stale copy being repaired does not."""
-    config, rel = config or handler.config, handler.rel(path)
-    ref, done, _ = start_on_this_thread(Source(pafs.LocalFileSystem(), source), config)
+    """Store the transferred checkpoint ``ref`` at ``path`` on every copy, each
+    copy's agent writing it from the same chunk objects (and noting it under
+    ``worker`` for ``reclaim``); returns once every live copy holds it. Whole on
+    every copy, whatever ``config.incremental`` says: a copy reusing what it holds
+    would need every copy to hold the same, which a stale copy being repaired does
+    not."""
+    rel = handler.rel(path)
     handler.change(
         [path],
         lambda link, root, op: link.submit(
             NodeCheckpoints.store_report, worker, ref, root, on_copy(root, rel), config, op
         ),
     )
-    if done is not None:
-        get(done)  # stored means packed, but a packing error is raised as such
 
 
 def download(handler: ReplicatedHandler, path: str, local_path: str) -> bool:

@@ -58,7 +58,8 @@ def _lost(outcome: BaseException | None) -> bool:
 class ReplicatedHandler(NodeStorageHandler):
     """Files under ``root``, kept on ``replicas`` nodes: ``node_id`` (the storage
     node), the ``nodes`` named, then others the registry picks; a copy on node n
-    lives under ``replica_root.format(node_id=n)`` (default: ``root`` on each)."""
+    lives under ``replica_root.format(node_id=n)`` (default: ``root`` on each).
+    Made by ``storage_filesystem``, whose ``StorageConfig`` has checked these."""
 
     def __init__(
         self,
@@ -70,10 +71,9 @@ class ReplicatedHandler(NodeStorageHandler):
         replica_root: str | None = None,
         durable: DurableTarget | None = None,
         drain: DrainSettings | None = None,
+        setup: Callable[[], object] | None = None,
     ) -> None:
-        super().__init__(node_id, root, config, durable, drain)
-        if not isinstance(replicas, int) or replicas < 1:
-            raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
+        super().__init__(node_id, root, config, durable, drain, setup)
         self.replicas, self.nodes = replicas, tuple(nodes)
         self.replica_root = replica_root or self.root
         if not self.replica_root.startswith("/"):
@@ -84,9 +84,10 @@ class ReplicatedHandler(NodeStorageHandler):
         self._draining: dict[tuple[str, str], int] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:
+        self._shipped()
         node = self.node_id if ray.is_initialized() else self._node_id
         args = (node, self.root, self.config, self.replicas, self.nodes, self.replica_root)
-        return (type(self), (*args, self.durable, self.drain))
+        return (type(self), (*args, self.durable, self.drain, self.setup))
 
     def __repr__(self) -> str:
         return f"ReplicatedHandler(node={self.node_id[:12]}, root={self.root!r}, K={self.replicas})"

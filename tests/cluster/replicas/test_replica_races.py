@@ -124,7 +124,7 @@ def test_a_node_that_joins_gets_the_missing_copy(cluster4: Cluster, tmp_path: Pa
 def test_storage_node_removed_mid_report(cluster4: Cluster, tmp_path: Path) -> None:
     from ray.train import Checkpoint
 
-    from air_transfer.train import download_directory, upload_directory
+    from air_transfer.train.hooks import download_directory, upload_directory
     from tests.support.checkpoints import digest_tree, make_checkpoint
     from tests.support.gates import Gate, HoldPackingAt, hold_packing
 

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the ord
 def test_roots_that_cannot_keep_copies_are_refused(cluster4: Cluster, tmp_path: Path) -> None:
     node, other = (node_ids()[w] for w in workers()[:2])
     with pytest.raises(ValueError, match=r"replicas=2 needs a dedicated root: root='/'"):
-        storage_filesystem(node=node, config=CONFIG, replicas=2)  # the default root
+        storage_filesystem(node=node, config=CONFIG, replicas=2, root="/", expose_system_dirs=True)
     with pytest.raises(ValueError, match="replica_root='/' is a node's whole disk"):
         storage_filesystem(
             node=node, config=CONFIG, root=str(tmp_path / "s"), replicas=2, replica_root="/"

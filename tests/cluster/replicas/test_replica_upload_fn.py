@@ -13,7 +13,8 @@ from ray.cluster_utils import Cluster
 from ray.train import Checkpoint
 
 from air_transfer import TransferConfig
-from air_transfer.train import download_directory, upload_checkpoint
+from air_transfer.train import upload_checkpoint
+from air_transfer.train.hooks import download_directory
 from tests.support.checkpoints import MiB, digest_tree, make_checkpoint
 from tests.support.cluster import node_ids
 from tests.support.replicas import copies_identical, remove, replicated, tree, workers
