@@ -33,6 +33,8 @@ from air_transfer.errors import (
     ManifestError,
     SourceChangedError,
 )
+from air_transfer.storage.client.checkpoints import CheckpointInfo, list_checkpoints
+from air_transfer.storage.client.durable_wait import StorageState
 from air_transfer.storage.client.replica_set import REGISTRY_CLASS
 from air_transfer.transfer.future import TransferFuture
 from air_transfer.transfer.handle import TransferHandle
@@ -124,15 +126,18 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
     __version__ = "0+unknown"
 
 __all__ = [
+    "CheckpointInfo",
     "CheckpointLostError",
     "ChecksumError",
     "ChunkedCheckpoint",
     "ManifestError",
     "SourceChangedError",
     "StorageConfig",
+    "StorageState",
     "TransferConfig",
     "TransferFuture",
     "checkpoint_upload_fn",
+    "list_checkpoints",
     "node_agent",
     "replica_status",
     "shutdown_agents",
