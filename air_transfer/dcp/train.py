@@ -268,12 +268,31 @@ def load(
     *,
     planner: LoadPlanner | None = None,
 ) -> bool:
-    """Load this rank's part of ``checkpoint`` (default: the latest reported one,
-    ``ray.train.get_checkpoint()``) into ``state_dict`` in place, tensors and other
-    values alike; False when there is none. ``planner``: DCP's ``LoadPlanner``, as
-    ``dcp.load`` takes it. Raises FileNotFoundError for a checkpoint without its
-    metadata file, and what reading raised (ChecksumError, truncated shard...) with
-    ``state_dict`` untouched."""
+    """Load this rank's part of a Ray Train checkpoint into ``state_dict``, in place.
+
+    Not ``torch.distributed.checkpoint.load``: that one takes a ``checkpoint_id`` or
+    a ``storage_reader`` and returns None; this one finds Train's latest checkpoint
+    itself and says whether there was one, so that a training loop reads
+    ``if air_transfer.dcp.load(state): ...`` (a restart) at its start. Outside
+    Train, call torch's with a ``NodeStorageReader``.
+
+    Args:
+        state_dict: What to load into, as for ``dcp.load``: tensors are filled in
+            place, other values replaced.
+        checkpoint: The checkpoint to load (default: the latest reported one,
+            ``ray.train.get_checkpoint()``).
+        planner: DCP's ``LoadPlanner``, as ``dcp.load`` takes it.
+
+    Returns:
+        True if a checkpoint was loaded; False if there is none (a first start),
+        ``state_dict`` untouched.
+
+    Raises:
+        FileNotFoundError: The checkpoint has no ``.metadata`` (an incomplete save).
+        ChecksumError: A byte range read back differs from what was written; like
+            any error of reading (a truncated shard...), with ``state_dict``
+            untouched.
+    """
     if checkpoint is None:
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is None:
