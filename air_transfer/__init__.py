@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from air_transfer.cluster.nodes import AGENT_CLASS, node_agent, shutdown_agents
 from air_transfer.config import StorageConfig, TransferConfig
+from air_transfer.core.ray_range import warn_if_unsupported
 from air_transfer.errors import (
     CheckpointLostError,
     ChecksumError,
@@ -111,6 +112,7 @@ def _checkpoint_of() -> Callable[[TransferHandle], object]:
     return ChunkedCheckpoint._from_handle
 
 
+warn_if_unsupported()  # once, in the importing process (not in Ray's workers)
 AGENT_CLASS.provide(_agent_class)
 REGISTRY_CLASS.provide(_registry_class)
 CHECKPOINT_OF.provide(_checkpoint_of)

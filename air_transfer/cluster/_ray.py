@@ -60,10 +60,6 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("ray.train.v2._internal.constants", "get_env_vars_to_propagate"),
     ("ray.train.v2._internal.constants", "is_v2_enabled"),
     ("ray._private.services", "canonicalize_bootstrap_address"),
-    (
-        "ray._private.authentication.authentication_token_setup",
-        "maybe_enable_token_auth_if_token_available",
-    ),
     ("ray._raylet", "InnerGcsClient.standalone"),
 )
 #: Keyword of ``.options()`` that bounds how far a streaming generator runs ahead of
@@ -199,15 +195,17 @@ def bootstrap_address(address: str) -> str | None:
 def gcs_handshake(address: str, auto: bool, timeout_s: float) -> None:
     """Open a client of the GCS at ``address`` as ``ray.init`` first does, with this
     process's authentication token (turned on for ``auto`` where a token exists, as
-    ``ray.init`` does), and close it. Ray's ``AuthenticationError`` when the GCS
-    refuses the token, ``RpcError`` when nothing there answers as a GCS in about
-    ``timeout_s`` (plus Ray's fixed connect waits, ~10 s). ``ray.init`` reports both
-    as "failed to connect" after retrying for a minute or more."""
+    ``ray.init`` does from Ray 2.59 on; earlier ones have no such step), and close
+    it. Ray's ``AuthenticationError`` when the GCS refuses the token, ``RpcError``
+    when nothing there answers as a GCS in about ``timeout_s`` (plus Ray's fixed
+    connect waits, ~10 s). ``ray.init`` reports both as "failed to connect" after
+    retrying for a minute or more."""
     from ray import _raylet
     from ray._private.authentication import authentication_token_setup as auth
 
-    if auto:
-        auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    enable = getattr(auth, "maybe_enable_token_auth_if_token_available", None)
+    if auto and enable is not None:
+        enable(warn_if_disabled=False)
     raylet: Any = _raylet  # compiled, untyped
     client = raylet.InnerGcsClient.standalone(address, None, int(timeout_s * 1000))
     del client

@@ -1,5 +1,5 @@
 """What the package is built from (``pyproject.toml``) and what it ships: a torch
-range for users (CI installs its CPU build first), Ray pinned to the minor version
+range for users (CI installs its CPU build first), Ray pinned to the minor versions
 whose private names ``test_ray_internals.py`` pins, a license, no stray files.
 Building and installing the wheel and sdist is ``.ci/check_dist.py``'s (it needs
 the package registry)."""
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import tomllib
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 from tests.support.procs import REPO_ROOT
 
@@ -33,10 +34,16 @@ def test_the_torch_and_test_extras_take_a_users_torch() -> None:
         assert "3.0" not in torch and "2.8" not in torch, extra
 
 
-def test_ray_is_pinned_to_the_minor_version_the_private_names_are_pinned_for() -> None:
-    for extra in (None, "test"):  # the bench extra adds no Ray of its own
+def test_ray_is_pinned_to_the_supported_minor_versions() -> None:
+    """One range, where the library checks it at import (``core.ray_range``) and
+    wherever the package asks for Ray."""
+    from air_transfer.core.ray_range import requirement
+
+    for extra in (None, "test", "default"):  # the bench extra adds no Ray of its own
         ray = requirements(extra)["ray"].specifier
-        assert "2.60.0" in ray and "2.60.9" in ray and "2.61.0" not in ray, (extra, ray)
+        assert str(ray) == str(SpecifierSet(requirement())), (extra, ray)
+        assert "2.58.0" in ray and "2.60.9" in ray and "2.61.0" not in ray, (extra, ray)
+        assert "2.57.1" not in ray, (extra, ray)
 
 
 def test_the_license_and_project_metadata_are_shipped() -> None:
