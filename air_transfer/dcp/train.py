@@ -90,8 +90,21 @@ def report(
     Train names, after the one agreement on that name every report makes. A staging
     that fails raises here; once Train has agreed, the save fails with it too, and
     Train ends the round as for any failed async upload.
-    ``NO_UPLOAD`` is refused: the save is the upload. ``async_save=True`` is the
-    former spelling of ``ASYNC`` (deprecated).
+    ``NO_UPLOAD`` is refused: the save is the upload.
+
+    Args:
+        metrics: As for ``ray.train.report``.
+        state_dict: What to save, as for ``dcp.save`` (by keyword).
+        planner: DCP's ``SavePlanner`` (default: DCP's own), as ``dcp.save`` takes it.
+        checkpoint_dir_name: Passed on to ``ray.train.report``.
+        checkpoint_upload_mode: ``SYNC`` or ``ASYNC``, as above.
+        validation: Passed on to ``ray.train.report``.
+        async_save: ``True`` is the former spelling of ``ASYNC`` (deprecated).
+
+    Raises:
+        ValueError: ``checkpoint_upload_mode`` is ``NO_UPLOAD``.
+        TypeError: The old order, ``report(state_dict, metrics)`` (the message says
+            the new one).
     """
     global _pending
     mode = _upload_mode(checkpoint_upload_mode, async_save)
@@ -232,7 +245,11 @@ def _upload_mode(mode: CheckpointUploadMode, async_save: bool | None) -> Checkpo
 
 
 def wait_for_pending_save() -> None:
-    """Wait until this worker's async save (if any) is complete; raise its error."""
+    """Wait until this worker's async save (if any) is complete.
+
+    Raises:
+        Exception: What that save raised (``ChecksumError``, ``OSError``...).
+    """
     global _pending
     with _lock:
         pending, _pending = _pending, None

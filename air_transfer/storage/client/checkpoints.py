@@ -62,13 +62,28 @@ class CheckpointInfo:
         return self.state.tier
 
     def age_s(self, now_ns: int | None = None) -> float | None:
-        """Seconds since its newest file was written (None if it holds no file)."""
+        """Seconds since its newest file was written.
+
+        Args:
+            now_ns: The time to measure from (default: now), ns since the epoch.
+
+        Returns:
+            The age, or None if it holds no file.
+        """
         if not self.mtime_ns:
             return None
         return round(((now_ns or time.time_ns()) - self.mtime_ns) / 1e9, 3)
 
     def to_dict(self, now_ns: int | None = None) -> dict[str, Any]:
-        """The record ``air-transfer ls --json`` prints for it."""
+        """The record ``air-transfer ls --json`` prints for it.
+
+        Args:
+            now_ns: The time its ``age_s`` is measured from (default: now).
+
+        Returns:
+            ``path``, ``run``, ``files``, ``bytes``, ``mtime_ns``, ``age_s``, ``dcp``,
+            ``copies``, ``durable`` and ``tier``.
+        """
         return {
             "path": self.path,
             "run": self.run,
