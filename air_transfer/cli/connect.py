@@ -15,11 +15,11 @@ import logging
 import os
 import socket
 import sys
-import threading
 
 import ray
 
 from air_transfer.cluster import _ray
+from air_transfer.core.threads import start_daemon
 
 #: How long a TCP connection to the cluster's address may take to open.
 CONNECT_TIMEOUT_S = 5.0
@@ -111,9 +111,7 @@ def handshake(target: str, named: str, auto: bool, timeout_s: float) -> None:
         except Exception as e:  # Ray's AuthenticationError, RpcError...
             outcome.append(e)
 
-    thread = threading.Thread(target=run, name="air-transfer-gcs-handshake", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
+    start_daemon("air-transfer-gcs-handshake", run).join(timeout_s)
     if not outcome:
         raise ConnectionError(
             f"nothing at {target} ({named}) answered as a Ray GCS within {timeout_s:g} s: "
