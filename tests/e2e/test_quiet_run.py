@@ -26,6 +26,10 @@ PAGE = (ROOT / "docs" / "operations" / "troubleshooting.md").read_text()
 #: A warning or an error line: Python logging's, glog's (``[... E 123 456]``), a
 #: traceback, Ray Train's State API complaint.
 NOISE = re.compile(r"\bWARNING\b|\bERROR\b|\[[^\]]* [EW] \d+ \d+\]|Traceback|State API")
+#: What Ray Train's placement-group cleaner prints (a traceback, then it stops
+#: watching) where several Ray instances run on one machine: it looks for the State
+#: API by ``address="auto"``. A user's run is alone; a test's may not be.
+ANOTHER_RAY = "Found multiple active Ray instances"
 
 
 def quiet_settings() -> dict[str, str]:
@@ -67,5 +71,8 @@ def test_the_quick_start_with_the_quiet_settings_prints_no_warning(tmp_path: Pat
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert done.returncode == 0, done.stderr[-5000:]
     assert "checkpoint_" in done.stdout  # the quick start printed its checkpoint
-    noise = [line for line in (done.stdout + done.stderr).splitlines() if NOISE.search(line)]
+    printed = done.stdout + done.stderr
+    noise = [line for line in printed.splitlines() if NOISE.search(line)]
+    if ANOTHER_RAY in printed:  # another Ray on this machine (the page says so)
+        noise = [n for n in noise if "(PlacementGroupCleaner" not in n or "State API" in n]
     assert noise == [], "\n".join(noise)
