@@ -159,6 +159,7 @@ DOCS_ENV = {"CKPT": CKPT}
 
 SNIPPETS = {
     "train_loop_per_worker": TRAIN_LOOP,
+    "train_loop": TRAIN_LOOP + "train_loop = train_loop_per_worker\n",  # durable.md's name
     "result_has_checkpoint": RESULT_HAS_CHECKPOINT,
     "in_train_worker": IN_TRAIN_WORKER,
     "on_node_storage": ON_NODE_STORAGE,
