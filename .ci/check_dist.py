@@ -41,7 +41,7 @@ IMPORTS = textwrap.dedent(
     try:
         import air_transfer.dcp
     except ImportError as e:  # no torch in this environment: the error says what to install
-        assert "pip install 'air-transfer[torch]'" in str(e), e
+        assert "pip install '.[torch]'" in str(e) and "whl/cpu" in str(e), e
     else:
         raise AssertionError("air_transfer.dcp imported without torch installed")
     meta = md.metadata("air-transfer")

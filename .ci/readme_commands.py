@@ -17,10 +17,17 @@ The test command is run by ``.ci/run`` itself, in the fresh environment the lint
 use too. Every other command runs here at a small size (``SMALL``: the same command
 with flags that shrink its work, never ones that skip a step), and a command that
 names output files (``--json``, ``--plot``) must have written them; a JSON report's
-every row must be measured and verified (or skipped, with its reason). Wherever a
-torch extra is installed, a CPU build of torch is installed first (as a PyTorch user
-has one: an unpinned torch would download a multi-GB CUDA build). The bench's other
+every row must be measured and verified (or skipped, with its reason). Wherever an
+extra that needs torch is installed (``[torch]``, ``[test]``), a CPU build of torch is
+installed first (as a PyTorch user has one: a torch range would download a
+multi-GB CUDA build), and must still be there after the install. The bench's other
 modes (``--dcp``, ``--train``, ...) are not README commands: the test suite runs them.
+
+The install block (``git clone`` of this project's repository, ``cd`` into it, then
+``pip install`` of the clone: CI runs in a fresh clone, so the first two are where it
+already is) is followed, in its environment, by every Python block of the README,
+each run unchanged as a script in an empty directory with a Ray of its own: the
+quick starts as a newcomer meets them.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / ".ci"))
 import check_dist  # noqa: E402  (beside this script)
@@ -49,6 +58,17 @@ SMALL = {
 }
 #: What a torch extra's environment gets first.
 TORCH_CPU = "torch==2.13.0"
+#: The version ``TORCH_CPU`` installs, which no later install may replace.
+TORCH_KEPT = "2.13.0+cpu"
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+#: The extras that bring torch.
+TORCH_EXTRAS = sorted(
+    name
+    for name, reqs in PROJECT["optional-dependencies"].items()
+    if any(re.match(r"torch\b", r) for r in reqs)
+)
+#: The project's repository, which the install block clones.
+REPOSITORY = PROJECT["urls"]["Source"]
 
 
 def blocks(readme: Path = ROOT / "README.md") -> list[list[list[str]]]:
@@ -58,9 +78,9 @@ def blocks(readme: Path = ROOT / "README.md") -> list[list[list[str]]]:
     out = []
     for body in found:
         text = re.sub(r"\\\n\s*", " ", body).strip()
-        lines = [
-            c.strip() for c in text.splitlines() if c.strip() and not c.strip().startswith("#")
-        ]
+        # A line's comment (``  # what it installs``) is for the reader.
+        uncommented = (re.sub(r"\s+#.*$", "", c).strip() for c in text.splitlines())
+        lines = [c for c in uncommented if c and not c.startswith("#")]
         out.append([[s.strip() for s in line.split("&&")] for line in lines])
     return out
 
@@ -81,9 +101,33 @@ def is_install(step: str) -> bool:
     return step.startswith("pip install") or step.startswith("python -m pip install")
 
 
+def needs_torch(step: str) -> bool:
+    """An install of an extra that brings torch (``[torch]``, ``[test]``)."""
+    extras = re.findall(r"\[([^\]]*)\]", step)
+    return any(e.strip() in TORCH_EXTRAS for group in extras for e in group.split(","))
+
+
+def is_where_ci_is(step: str) -> bool:
+    """``git clone`` of this project's repository, or ``cd`` into its clone: where CI
+    already runs (a fresh clone); any other clone or directory is a README error."""
+    words = shlex.split(step)
+    if words[:2] == ["git", "clone"]:
+        if words[2:] != [REPOSITORY]:
+            sys.exit(f"the README clones {words[2:]}, not the project ({REPOSITORY})")
+        return True
+    if words[:1] == ["cd"]:
+        if words[1:] != [REPOSITORY.rsplit("/", 1)[1]]:
+            sys.exit(f"the README changes to {words[1:]}, not the clone")
+        return True
+    return False
+
+
 def split(command: list[str], wheel: Path | None = None) -> tuple[list[str], list[str]]:
     installs = [local(s, wheel) for s in command if is_install(s)]
-    return installs, [s for s in command if not is_install(s)]
+    if any(needs_torch(s) for s in installs):
+        installs.insert(0, f"pip install -q {TORCH_CPU}")
+    steps = [s for s in command if not is_install(s) and not is_where_ci_is(s)]
+    return installs, steps
 
 
 def test_command() -> list[str]:
@@ -167,6 +211,7 @@ def run_others() -> None:
     test = test_command()
     with tempfile.TemporaryDirectory(prefix="readme-dist-") as tmp:
         wheel, sdist = check_dist.build(Path(tmp))
+        check_wheel(wheel, sdist, Path(tmp))
         for block in blocks():
             lines = [line for line in block if line != test]
             if not lines:
@@ -176,28 +221,58 @@ def run_others() -> None:
                 python = Path(venv_dir) / "venv" / "bin" / "python"
                 for line in lines:
                     run_line(line, env, python, wheel, sdist, Path(tmp))
+                if any(is_where_ci_is(step) for line in lines for step in line):
+                    run_quick_starts(env, python)
 
 
 def run_line(
     line: list[str], env: dict[str, str], python: Path, wheel: Path, sdist: Path, work: Path
 ) -> None:
     installs, steps = split(line, wheel)
-    if any("[torch]" in step for step in installs):
-        run(f"pip install -q {TORCH_CPU}", env)
     for step in installs:
         run(step, env)
-    if not steps:  # an install line alone: what the installed copy does
+    if installs and not steps:  # an install line alone: what the installed copy does
         check_install(installs, python, work, sdist, wheel)
     for step in steps:
         run(small(step), env)
         check_outputs(step)
 
 
+def run_quick_starts(env: dict[str, str], python: Path) -> None:
+    """Every Python block of the README, unchanged, as a script in an empty directory
+    with a Ray of its own (a short temp directory: its socket paths must fit)."""
+    found = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.M | re.S)
+    for i, block in enumerate(found):
+        with tempfile.TemporaryDirectory(prefix="qs-", dir="/tmp") as where:
+            script = Path(where) / f"quick_start_{i}.py"
+            script.write_text(block)
+            print(f"+ README's Python block {i + 1} of {len(found)}", flush=True)
+            started = time.monotonic()
+            ray_tmp = {"RAY_TMPDIR": str(Path(where) / "r")}
+            subprocess.run([str(python), str(script)], cwd=where, env={**env, **ray_tmp},
+                           check=True, timeout=900)  # fmt: skip
+            print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
+
+
+def check_wheel(wheel: Path, sdist: Path, work: Path) -> None:
+    """The package as a user installs it from git or an index (no torch): the wheel
+    with its dependencies in a fresh environment, then the sdist over it."""
+    with tempfile.TemporaryDirectory(prefix="readme-venv-") as venv_dir:
+        env = fresh_env(Path(venv_dir) / "venv")
+        run(f"pip install -q {wheel}", env)
+        check_dist.check_installed(Path(venv_dir) / "venv" / "bin" / "python", work, sdist)
+
+
 def check_install(installs: list[str], python: Path, work: Path, sdist: Path, wheel: Path) -> None:
-    """The package a user installed: with torch, its DCP integration imports; without,
-    what ``check_dist`` checks of an installed copy (wheel, then sdist over it)."""
-    if any("[torch]" in step for step in installs):
-        code = "import air_transfer, air_transfer.dcp; print('dcp ok')"
+    """The package a user installed: with torch, its DCP integration imports and the
+    torch installed before is still there; without, what ``check_dist`` checks of an
+    installed copy (wheel, then sdist over it)."""
+    if any(needs_torch(step) for step in installs):
+        code = (
+            "import torch, air_transfer, air_transfer.dcp\n"
+            f"assert torch.__version__ == {TORCH_KEPT!r}, ('torch replaced', torch.__version__)\n"
+            "print('dcp ok, torch', torch.__version__)"
+        )
         subprocess.run([str(python), "-c", code], cwd=work, check=True)
     else:
         check_dist.check_installed(python, work, sdist)

@@ -27,12 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 from air_transfer.cluster.nodes import AGENT_CLASS, node_agent, shutdown_agents
 from air_transfer.config import StorageConfig, TransferConfig
+from air_transfer.core.ray_range import warn_if_unsupported
 from air_transfer.errors import (
     CheckpointLostError,
     ChecksumError,
     ManifestError,
     SourceChangedError,
 )
+from air_transfer.storage.client.checkpoints import CheckpointInfo, list_checkpoints
+from air_transfer.storage.client.durable_wait import StorageState
 from air_transfer.storage.client.replica_set import REGISTRY_CLASS
 from air_transfer.transfer.future import TransferFuture
 from air_transfer.transfer.handle import TransferHandle
@@ -111,6 +114,7 @@ def _checkpoint_of() -> Callable[[TransferHandle], object]:
     return ChunkedCheckpoint._from_handle
 
 
+warn_if_unsupported()  # once, in the importing process (not in Ray's workers)
 AGENT_CLASS.provide(_agent_class)
 REGISTRY_CLASS.provide(_registry_class)
 CHECKPOINT_OF.provide(_checkpoint_of)
@@ -126,15 +130,18 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
     __version__ = "0+unknown"
 
 __all__ = [
+    "CheckpointInfo",
     "CheckpointLostError",
     "ChecksumError",
     "ChunkedCheckpoint",
     "ManifestError",
     "SourceChangedError",
     "StorageConfig",
+    "StorageState",
     "TransferConfig",
     "TransferFuture",
     "checkpoint_upload_fn",
+    "list_checkpoints",
     "node_agent",
     "replica_status",
     "run_config",

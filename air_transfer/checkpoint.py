@@ -51,13 +51,30 @@ class ChunkedCheckpoint(Checkpoint):
 
     @classmethod
     def from_directory(cls, path: str | os.PathLike[str]) -> ChunkedCheckpoint:
-        """A local checkpoint directory, ready to transfer."""
+        """A local checkpoint directory, ready to transfer.
+
+        Args:
+            path: The directory (made absolute).
+
+        Returns:
+            A checkpoint to pack with ``to_object_ref`` or ``to_object_ref_async``.
+        """
         return cls(os.path.abspath(os.fspath(path)))
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> ChunkedCheckpoint:
         """Wrap any ``ray.train.Checkpoint`` (local, S3, GCS, a custom pyarrow
-        filesystem) so it can be packed into chunks."""
+        filesystem) so it can be packed into chunks.
+
+        Args:
+            checkpoint: The checkpoint (a ``ChunkedCheckpoint`` is returned as it is).
+
+        Returns:
+            The same directory on the same filesystem, ready to transfer.
+
+        Raises:
+            TypeError: ``checkpoint`` is not a ``ray.train.Checkpoint``.
+        """
         if isinstance(checkpoint, ChunkedCheckpoint):
             return checkpoint
         if not isinstance(checkpoint, Checkpoint):
@@ -83,6 +100,20 @@ class ChunkedCheckpoint(Checkpoint):
         Packing runs in the node's agent, outside this process's Python. The chunks
         are owned as with ``to_object_ref``. A packing still running after a second
         shows a progress bar (``TransferConfig.progress``), drawn by a daemon thread.
+
+        Args:
+            config: Chunk size, strategy, owner and the rest (default:
+                ``TransferConfig()``).
+
+        Returns:
+            The future of the packing: ``future.ref`` at once, ``future.result()``
+            (the same ref) once the source directory is free again.
+
+        Raises:
+            FileNotFoundError: The directory does not exist.
+            SourceChangedError: A file changed while the scan read it.
+            ValueError: A setting of ``config`` or the directory's content is refused
+                (a link leaving it, a name that cannot be stored); the message names it.
         """
         future, watch = self._submit(config)
         if watch is not None:
@@ -101,6 +132,18 @@ class ChunkedCheckpoint(Checkpoint):
         referenced, until every reader is done) or, with ``owner="node"``, by the
         node's long-lived agent. A transferred checkpoint is re-shared
         without repacking unless a ``config`` asks for a different cut.
+
+        Args:
+            config: As for ``to_object_ref_async``.
+
+        Returns:
+            A ref to this checkpoint, transferred: pass it to any task or actor, or
+            to ``from_object_ref``.
+
+        Raises:
+            FileNotFoundError: The directory does not exist.
+            SourceChangedError: A file changed while it was packed.
+            ChecksumError: A chunk read back differs from what was packed.
         """
         future, watch = self._submit(config, background=False)
         if watch is not None:
@@ -128,7 +171,14 @@ class ChunkedCheckpoint(Checkpoint):
 
     def pack(self, config: TransferConfig | None = None) -> TransferHandle:
         """Pack into chunks and return the complete handle (manifest with every
-        checksum, payload) without wrapping it in an ObjectRef."""
+        checksum, payload) without wrapping it in an ObjectRef.
+
+        Args:
+            config: As for ``to_object_ref_async``.
+
+        Returns:
+            The ``TransferHandle`` (``air_transfer.extend``), complete.
+        """
         if self._reusable(config):
             assert self._handle is not None
             return self._handle.complete()
@@ -146,6 +196,17 @@ class ChunkedCheckpoint(Checkpoint):
         top-level argument (the checkpoint itself), what ``ray.get(ref)`` returned,
         its ``TransferHandle``, or the ``TransferFuture`` of ``to_object_ref_async``:
         whichever a function is handed, the same line works.
+
+        Args:
+            ref: What ``to_object_ref`` returned, or any of the above.
+
+        Returns:
+            The transferred checkpoint, its files read from the chunks.
+
+        Raises:
+            TypeError: ``ref`` holds no transferred checkpoint (the message says what
+                it holds and how to transfer it).
+            CheckpointLostError: The chunks are gone (their owner died).
         """
         value = ref.ref if isinstance(ref, TransferFuture) else ref
         if isinstance(value, ray.ObjectRef):
@@ -173,7 +234,14 @@ class ChunkedCheckpoint(Checkpoint):
         )
 
     def handle(self) -> TransferHandle:
-        """The transfer handle of a transferred checkpoint."""
+        """The transfer handle of a transferred checkpoint.
+
+        Returns:
+            Its ``TransferHandle`` (``air_transfer.extend``).
+
+        Raises:
+            ValueError: The checkpoint is local (never packed).
+        """
         if self._handle is None:
             raise ValueError(
                 f"checkpoint at {self.path!r} is local and has no transfer handle until "
@@ -202,6 +270,18 @@ class ChunkedCheckpoint(Checkpoint):
         writing each as it arrives (even while later ones are still being packed),
         and the target shows the result only once complete and verified; an existing
         directory is merged into (the merged tree replaces it in one step).
+
+        Args:
+            path: Where to write it (default: a fresh temporary directory, as
+                ``ray.train.Checkpoint.to_directory`` picks).
+
+        Returns:
+            The directory written.
+
+        Raises:
+            ChecksumError: A chunk arrived different from what was packed; nothing
+                is published.
+            CheckpointLostError: A chunk is gone (its owner died).
         """
         if self._handle is None:
             return super().to_directory(path)
@@ -209,8 +289,18 @@ class ChunkedCheckpoint(Checkpoint):
         return self._handle.write_to(os.path.expanduser(os.fspath(target)))
 
     def open(self, relpath: str) -> io.BufferedIOBase:
-        """Stream one file of the checkpoint (relative POSIX path) without writing a
-        directory; only the chunks holding that file are fetched."""
+        """Stream one file of the checkpoint without writing a directory; only the
+        chunks holding that file are fetched.
+
+        Args:
+            relpath: The file's path in the checkpoint (relative, POSIX).
+
+        Returns:
+            A binary stream of its bytes, each chunk verified as it arrives.
+
+        Raises:
+            FileNotFoundError: The checkpoint holds no such file.
+        """
         if self._handle is not None:
             return self._handle.open_file(relpath)
         filesystem: pafs.FileSystem = self.filesystem

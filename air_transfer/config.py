@@ -149,7 +149,14 @@ class TransferConfig:
         return min(DEFAULT_INLINE_MAX_BYTES, self.window * self.chunk_bytes)
 
     def replace(self, **changes: Any) -> TransferConfig:
-        """A copy with ``changes`` applied and validated again."""
+        """A copy with ``changes`` applied and validated again.
+
+        Returns:
+            The new settings (this object is frozen).
+
+        Raises:
+            ValueError: A changed field is out of its range (the message names it).
+        """
         return dataclasses.replace(self, **changes)
 
 
@@ -291,5 +298,12 @@ class StorageConfig:
             )
 
     def replace(self, **changes: Any) -> StorageConfig:
-        """A copy with ``changes`` applied and validated again."""
+        """A copy with ``changes`` applied and validated again.
+
+        Returns:
+            The new settings (this object is frozen).
+
+        Raises:
+            ValueError: A changed field is out of its range (the message names it).
+        """
         return dataclasses.replace(self, **changes)

@@ -57,24 +57,31 @@ class Copied:
 
 
 def plan(
-    src_fs: pafs.FileSystem, src: str, dst_fs: pafs.FileSystem, dst: str, overwrite: bool
+    src_fs: pafs.FileSystem,
+    src: str,
+    dst_fs: pafs.FileSystem,
+    dst: str,
+    overwrite: bool,
+    shown: str | None = None,
 ) -> Tree:
     """What ``src`` holds, once DST is checked: refused if it exists (unless
-    ``overwrite``) or is a file where a directory goes, or the other way round."""
+    ``overwrite``) or is a file where a directory goes, or the other way round.
+    ``shown``: DST as the user wrote it, for the errors (default ``dst``)."""
     tree = tree_at(src_fs, src)
+    name = shown or dst
     [there] = dst_fs.get_file_info([dst])
     if there.type == pafs.FileType.NotFound:
         return tree
     if not overwrite:
         raise FileExistsError(
-            f"{dst} exists; pass --overwrite to replace the files the copy brings "
+            f"{name} exists; pass --overwrite to replace the files the copy brings "
             "(nothing else there is touched)"
         )
     is_file = tree.files.keys() == {""}
     if is_file and there.type == pafs.FileType.Directory:
-        raise IsADirectoryError(f"{dst} is a directory; name the file the copy becomes")
+        raise IsADirectoryError(f"{name} is a directory; name the file the copy becomes")
     if not is_file and there.type == pafs.FileType.File:
-        raise NotADirectoryError(f"{dst} is a file; a directory is copied to a directory")
+        raise NotADirectoryError(f"{name} is a file; a directory is copied to a directory")
     return tree
 
 

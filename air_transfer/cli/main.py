@@ -10,11 +10,13 @@ parse.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 
 from air_transfer.cli.address import NODE_FORMS, parse_location, parse_node_path
-from air_transfer.cli.output import emit_json, human_bytes
+from air_transfer.cli.output import emit_json, human_bytes, redact
 
 #: What a command reports as an error of the user's or of the storage (not a bug).
 ERRORS: tuple[type[BaseException], ...] = (
@@ -150,11 +152,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except ERRORS as e:
-        print(f"air-transfer {args.command}: error: {_message(e)}", file=sys.stderr)
+        print(redact(f"air-transfer {args.command}: error: {_message(e)}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"air-transfer {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a defect: its traceback, with any URI's secret hidden
+        print(redact("".join(traceback.format_exception(e))), file=sys.stderr)
+        return 1
+
+
+def _print(text: str) -> None:
+    print(redact(text))
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -167,9 +176,9 @@ def _ls(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"root": top.path, "node": storage.node, "checkpoints": records})
     elif records:
-        print(listing.render(records))
+        _print(listing.render(records))
     else:
-        print(f"no checkpoints under {top.path}")
+        _print(f"no checkpoints under {top.path}")
     return 0
 
 
@@ -186,7 +195,7 @@ def _verify(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(report.to_dict())
     else:
-        print(verify.render(report))
+        _print(verify.render(report))
     return 0 if report.ok else 1
 
 
@@ -205,7 +214,7 @@ def _cp(args: argparse.Namespace) -> int:
         else:
             sides.append(session.open_other(where))
     (src_fs, src_path), (dst_fs, dst_path) = sides
-    tree = copy.plan(src_fs, src_path, dst_fs, dst_path, args.overwrite)
+    tree = copy.plan(src_fs, src_path, dst_fs, dst_path, args.overwrite, str(dst))
     with _bar(args, f"cp {src}", tree.nbytes) as copied:
         sums = copy.copy_tree(src_fs, src_path, dst_fs, dst_path, tree, copied)
     with _bar(args, f"verify {dst}", tree.nbytes) as checked:
@@ -214,7 +223,7 @@ def _cp(args: argparse.Namespace) -> int:
         emit_json(done.to_dict())
     else:
         size = human_bytes(done.nbytes)
-        print(f"copied {args.src} to {args.dst}: {done.files} files, {size}, verified")
+        _print(f"copied {args.src} to {args.dst}: {done.files} files, {size}, verified")
     return 0
 
 
@@ -228,7 +237,7 @@ def _clean(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"root": top.path, "dry_run": args.dry_run, "entries": records})
     else:
-        print(clean.render(records, args.dry_run))
+        _print(clean.render(records, args.dry_run))
     return 0 if not any(r["action"].startswith("failed") for r in records) else 1
 
 
@@ -247,7 +256,7 @@ class _ByteBar:
         from air_transfer.cli.copy import Counter
         from air_transfer.observe.progress import Bar
 
-        self._bar = Bar(desc, total, delay)
+        self._bar = Bar(redact(desc), total, delay)
         self.advance = Counter(self._bar.update)
 
     def __enter__(self) -> Callable[[int], None]:
@@ -272,8 +281,8 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"a number of seconds, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a number of seconds >= 0, got {text!r}")
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"a finite number of seconds >= 0, got {text!r}")
     return value
 
 

@@ -1,15 +1,28 @@
 """What the commands print: a table for people (sizes and ages in units one reads at
-a glance) and JSON for scripts (exact bytes, seconds, nanosecond times). Plain Python.
+a glance) and JSON for scripts (exact bytes, seconds, nanosecond times), with the
+secret of every URI that carries one hidden (``redact``). Plain Python.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+#: A URI's user and secret (``s3://KEY:SECRET@bucket/...``): the secret runs to the
+#: last ``@`` before a space (a secret may hold ``/``, ``:`` or ``@`` unencoded).
+_SECRET = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*):[^\s]*@")
+HIDDEN = "***"
+
+
+def redact(text: str) -> str:
+    """``text`` with the secret of each URI in it hidden: ``s3://KEY:SECRET@bucket``
+    reads ``s3://KEY:***@bucket``. Whatever a command prints goes through it: an
+    error, a table, a progress bar's label and every string of its JSON."""
+    return _SECRET.sub(rf"\1:{HIDDEN}@", text)
 
 
 def human_bytes(n: int) -> str:
@@ -52,8 +65,9 @@ def table(
 
 
 def emit_json(document: Any, out: TextIO | None = None) -> None:
-    """``document`` as one JSON document on stdout (keys sorted: stable to diff)."""
-    json.dump(document, out or sys.stdout, indent=2, sort_keys=True)
+    """``document`` as one JSON document on stdout (keys sorted: stable to diff), every
+    string in it redacted (``redact``)."""
+    json.dump(_redacted(document), out or sys.stdout, indent=2, sort_keys=True)
     (out or sys.stdout).write("\n")
 
 
@@ -63,3 +77,13 @@ def _cell(value: object) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     return str(value)
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact(str(k)): _redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted(v) for v in value]
+    return value

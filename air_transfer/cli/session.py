@@ -10,7 +10,6 @@ otherwise would start a drain of this root: a command never does).
 
 from __future__ import annotations
 
-import logging
 import posixpath
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ import pyarrow.fs as pafs
 import ray
 
 from air_transfer.cli.address import NodePath, OtherPath, check_node
+from air_transfer.cli.connect import join, say
 from air_transfer.cluster.nodes import NAMESPACE, REGISTRY_NAME, head_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.storage.client import replica_set
@@ -32,16 +32,9 @@ CONFIG = TransferConfig(progress=False)
 
 def connect(address: str) -> None:
     """Join the running Ray cluster at ``address`` (``auto``: the one this machine
-    belongs to) as a driver; ConnectionError naming the address if there is none."""
-    if ray.is_initialized():
-        return
-    try:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-    except ConnectionError as e:
-        raise ConnectionError(
-            f"no running Ray cluster at --address {address} ({e}); run the command on a "
-            "node of the cluster, or pass its address (RAY_ADDRESS works too)"
-        ) from e
+    belongs to) as a driver, and say which on stderr; ConnectionError naming the
+    address and the cause within seconds if it cannot (``cli.connect``)."""
+    say(join(address))
 
 
 def node_id(spec: str | None) -> str:
@@ -117,14 +110,16 @@ def open_storage(
 
 
 def open_other(path: OtherPath) -> tuple[pafs.FileSystem, str]:
-    """A filesystem and path for a URI (pyarrow's, else fsspec's) or a local path."""
+    """A filesystem and path for a URI (pyarrow's, else fsspec's) or a local path;
+    ValueError for a URI that names no path (``s3://``)."""
     if not path.is_uri:
         return pafs.LocalFileSystem(), posixpath.abspath(path.text)
     try:
         fs, where = pafs.FileSystem.from_uri(path.text)
-        return fs, str(where)
     except (ValueError, TypeError, OSError) as e:
         pyarrow_error = e
+    else:
+        return fs, _named(path, str(where))
     try:
         import fsspec.core  # type: ignore[import-untyped]
     except ImportError:
@@ -133,7 +128,17 @@ def open_other(path: OtherPath) -> tuple[pafs.FileSystem, str]:
             "schemes install fsspec and its backend (pip install fsspec s3fs ...)"
         ) from pyarrow_error
     spec_fs, where = fsspec.core.url_to_fs(path.text)
-    return pafs.PyFileSystem(pafs.FSSpecHandler(spec_fs)), str(where)
+    return pafs.PyFileSystem(pafs.FSSpecHandler(spec_fs)), _named(path, str(where))
+
+
+def _named(path: OtherPath, where: str) -> str:
+    """``where``, the path ``path`` names on its filesystem, unless it names none."""
+    if not where.strip("/"):
+        scheme = path.text.partition("://")[0]
+        raise ValueError(
+            f"{path.text!r} names no path: give the whole of it ({scheme}://BUCKET/PATH)"
+        )
+    return where
 
 
 Copies = tuple[tuple[str, str], ...]

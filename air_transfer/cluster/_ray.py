@@ -59,6 +59,8 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("ray.train.v2._internal.constants", "ENV_VARS_TO_PROPAGATE"),
     ("ray.train.v2._internal.constants", "get_env_vars_to_propagate"),
     ("ray.train.v2._internal.constants", "is_v2_enabled"),
+    ("ray._private.services", "canonicalize_bootstrap_address"),
+    ("ray._raylet", "InnerGcsClient.standalone"),
 )
 #: Keyword of ``.options()`` that bounds how far a streaming generator runs ahead of
 #: its consumer (Ray's own streaming ``DataIterator`` uses it); not in the public docs.
@@ -176,6 +178,37 @@ def worker_alive(worker_id: str) -> bool | None:
     if raw is None:  # never known, or dropped from the table long after it died
         return False
     return bool(gcs_pb2.WorkerTableData.FromString(raw).is_alive)
+
+
+def bootstrap_address(address: str) -> str | None:
+    """The GCS address ``ray.init(address=address)`` joins: ``auto`` resolved as Ray
+    resolves it (``RAY_ADDRESS``, else the cluster ``ray start`` made on this machine,
+    else any GCS running here), a local host name as the node's IP; None where Ray
+    would start a cluster of its own (``local``). ConnectionError when ``auto`` finds
+    none. Ray resolves it privately, and says which only in its log."""
+    from ray._private import services
+
+    found = services.canonicalize_bootstrap_address(address)
+    return None if found is None else str(found)
+
+
+def gcs_handshake(address: str, auto: bool, timeout_s: float) -> None:
+    """Open a client of the GCS at ``address`` as ``ray.init`` first does, with this
+    process's authentication token (turned on for ``auto`` where a token exists, as
+    ``ray.init`` does from Ray 2.59 on; earlier ones have no such step), and close
+    it. Ray's ``AuthenticationError`` when the GCS refuses the token, ``RpcError``
+    when nothing there answers as a GCS in about ``timeout_s`` (plus Ray's fixed
+    connect waits, ~10 s). ``ray.init`` reports both as "failed to connect" after
+    retrying for a minute or more."""
+    from ray import _raylet
+    from ray._private.authentication import authentication_token_setup as auth
+
+    enable = getattr(auth, "maybe_enable_token_auth_if_token_available", None)
+    if auto and enable is not None:
+        enable(warn_if_disabled=False)
+    raylet: Any = _raylet  # compiled, untyped
+    client = raylet.InnerGcsClient.standalone(address, None, int(timeout_s * 1000))
+    del client
 
 
 def streaming(method: Any, window: int) -> Any:

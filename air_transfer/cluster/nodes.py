@@ -142,10 +142,20 @@ def _remote_agent_class() -> Any:
 
 
 def node_agent(node_id: str | None = None) -> Any:
-    """The agent actor of ``node_id`` (default: this process's node), started if
-    needed, with this process's ``AIR_TRANSFER_*`` settings. Concurrent callers get
-    the same actor (``get_if_exists``). RuntimeError if the agent running there was
-    started by another air-transfer version (``cluster.identity``)."""
+    """The agent actor of a node, started if needed, with this process's
+    ``AIR_TRANSFER_*`` settings. Concurrent callers get the same actor
+    (``get_if_exists``).
+
+    Args:
+        node_id: The node's Ray id (default: this process's node).
+
+    Returns:
+        The actor's handle (``operations/agents.md`` says what it serves).
+
+    Raises:
+        RuntimeError: The agent running there was started by another air-transfer
+            version (``shutdown_agents`` ends it).
+    """
     node_id = node_id or this_node_id()
     name = agent_name(node_id)
     handle = (
@@ -178,8 +188,8 @@ def running_in_agent() -> bool:
 
 
 def shutdown_agents(timeout: float = 60.0) -> int:
-    """End every node agent of the cluster, and the replica registry; return how many
-    agents were running, once none runs (TimeoutError after ``timeout`` seconds).
+    """End every node agent of the cluster, and the replica registry, and return once
+    none runs.
 
     The agents and the registry are detached: they outlive the job that started them
     and serve later ones, keeping what they hold. An agent keeps the checkpoints it
@@ -195,6 +205,15 @@ def shutdown_agents(timeout: float = 60.0) -> int:
     The next call that needs an agent starts one. A drain into a durable tier stops
     with its agent and resumes when the node's agent starts again: call
     ``wait_durable`` first if the cluster is about to go.
+
+    Args:
+        timeout: Seconds to wait for them to end.
+
+    Returns:
+        How many agents were running.
+
+    Raises:
+        TimeoutError: One still runs ``timeout`` seconds after it was killed.
     """
     names = [agent_name(node_id) for node_id in live_node_ids()]
     running = [name for name in names if _actor(name) is not None]

@@ -11,7 +11,8 @@ try:
     import torch.distributed.checkpoint  # noqa: F401
 except ImportError as e:
     raise ImportError(
-        "air_transfer.dcp needs torch 2.9 or later with torch.distributed: "
-        "pip install 'air-transfer[torch]' (or install the torch build for your "
-        f"platform first, from pytorch.org): {e}"
+        "air_transfer.dcp needs torch 2.9 or later with torch.distributed: install "
+        "air-transfer with its [torch] extra (pip install '.[torch]' in a clone), or "
+        "torch alone; for its CPU build, first: pip install torch --index-url "
+        f"https://download.pytorch.org/whl/cpu ({e})"
     ) from e

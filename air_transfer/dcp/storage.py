@@ -248,7 +248,14 @@ class NodeStorageWriter(FileSystemWriter):
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """DCP's plans (``__<rank>_`` file prefixes); where a checkpoint is already
         there, each prefix with a tag of this save, so that none of its files is
-        named as a file of that checkpoint (see the module)."""
+        named as a file of that checkpoint (see the module).
+
+        Args:
+            plans: Every rank's plan, as DCP's coordinator gathers them.
+
+        Returns:
+            The plans, their file prefixes tagged where a checkpoint is there.
+        """
         plans = super().prepare_global_plan(plans)
         if not self.fs.exists(self._own_metadata_path()):
             return plans
@@ -261,7 +268,12 @@ class NodeStorageWriter(FileSystemWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Publish the metadata by renaming it over the one in place (torch removes
         that one first: a save dying in between would leave no checkpoint at all),
-        then delete the files only the replaced one named."""
+        then delete the files only the replaced one named.
+
+        Args:
+            metadata: DCP's metadata of the save.
+            results: Every rank's write results.
+        """
         path = self._own_metadata_path()
         replaced = self._files_named_by(path)
         fs = cast(ArrowFiles, self.fs)  # where torch's FileSystemWriter has its own
@@ -365,8 +377,14 @@ class NodeStorageReader(FileSystemReader):
             raise _incomplete(posixpath.join(self.path, METADATA))
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """DCP's metadata of the checkpoint; FileNotFoundError saying the checkpoint
-        is incomplete when there is none."""
+        """DCP's metadata of the checkpoint.
+
+        Returns:
+            It, as torch's ``FileSystemReader`` reads it.
+
+        Raises:
+            FileNotFoundError: There is none: the checkpoint is incomplete.
+        """
         try:
             metadata: Metadata = super().read_metadata(*args, **kwargs)
         except FileNotFoundError as e:
@@ -380,7 +398,19 @@ class NodeStorageReader(FileSystemReader):
         dict written, from that file. So a failed load leaves the state dict as it was,
         and memory holds one decoded tensor and the read window at a time (as torch's
         own reader does) rather than the rank's whole share; the disk holds the share
-        until the load returns."""
+        until the load returns.
+
+        Args:
+            plan: This rank's load plan.
+            planner: DCP's load planner, which receives each item.
+
+        Returns:
+            A completed torch future (the reading is done when it returns).
+
+        Raises:
+            ChecksumError: A byte range read back differs from what was written.
+            OSError: ``TMPDIR`` has no room for the rank's share (naming it).
+        """
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             relative = self.storage_data[item.storage_index].relative_path

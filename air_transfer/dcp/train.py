@@ -91,8 +91,21 @@ def report(
     Train names, after the one agreement on that name every report makes. A staging
     that fails raises here; once Train has agreed, the save fails with it too, and
     Train ends the round as for any failed async upload.
-    ``NO_UPLOAD`` is refused: the save is the upload. ``async_save=True`` is the
-    former spelling of ``ASYNC`` (deprecated).
+    ``NO_UPLOAD`` is refused: the save is the upload.
+
+    Args:
+        metrics: As for ``ray.train.report``.
+        state_dict: What to save, as for ``dcp.save`` (by keyword).
+        planner: DCP's ``SavePlanner`` (default: DCP's own), as ``dcp.save`` takes it.
+        checkpoint_dir_name: Passed on to ``ray.train.report``.
+        checkpoint_upload_mode: ``SYNC`` or ``ASYNC``, as above.
+        validation: Passed on to ``ray.train.report``.
+        async_save: ``True`` is the former spelling of ``ASYNC`` (deprecated).
+
+    Raises:
+        ValueError: ``checkpoint_upload_mode`` is ``NO_UPLOAD``.
+        TypeError: The old order, ``report(state_dict, metrics)`` (the message says
+            the new one).
     """
     mode = _upload_mode(checkpoint_upload_mode, async_save)
     wait_for_pending_save()
@@ -270,7 +283,11 @@ def _upload_mode(mode: CheckpointUploadMode, async_save: bool | None) -> Checkpo
 
 
 def wait_for_pending_save() -> None:
-    """Wait until this worker's async save (if any) is complete; raise its error."""
+    """Wait until this worker's async save (if any) is complete.
+
+    Raises:
+        Exception: What that save raised (``ChecksumError``, ``OSError``...).
+    """
     global _pending
     with _lock:
         pending, _pending = _pending, None
@@ -306,12 +323,31 @@ def load(
     *,
     planner: LoadPlanner | None = None,
 ) -> bool:
-    """Load this rank's part of ``checkpoint`` (default: the latest reported one,
-    ``ray.train.get_checkpoint()``) into ``state_dict`` in place, tensors and other
-    values alike; False when there is none. ``planner``: DCP's ``LoadPlanner``, as
-    ``dcp.load`` takes it. Raises FileNotFoundError for a checkpoint without its
-    metadata file, and what reading raised (ChecksumError, truncated shard...) with
-    ``state_dict`` untouched."""
+    """Load this rank's part of a Ray Train checkpoint into ``state_dict``, in place.
+
+    Not ``torch.distributed.checkpoint.load``: that one takes a ``checkpoint_id`` or
+    a ``storage_reader`` and returns None; this one finds Train's latest checkpoint
+    itself and says whether there was one, so that a training loop reads
+    ``if air_transfer.dcp.load(state): ...`` (a restart) at its start. Outside
+    Train, call torch's with a ``NodeStorageReader``.
+
+    Args:
+        state_dict: What to load into, as for ``dcp.load``: tensors are filled in
+            place, other values replaced.
+        checkpoint: The checkpoint to load (default: the latest reported one,
+            ``ray.train.get_checkpoint()``).
+        planner: DCP's ``LoadPlanner``, as ``dcp.load`` takes it.
+
+    Returns:
+        True if a checkpoint was loaded; False if there is none (a first start),
+        ``state_dict`` untouched.
+
+    Raises:
+        FileNotFoundError: The checkpoint has no ``.metadata`` (an incomplete save).
+        ChecksumError: A byte range read back differs from what was written; like
+            any error of reading (a truncated shard...), with ``state_dict``
+            untouched.
+    """
     if checkpoint is None:
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is None:

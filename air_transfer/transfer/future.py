@@ -95,19 +95,40 @@ class TransferFuture(concurrent.futures.Future[CheckpointRef]):
 
     def done(self) -> bool:
         """Whether packing has finished, successfully or not (a session that ended
-        first finishes it, with CheckpointLostError)."""
+        first finishes it, with CheckpointLostError).
+
+        Returns:
+            True once ``result()`` returns or raises without waiting.
+        """
         self._check_session()
         return super().done()
 
     def cancel(self) -> bool:
-        """False: packing has started when the future exists (see the class)."""
+        """Refuse to cancel: packing has started when the future exists (see the
+        class).
+
+        Returns:
+            False, always.
+        """
         return super().cancel()
 
     def result(self, timeout: float | None = None) -> CheckpointRef:
-        """Wait until every chunk is packed (the source directory may then change or
-        go) and return ``ref``; raise what packing raised (SourceChangedError,
-        PermissionError, CheckpointLostError, ...), CheckpointLostError if the Ray
-        session ended first, or TimeoutError after ``timeout`` seconds."""
+        """Wait until every chunk is packed: the source directory may then change or
+        go.
+
+        Args:
+            timeout: Seconds to wait at most (default: as long as it takes).
+
+        Returns:
+            ``ref``, the ObjectRef of the transferred checkpoint.
+
+        Raises:
+            SourceChangedError: A file changed while it was packed.
+            PermissionError: A file could not be read.
+            CheckpointLostError: The packing's owner died, or the Ray session ended
+                first.
+            TimeoutError: ``timeout`` passed first.
+        """
         self._wait(timeout)
         # The outcome without raising the stored error (raised, its traceback would
         # hold this frame, and so this future and the error each other): a copy.
@@ -119,8 +140,17 @@ class TransferFuture(concurrent.futures.Future[CheckpointRef]):
         raise fresh(error) from None
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        """The error ``result()`` would raise, or None once packed; TimeoutError
-        after ``timeout`` seconds."""
+        """The error ``result()`` would raise.
+
+        Args:
+            timeout: Seconds to wait at most (default: as long as it takes).
+
+        Returns:
+            That error, or None once packed.
+
+        Raises:
+            TimeoutError: ``timeout`` passed first.
+        """
         self._wait(timeout)
         try:
             self.result(0)
@@ -130,8 +160,11 @@ class TransferFuture(concurrent.futures.Future[CheckpointRef]):
 
     def add_done_callback(self, fn: Callable[[TransferFuture], object]) -> None:
         """Call ``fn(self)`` once packing has finished (at once if it has; when the
-        session ends first, then), in a thread of Ray's or of this module's; an error
-        ``fn`` raises is logged by ``concurrent.futures``."""
+        session ends first, then), in a thread of Ray's or of this module's.
+
+        Args:
+            fn: The callback; an error it raises is logged by ``concurrent.futures``.
+        """
         # ``concurrent.futures`` keeps its callbacks after running them: one that held
         # this future would make a cycle (future -> callbacks -> future) that keeps
         # the checkpoint's chunks in the store until the cyclic GC runs, which in an
@@ -142,11 +175,25 @@ class TransferFuture(concurrent.futures.Future[CheckpointRef]):
             _watch(self, hold=True)  # its callbacks run even if nobody keeps it
 
     def set_result(self, result: CheckpointRef) -> None:
-        """Refused: the transfer's completion sets it."""
+        """Refused: the transfer's completion sets it.
+
+        Args:
+            result: Ignored.
+
+        Raises:
+            RuntimeError: Always.
+        """
         raise RuntimeError(f"{self!r} is completed by its transfer, not by set_result")
 
     def set_exception(self, exception: BaseException | None) -> None:
-        """Refused: the transfer's completion sets it."""
+        """Refused: the transfer's completion sets it.
+
+        Args:
+            exception: Ignored.
+
+        Raises:
+            RuntimeError: Always.
+        """
         raise RuntimeError(f"{self!r} is completed by its transfer, not by set_exception")
 
     def _settle(self, ray_future: concurrent.futures.Future[tuple[Status, ...]]) -> None:

@@ -98,7 +98,23 @@ def test_ls_lists_the_runs_checkpoints_with_size_age_and_state(cluster: Cluster,
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["CHECKPOINT", "SIZE", "FILES", "AGE", "KIND", "STATE"]
     assert sorted(line.split()[0] for line in lines[1:]) == sorted(expected)
-    assert all(line.endswith("local") for line in lines[1:])  # no --durable: not asked
+    # Without --durable too, each checkpoint's tier, asked of the agent that drains the root
+    assert all(line.endswith("  durable") for line in lines[1:]), table.stdout
+
+
+def test_the_python_api_lists_what_ls_prints(cluster: Cluster, run: Run) -> None:
+    """``air_transfer.list_checkpoints``: ``ls --json``'s records, typed, from the
+    run's filesystem or from one opened on the root without its durable tier."""
+    listed = air_transfer_json(cluster.address, "ls", str(run.root))["checkpoints"]
+    plain = air_transfer.storage_filesystem(root=str(run.root))
+    for fs in (run.fs, plain):
+        infos = air_transfer.list_checkpoints(fs, str(run.root))
+        assert all(isinstance(i.state, air_transfer.StorageState) for i in infos)
+        assert [i.tier for i in infos] == ["durable"] * 3
+        records = [{**i.to_dict(), "age_s": None} for i in infos]
+        assert records == [{**r, "age_s": None} for r in listed]
+    with pytest.raises(FileNotFoundError, match="no directory of node storage"):
+        air_transfer.list_checkpoints(plain, str(run.root / "nowhere"))
 
 
 def test_verify_reads_a_checkpoint_back_and_checks_the_durable_records(

@@ -112,6 +112,8 @@ def test_parser_takes_every_command_and_its_options() -> None:
         ["verify", "/mnt/runs"],
         ["clean", "/r", "--upload-age", "-1"],
         ["clean", "/r", "--upload-age", "soon"],
+        ["clean", "/r", "--upload-age", "nan"],  # was taken, and removed a live upload
+        ["clean", "/r", "--upload-age", "inf"],
         ["cp", "a", "b", "--progress", "--no-progress"],
     ],
 )

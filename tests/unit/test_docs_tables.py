@@ -45,12 +45,43 @@ def test_every_environment_variable_has_its_row() -> None:
     assert read - table_rows(OPERATIONS / "settings.md") == set()
 
 
-def test_every_metric_has_its_row() -> None:
+def metric_names() -> set[str]:
+    """Every metric the package records, without ``air_transfer_`` (the one source)."""
     code = sources(PACKAGE / "observe")
     names = set(re.findall(r'counter\(\s*"(\w+)"', code))
     names |= set(re.findall(r'PREFIX \+ "(\w+)"', code))
     names |= set(durable_metrics._DESCRIPTIONS)
     assert len(names) >= 14
+    return names
+
+
+def pages() -> dict[str, str]:
+    """The README and every page of the documentation, by path."""
+    found = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return {str(p.relative_to(ROOT)): p.read_text() for p in found}
+
+
+def test_every_name_a_page_mentions_is_one_the_package_has() -> None:
+    """A metric or a setting named on any page (in any of its spellings: Prometheus',
+    Ray's, the bare name) is one the package records or reads: pages that named the
+    same thing differently, or a thing that is gone, fail here."""
+    metrics = metric_names()
+    variables = set(re.findall(r"AIR_TRANSFER_[A-Z0-9_]+", sources(PACKAGE)))
+    wrong = []
+    for path, text in pages().items():
+        for name in re.findall(r"\b(?:ray_)?air_transfer_([a-z0-9_]+)", text):
+            if re.sub(r"_total$", "", name) not in metrics and name not in metrics:
+                wrong.append(f"{path}: metric air_transfer_{name}")
+        for name in re.findall(r"`(durable_[a-z_]+)`", text):  # a durable metric, bare
+            if re.sub(r"_total$", "", name) not in metrics and not hasattr(StorageConfig, name):
+                wrong.append(f"{path}: `{name}`")
+        wrong += [f"{path}: {v}" for v in re.findall(r"AIR_TRANSFER_[A-Z0-9_]+", text)
+                  if v not in variables]  # fmt: skip
+    assert wrong == []
+
+
+def test_every_metric_has_its_row() -> None:
+    names = metric_names()
     documented = {
         re.sub(r"^ray_|_total$", "", row) for row in table_rows(OPERATIONS / "metrics.md")
     }

@@ -1,5 +1,5 @@
 """What the package is built from (``pyproject.toml``) and what it ships: a torch
-range for users with the exact pin for CI only, Ray pinned to the minor version
+range for users (CI installs its CPU build first), Ray pinned to the minor versions
 whose private names ``test_ray_internals.py`` pins, a license, no stray files.
 Building and installing the wheel and sdist is ``.ci/check_dist.py``'s (it needs
 the package registry)."""
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import tomllib
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 from tests.support.procs import REPO_ROOT
 
@@ -23,17 +24,26 @@ def requirements(extra: str | None = None) -> dict[str, Requirement]:
     return {Requirement(r).name: Requirement(r) for r in raw}
 
 
-def test_the_torch_extra_takes_a_users_torch_and_ci_pins_one() -> None:
-    """An exact pin in ``[torch]`` replaced a user's torch (a multi-GB CUDA build)."""
-    torch = requirements("torch")["torch"].specifier
-    assert "2.9" in torch and "2.13.0" in torch and "2.99" in torch and "3.0" not in torch
-    assert str(requirements("test")["torch"].specifier) == "==2.13.0"
+def test_the_torch_and_test_extras_take_a_users_torch() -> None:
+    """An exact pin in ``[torch]`` replaced a user's torch (a multi-GB CUDA build); one
+    in ``[test]`` swapped the torch ``[torch]`` had kept. CI installs its CPU build
+    first (``.ci/readme_commands.py``), so that pip never picks the newest."""
+    for extra in ("torch", "test"):
+        torch = requirements(extra)["torch"].specifier
+        assert "2.9" in torch and "2.13.0" in torch and "2.99" in torch, extra
+        assert "3.0" not in torch and "2.8" not in torch, extra
 
 
-def test_ray_is_pinned_to_the_minor_version_the_private_names_are_pinned_for() -> None:
-    for extra in (None, "test"):  # the bench extra adds no Ray of its own
+def test_ray_is_pinned_to_the_supported_minor_versions() -> None:
+    """One range, where the library checks it at import (``core.ray_range``) and
+    wherever the package asks for Ray."""
+    from air_transfer.core.ray_range import requirement
+
+    for extra in (None, "test", "default"):  # the bench extra adds no Ray of its own
         ray = requirements(extra)["ray"].specifier
-        assert "2.60.0" in ray and "2.60.9" in ray and "2.61.0" not in ray, (extra, ray)
+        assert str(ray) == str(SpecifierSet(requirement())), (extra, ray)
+        assert "2.58.0" in ray and "2.60.9" in ray and "2.61.0" not in ray, (extra, ray)
+        assert "2.57.1" not in ray, (extra, ray)
 
 
 def test_the_license_and_project_metadata_are_shipped() -> None:

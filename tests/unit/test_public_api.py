@@ -17,15 +17,18 @@ import air_transfer.extend
 
 #: What a user of air-transfer needs (the package root).
 USER_API = {
+    "CheckpointInfo",
     "CheckpointLostError",
     "ChecksumError",
     "ChunkedCheckpoint",
     "ManifestError",
     "SourceChangedError",
     "StorageConfig",
+    "StorageState",
     "TransferConfig",
     "TransferFuture",
     "checkpoint_upload_fn",
+    "list_checkpoints",
     "node_agent",
     "replica_status",
     "run_config",

@@ -26,6 +26,7 @@ no lock of its own. Plain Python.
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import time
@@ -57,8 +58,8 @@ def clean_tree(
 ) -> list[Leftover]:
     """Every hidden entry the library made under ``root``, each judged (see the
     module) and, unless ``dry_run``, removed where its writer is proven gone."""
-    if upload_age_s < 0:
-        raise ValueError(f"upload_age_s must be >= 0, got {upload_age_s}")
+    if not math.isfinite(upload_age_s) or upload_age_s < 0:
+        raise ValueError(f"upload_age_s must be a finite number >= 0, got {upload_age_s}")
     found: list[Leftover] = []
 
     def walk(w: Where) -> None:
