@@ -47,38 +47,42 @@ def storage_filesystem(
     expose_system_dirs: bool = False,
 ) -> pafs.PyFileSystem:
     """A ``pyarrow`` filesystem whose files live on the disk of one node and that
-    every node of the cluster can use: give it to ``RunConfig(storage_filesystem=)``.
+    every node of the cluster can use: give it to ``RunConfig(storage_filesystem=)``
+    (or let ``air_transfer.run_config()`` make the ``RunConfig`` around one).
 
-    ``node``: a Ray node id, a node's IP address, or ``"head"`` (default: the node of
-    the process that makes it, the driver's; made before ``ray.init``, the node of
-    the process that first uses it). An IP or ``"head"`` is resolved to its node id
-    at once when Ray is running, else at first use; a node that is not live, an IP
-    that no live node or several have, or any other text raises ValueError.
+    Paths are that node's absolute paths, confined to ``root``. What needs Ray (the
+    root on that node, ``replicas`` against the live nodes) is checked where Ray
+    runs; made before ``ray.init``, as this process first ships the filesystem
+    (``Trainer.fit()`` does, before Train's controller starts).
 
-    Paths are that node's absolute paths; ``root`` confines them (a path leaving it
-    is refused): default ``~/air_transfer`` of the process that makes it. A root
-    that is ``/``, a system directory (``/etc``, ``/usr``...) or holds one, or a
-    directory shared by all (``/home``, ``/tmp``...) is refused (ValueError) unless
-    ``expose_system_dirs=True``; one that is a file on that node, NotADirectoryError
-    (a missing one is made by the first write). ``config`` sets the chunk size and
-    window of the transfers.
+    Args:
+        node: the storage node: a Ray node id, a node's IP address, or ``"head"``
+            (default: the node of the process that makes it, the driver's; made
+            before ``ray.init``, the node of the process that first uses it).
+        config: the transfers' chunk size and window (``TransferConfig``).
+        root: the directory the files live under (default ``~/air_transfer`` of
+            the process that makes it); a path leaving it is refused.
+        replicas: keep every file on this many distinct nodes; reads and writes
+            fail over to a live copy.
+        replica_nodes: nodes to hold the copies first, in ``node``'s forms.
+        replica_root: each copy's root, ``{node_id}`` formatted in (default: ``root``).
+        durable: a durable tier beyond the cluster (a URI
+            ``pyarrow.fs.FileSystem.from_uri`` accepts, or a ``(filesystem, path)``
+            pair), fed in the background, that reads fall through to where node
+            storage does not hold a path (a new cluster resuming a run).
+        storage: all of the storage settings in one ``StorageConfig`` (with the
+            durable tier's limits), instead of the keywords.
+        expose_system_dirs: allow a root that is ``/``, a system directory or a
+            directory shared by all (``/home``, ``/tmp``...).
 
-    ``replicas=K`` keeps every file on K distinct nodes (``node``, the
-    ``replica_nodes`` named, in the same forms, then others picked), under the same
-    root on each or ``replica_root.format(node_id=...)``; reads and writes fail over
-    to a live copy.
+    Returns:
+        A ``pyarrow.fs.PyFileSystem`` over node storage.
 
-    ``durable``: a durable tier beyond the cluster (a URI ``pyarrow.fs.FileSystem
-    .from_uri`` accepts, or a ``(filesystem, path)`` pair) that the storage node's
-    agent feeds in the background, and that reads fall through to where node storage
-    does not hold a path (a new cluster resuming a run). ``storage``: all of these
-    settings in one ``StorageConfig`` (with its durable tier's limits), instead of
-    the keywords.
-
-    What needs Ray (the root on that node, ``replicas`` against the live nodes) is
-    checked where Ray runs; made before ``ray.init``, as this process first ships the
-    filesystem (``Trainer.fit()`` does, before Train's controller starts).
-    ``air_transfer.run_config()`` makes a Ray Train ``RunConfig`` around one.
+    Raises:
+        ValueError: a node that is not live, an IP no live node or several have, a
+            root that exposes system directories, more replicas than live nodes,
+            settings given both as keywords and in ``storage``.
+        NotADirectoryError: the root is a file on the storage node.
     """
     keywords = StorageConfig(
         replicas=replicas,

@@ -24,25 +24,39 @@ def run_config(
     expose_system_dirs: bool = False,
     **options: Any,
 ) -> ray.train.RunConfig:
-    """A Ray Train ``RunConfig`` whose storage is node storage under ``root``:
-    ``storage_filesystem`` is ``storage_filesystem(root=root, node=, config=,
-    storage=, expose_system_dirs=)`` and ``storage_path`` the root (or the
-    ``storage_path`` given, a directory inside it), so the two cannot disagree; the
-    other ``options`` are ``RunConfig``'s own (``name``, ``failure_config``,
-    ``checkpoint_config``...). The run's files are ``root/name/...`` on the storage
-    node (default root: ``~/air_transfer`` of this process).
-
-    Checked at once: a ``storage_path`` outside the root (ValueError), a root that
-    would expose system directories (ValueError); where Ray runs, a root that is a
-    file on the storage node (NotADirectoryError) and more ``storage.replicas`` than
-    live nodes (ValueError). Made before ``ray.init``, those two are checked as
+    """A Ray Train ``RunConfig`` whose storage is node storage under ``root``, so that
+    the root is said once: its ``storage_filesystem`` is ``storage_filesystem(...)``
+    of these settings and its ``storage_path`` the root (or the ``storage_path``
+    given, a directory inside it). The run's files are ``root/name/...`` on the
+    storage node. Made before ``ray.init``, what needs Ray is checked as
     ``Trainer.fit()`` ships the run's storage, before Train's controller starts:
-    ``fit()`` raises them as themselves.
+    ``fit()`` raises it as itself.
 
     Why a function returning Ray's own ``RunConfig``: it is what Trainers take and
     Ray documents, every option of it stays available (and ``dataclasses.replace``
     works on it); the filesystem is a ``pyarrow`` class, and a subclass of
     ``RunConfig`` would be one more type to keep in step with Ray's.
+
+    Args:
+        root: the directory the run's storage lives under (default
+            ``~/air_transfer`` of this process), as ``storage_filesystem(root=)``.
+        node: the storage node, as ``storage_filesystem(node=)``.
+        config: the transfers' chunk size and window.
+        storage: replicas, incremental saves and the durable tier
+            (``StorageConfig``).
+        expose_system_dirs: allow a root that exposes system directories.
+        **options: ``RunConfig``'s own options (``name``, ``storage_path`` inside
+            the root, ``failure_config``, ``checkpoint_config``...).
+
+    Returns:
+        A ``ray.train.RunConfig``.
+
+    Raises:
+        ValueError: a ``storage_path`` outside the root, a root that would expose
+            system directories; where Ray runs, more ``storage.replicas`` than live
+            nodes.
+        NotADirectoryError: where Ray runs, a root that is a file on the storage node.
+        TypeError: ``storage_filesystem=`` given (this makes it).
     """
     if "storage_filesystem" in options:
         raise TypeError(

@@ -23,11 +23,20 @@ from air_transfer.storage.replica_wire import CopyState
 def wait_durable(
     filesystem: pafs.FileSystem, path: str | None = None, timeout: float | None = None
 ) -> None:
-    """Return once everything node storage ``filesystem`` acknowledged before this
-    call (or at and under ``path``) is in its durable tier; TimeoutError after
-    ``timeout`` seconds, naming what is still missing. Call it after
-    ``Trainer.fit()`` and before the cluster goes: the run's last checkpoint then
-    outlives it."""
+    """Return once everything node storage acknowledged before this call is in its
+    durable tier, confirmed there. Call it after ``Trainer.fit()`` and before the
+    cluster goes: the run's last checkpoint then outlives it.
+
+    Args:
+        filesystem: a ``storage_filesystem(durable=...)``.
+        path: only what is at and under this path (default: everything).
+        timeout: seconds to wait at most (default: no limit).
+
+    Raises:
+        TimeoutError: after ``timeout`` seconds, naming what is still missing,
+            what is stuck and the drain's last error.
+        ValueError: ``filesystem`` has no durable tier.
+    """
     handler = _durable_handler(filesystem)
     rel = None if path is None else relative(handler.root, path)
     assert handler.durable is not None
@@ -35,9 +44,20 @@ def wait_durable(
 
 
 def storage_state(filesystem: pafs.FileSystem, path: str) -> StorageState:
-    """Where ``path`` of node storage ``filesystem`` stands: on how many nodes, and
-    whether it is in the durable tier (``StorageState.tier``: local, replicated or
-    durable). FileNotFoundError if no tier holds it."""
+    """Where a path of node storage stands now: on how many nodes, and whether the
+    durable tier holds it as node storage does (asked of the tier itself).
+
+    Args:
+        filesystem: a ``storage_filesystem()``.
+        path: a file or directory of it.
+
+    Returns:
+        Its ``StorageState`` (``.tier``: ``local``, ``replicated`` or ``durable``).
+
+    Raises:
+        FileNotFoundError: no tier holds ``path``.
+        TypeError: ``filesystem`` is not node storage.
+    """
     handler = node_storage_handler(filesystem)
     if handler is None:
         raise TypeError("storage_state takes a storage_filesystem()")
@@ -62,10 +82,20 @@ def _durable_handler(filesystem: pafs.FileSystem) -> NodeStorageHandler:
 
 
 def replica_status(filesystem: pafs.FileSystem) -> list[CopyState]:
-    """Every copy of a ``storage_filesystem(replicas=K)`` and its state: ``fresh``,
-    ``syncing`` (being made again), ``stale``, ``failing`` (its repair failed and is
-    tried again later) or ``failed`` (repair gave up: ``error`` says why; a copy is
-    made on another node if one is free, and making the filesystem again retries it)."""
+    """Every copy of a replicated node storage and its state.
+
+    Args:
+        filesystem: a ``storage_filesystem(replicas=K)``.
+
+    Returns:
+        One ``CopyState`` a copy: ``fresh``, ``syncing`` (being made again),
+        ``stale``, ``failing`` (its repair failed and is tried again later) or
+        ``failed`` (repair gave up: ``error`` says why; a copy is made on another
+        node if one is free, and making the filesystem again retries it).
+
+    Raises:
+        TypeError: ``filesystem`` is not replicated node storage.
+    """
     handler = node_storage_handler(filesystem)
     if not isinstance(handler, ReplicatedHandler):
         raise TypeError(f"not a replicated node storage filesystem: {filesystem!r}")

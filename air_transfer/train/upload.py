@@ -44,13 +44,20 @@ def checkpoint_upload_fn(
     agent of ``node`` already writes the chunks packed so far into the run's storage
     (``RunConfig`` storage, any pyarrow filesystem that node can reach); returns once
     it is stored. Pass it to ``ray.train.report``; set ``node`` or ``config`` with
-    ``functools.partial``.
+    ``functools.partial``. Into a ``storage_filesystem(replicas=K)`` the checkpoint
+    is stored on every live copy, as a report is; on a local filesystem it appears
+    whole and verified.
 
-    ``node`` (a node id, IP address or ``"head"``, as for ``storage_filesystem``)
-    defaults to the storage's node for a ``storage_filesystem()``, else the head
-    node; into a ``storage_filesystem(replicas=K)`` the checkpoint is stored on every
-    live copy, as a report is (``upload_checkpoint``). On a local filesystem the
-    checkpoint appears whole and verified.
+    Args:
+        checkpoint: the reported checkpoint (a local directory).
+        checkpoint_dir_name: the directory name Ray Train chose for it.
+        node: the node whose agent writes it (a node id, IP address or ``"head"``;
+            default: the storage's node for a ``storage_filesystem()``, else the
+            head node).
+        config: the transfer's chunk size and window.
+
+    Returns:
+        The checkpoint as stored in the run's storage.
     """
     if node is not None:
         node = resolve_node(node)
