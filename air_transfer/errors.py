@@ -19,6 +19,13 @@ class ChecksumError(OSError):
     target is not published."""
 
 
+class CodecError(ValueError):
+    """An encoded chunk cannot be decoded into the bytes that were encoded: truncated,
+    a damaged header or payload (its checksum fails), a format version this release
+    does not read, or a length other than the file's record says; or a codec name no
+    codec is registered under. Never wrong bytes returned silently."""
+
+
 class SourceChangedError(OSError):
     """A source file changed (size, times, inode or link count) between the directory
     scan and the end of the read of its bytes, or vanished, so the packed checkpoint

@@ -2,7 +2,8 @@
 written, on one machine. The manifest and its checks, checksums, symlink resolution,
 the directory scan, chunk plans (per-file ones too), proven reads, the writer,
 merge, publish and locks, reuse of stored bytes (clones, links),
-the one deep-tree walker, ``O_DIRECT`` and the internal knobs. May import only
-``air_transfer.config`` and ``air_transfer.errors`` (and the standard library, numpy,
-xxhash, pyarrow); never Ray (an import-linter contract).
+the one deep-tree walker, ``O_DIRECT``, the durable tier's chunk codecs and the
+internal knobs. May import only ``air_transfer.config`` and ``air_transfer.errors``
+(and the standard library, numpy, xxhash, pyarrow, and zstandard where installed: the
+``[codec]`` extra); never Ray (an import-linter contract).
 """

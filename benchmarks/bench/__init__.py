@@ -61,7 +61,9 @@ nodes restoring one checkpoint from node storage at once; see ``bench.readers``)
 ``--incremental`` (5 Train reports sharing 90% of their bytes, full beside
 incremental node storage; see ``bench.incremental_path``) and ``--call``
 (``to_object_ref_async``'s call alone, at sizes a round trip here cannot reach: a
-sparse file of each ``--sizes`` and 20,000 small files; see ``bench.call_path``).
+sparse file of each ``--sizes`` and 20,000 small files; see ``bench.call_path``) and
+``--codec`` (the durable tier's codec on real trained weights, no Ray; see
+``bench.codec_path``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ from typing import Any
 import ray
 
 from benchmarks.bench.call_path import format_call_table, run_call
+from benchmarks.bench.codec_path import format_codec_table, run_codec
 from benchmarks.bench.contenders import all_contenders, contender_function, default_contenders
 from benchmarks.bench.data import (
     GB,
@@ -122,6 +125,7 @@ __all__ = [
     "predicted_peak_bytes",
     "run_bench",
     "run_call",
+    "run_codec",
     "run_dcp",
     "run_incremental",
     "run_readers",
@@ -182,19 +186,26 @@ def main(opts: argparse.Namespace) -> int:
         except ImportError as e:
             progress(str(e))
             return 2
-    separate = (opts.train, opts.readers, opts.dcp, opts.incremental, opts.call, opts.tiered)
+    separate = (opts.train, opts.readers, opts.dcp, opts.incremental, opts.call, opts.tiered,
+                opts.codec)  # fmt: skip
     if sum(map(bool, separate)) > 1:
-        progress("--train, --readers, --dcp, --incremental, --call and --tiered are separate "
-                 "runs: give one")  # fmt: skip
+        progress("--train, --readers, --dcp, --incremental, --call, --tiered and --codec are "
+                 "separate runs: give one")  # fmt: skip
         return 2
     if any(separate) and (opts.contenders or opts.cross_node):
         progress("--contenders and --cross-node do not apply to --train, --readers, --dcp, "
-                 "--incremental, --call or --tiered")  # fmt: skip
+                 "--incremental, --call, --tiered or --codec")  # fmt: skip
         return 2
-    if (opts.dcp or opts.incremental or opts.call or opts.tiered) and opts.plot:
-        progress("--plot does not apply to --dcp, --incremental, --call or --tiered")
+    if (opts.dcp or opts.incremental or opts.call or opts.tiered or opts.codec) and opts.plot:
+        progress("--plot does not apply to --dcp, --incremental, --call, --tiered or --codec")
         return 2
-    if opts.tiered:
+    if (opts.codec_model or opts.codec_level != 1) and not opts.codec:
+        progress("--codec-model and --codec-level apply only to --codec")
+        return 2
+    if opts.codec:
+        report = run_codec(opts)
+        print(format_codec_table(report["results"]))
+    elif opts.tiered:
         report = run_tiered(opts)
         print(format_tiered_table(report["results"]))
     elif opts.call:

