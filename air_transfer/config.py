@@ -236,7 +236,9 @@ class StorageConfig:
             waits for an endpoint that does not answer, before it raises.
         durable_part_bytes: the smallest part of an S3 upload (larger where a file
             needs more than S3's 10,000 parts).
-        durable_codec: how the durable tier stores files: ``identity`` (plain files).
+        durable_codec: how the durable tier stores files: ``identity`` (plain files)
+            or ``bytegroup-zstd`` (a third fewer bytes on bf16 weights; the
+            ``[codec]`` extra).
     """
 
     replicas: int = 1

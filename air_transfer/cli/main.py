@@ -214,6 +214,8 @@ def _cp(args: argparse.Namespace) -> int:
         else:
             sides.append(session.open_other(where))
     (src_fs, src_path), (dst_fs, dst_path) = sides
+    if not isinstance(src, NodePath):  # out of a durable tier: by its manifests, decoded
+        src_fs = session.through_tier(src_fs, src_path)
     tree = copy.plan(src_fs, src_path, dst_fs, dst_path, args.overwrite, str(dst))
     with _bar(args, f"cp {src}", tree.nbytes) as copied:
         sums = copy.copy_tree(src_fs, src_path, dst_fs, dst_path, tree, copied)

@@ -22,6 +22,7 @@ from air_transfer.cluster.nodes import NAMESPACE, REGISTRY_NAME, head_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.streams import AgentLink
+from air_transfer.storage.durable.view import TierView, find_tier
 from air_transfer.storage.node_api import NodeDurable
 from air_transfer.storage.replica_wire import RegistryCalls
 from air_transfer.train import storage_filesystem
@@ -129,6 +130,14 @@ def open_other(path: OtherPath) -> tuple[pafs.FileSystem, str]:
         ) from pyarrow_error
     spec_fs, where = fsspec.core.url_to_fs(path.text)
     return pafs.PyFileSystem(pafs.FSSpecHandler(spec_fs)), _named(path, str(where))
+
+
+def through_tier(fs: pafs.FileSystem, path: str) -> pafs.FileSystem:
+    """``fs`` seen through the durable tier ``path`` lies in, if it does (files read
+    by the tier's manifests, decoded by their codec, every chunk checked); else
+    ``fs`` itself."""
+    target = find_tier(fs, path)
+    return fs if target is None else pafs.PyFileSystem(TierView(target))
 
 
 def _named(path: OtherPath, where: str) -> str:

@@ -115,13 +115,14 @@ def send(
 
 
 def _stored(codec: str, index: int, data: bytes) -> Buffer | None:
-    """Chunk ``index`` as ``codec`` stores it; None if it is the first and does not
-    shrink (the file is then stored as it is, decided once per file)."""
+    """Chunk ``index`` as ``codec`` stores it (``codecs``: encoded where that makes it
+    shorter, else as it is); None if it is the first and does not shrink (the file
+    is then stored as it is, decided once per file)."""
     if codec == IDENTITY:
         return data
     encoded = codecs.encode(codec, data)
     if encoded is None:
-        return None if index == 0 else codecs.stored_raw(codec, data)
+        return None if index == 0 else data
     return encoded
 
 
