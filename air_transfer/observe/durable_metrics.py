@@ -1,7 +1,8 @@
 """Metrics of node storage's durable tier: the bytes not yet there
 (``air_transfer_durable_lag_bytes``, a gauge per storage), the bytes uploaded
-(``air_transfer_durable_uploaded_bytes``, a counter) and the passes that failed
-(``air_transfer_durable_upload_errors``, a counter by error class).
+(``air_transfer_durable_uploaded_bytes``, a counter), how fast the last pass sent
+them (``air_transfer_durable_upload_bytes_per_second``, a gauge) and the passes that
+failed (``air_transfer_durable_upload_errors``, a counter by error class).
 
 Beside ``metrics`` (same switch, ``AIR_TRANSFER_METRICS``, same prefix), made on
 first use in the process that drains (the storage node's agent); a process without
@@ -26,7 +27,10 @@ _DESCRIPTIONS = {
     "durable_lag_bytes": "Bytes of node storage not yet in its durable tier.",
     "durable_uploaded_bytes": "Bytes node storage's drain uploaded to the durable tier.",
     "durable_upload_errors": "Drain passes of node storage that failed (retried).",
+    "durable_upload_bytes_per_second": "Bytes per second the last drain pass that sent "
+    "any uploaded to the durable tier.",
 }
+_GAUGES = ("durable_lag_bytes", "durable_upload_bytes_per_second")
 
 
 def _metric(name: str) -> object | None:
@@ -36,7 +40,7 @@ def _metric(name: str) -> object | None:
         if name not in _made:
             from ray.util.metrics import Counter, Gauge
 
-            kind = Gauge if name == "durable_lag_bytes" else Counter
+            kind = Gauge if name in _GAUGES else Counter
             tags = ("node_id", "error") if name == "durable_upload_errors" else ("node_id",)
             try:
                 _made[name] = kind(PREFIX + name, _DESCRIPTIONS[name], tag_keys=tags)
@@ -64,6 +68,11 @@ def lag(nbytes: int) -> None:
 def uploaded(nbytes: int) -> None:
     if nbytes:
         _record("durable_uploaded_bytes", "inc", nbytes)
+
+
+def upload_rate(bytes_per_s: float) -> None:
+    """How fast the last drain pass that sent anything sent it."""
+    _record("durable_upload_bytes_per_second", "set", bytes_per_s)
 
 
 def upload_error(error: str) -> None:

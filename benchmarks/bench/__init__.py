@@ -88,6 +88,7 @@ from benchmarks.bench.data import (
     tree_digest,
 )
 from benchmarks.bench.dcp_path import format_dcp_table, run_dcp
+from benchmarks.bench.drain_speed import format_drain_line
 from benchmarks.bench.incremental_path import format_incremental_table, run_incremental
 from benchmarks.bench.measure import predicted_peak_bytes, skip_reason
 from benchmarks.bench.options import add_bench_options
@@ -208,6 +209,7 @@ def main(opts: argparse.Namespace) -> int:
     elif opts.tiered:
         report = run_tiered(opts)
         print(format_tiered_table(report["results"]))
+        print(format_drain_line(report["drain"]))
     elif opts.call:
         report = run_call(opts)
         print(format_call_table(report["results"]))

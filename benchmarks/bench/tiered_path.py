@@ -48,6 +48,7 @@ from air_transfer import StorageConfig, TransferConfig
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.node_api import NodeDurable
 from benchmarks.bench.data import tree_digest
+from benchmarks.bench.drain_speed import drain_throughput
 from benchmarks.bench.incremental_path import REPORTS, make_sources, new_time_log, report_loop
 from benchmarks.bench.runner import progress
 from benchmarks.bench.s3_endpoint import S3Endpoint
@@ -189,6 +190,8 @@ def run_tiered(opts: argparse.Namespace) -> dict[str, Any]:
                 rows.append(
                     run_contender(contender, sources, endpoint, opts.data_dir, opts.chunk_mib * MiB)
                 )
+            progress("the drain's throughput against copy_files with threads")
+            drain = drain_throughput(endpoint, BUCKET, opts.data_dir, total, opts.chunk_mib * MiB)
     finally:
         shutil.rmtree(parent, ignore_errors=True)
     add_ratios(rows)
@@ -203,6 +206,7 @@ def run_tiered(opts: argparse.Namespace) -> dict[str, Any]:
         },
         "machine": machine_info(opts.data_dir),
         "results": rows,
+        "drain": drain,
     }
 
 

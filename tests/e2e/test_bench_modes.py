@@ -171,4 +171,6 @@ def test_tiered_mode_reports_into_s3_both_ways_every_restore_verified(tmp_path: 
         assert len(r["report_s"]) == 5 and r["report_ratio_to_ray_sync"] is not None
     assert set(rows["air-tiered"]["restore_s"]) == {"node storage", "bucket"}
     assert 0 < rows["air-tiered"]["sent_bytes"] < rows["ray-s3-sync"]["sent_bytes"]
+    drain = report["drain"]  # the drain's throughput beside copy_files with threads
+    assert drain["drain_mb_s"] > 0 and drain["copy_files_threads_mb_s"] > 0
     assert "x sync" in proc.stdout

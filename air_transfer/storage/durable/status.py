@@ -28,3 +28,5 @@ class DrainStatus:
     confirmed: int = 0
     #: Files that did not reach the tier at the last try, and why (the first ones).
     stuck: tuple[tuple[str, str], ...] = ()
+    #: How fast the last pass that sent anything sent it (bytes per second).
+    bytes_per_s: float = 0.0

@@ -184,10 +184,11 @@ class Drainer:
                 progress = self.work.progress
                 stuck = tuple(sorted(progress.stuck.items()))[:SHOWN]
                 uploaded, copied = progress.uploaded, progress.copied
+                rate = progress.bytes_per_s
             return DrainStatus(
                 self.epoch, self._requested, self._completed, lag + reserved, pending,
                 uploaded, copied, self._errors, self._last_error, self._passes, deletes,
-                durable, self._confirmed, stuck,
+                durable, self._confirmed, stuck, rate,
             )  # fmt: skip
 
     # -- the loop -----------------------------------------------------------------------

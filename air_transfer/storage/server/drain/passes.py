@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field, replace
 
 from air_transfer.core.checksum import chunk_checksum
@@ -67,6 +68,8 @@ class Progress:
     copied: int = 0
     stuck: dict[str, str] = field(default_factory=dict)
     lost: int = 0
+    #: How fast the last pass that sent anything sent it.
+    bytes_per_s: float = 0.0
 
 
 class Drain:
@@ -103,11 +106,19 @@ class Drain:
     # -- a pass --------------------------------------------------------------------------
     def run(self, confirm_all: bool) -> None:
         """One pass (see the module); raises if any file did not reach the tier."""
+        start, sent = time.perf_counter(), self.progress.uploaded
         try:
             self._run(confirm_all)
         except BaseException:
             self.leftovers = True  # a part may be left open: aborted next pass
             raise
+        finally:
+            moved = self.progress.uploaded - sent
+            if moved:
+                rate = moved / max(time.perf_counter() - start, 1e-9)
+                with self.lock:
+                    self.progress.bytes_per_s = rate
+                durable_metrics.upload_rate(rate)
 
     def _run(self, confirm_all: bool) -> None:
         if self.tree is None:
