@@ -1,7 +1,7 @@
 """Ray Train with a durable tier (moto's S3 server over HTTP) when the tier fails: a run
-resumed on a new cluster whose latest checkpoint lost an object in the bucket restores
-the newest checkpoint that is whole, byte for byte, never the broken one without its
-file, for a plain checkpoint and a torch DCP one alike; a run started while the
+resumed on a new cluster whose latest checkpoint lost an object in the bucket, or had
+one replaced, restores the newest checkpoint that is whole, byte for byte, never the
+broken one, for a plain checkpoint and a torch DCP one alike; a run started while the
 endpoint is down waits for it within the bound, then trains and drains."""
 
 from __future__ import annotations
@@ -32,6 +32,14 @@ def _restored(metrics: dict[str, Any]) -> bool:
     """Whether a report's metrics say it restored a checkpoint (a number, not NaN)."""
     step = metrics.get("restored_step")
     return isinstance(step, (int, float)) and step == step
+
+
+def _flip(s3: S3Server, key: str, data: bytes) -> None:
+    """The object ``key`` replaced by ``data`` with one bit flipped (same size)."""
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 1
+    client: Any = s3.client()
+    client.put_object(Bucket="runs", Key=key, Body=bytes(flipped))
 
 
 def _drop(s3: S3Server, key: str) -> None:
@@ -66,7 +74,10 @@ def test_a_resumed_run_restores_the_newest_checkpoint_that_is_whole(
             for rel in bucket
             if f"{run}/{latest}/" in rel and not rel.endswith((".json", ".metadata"))
         )
-        _drop(s3, f"fallback/{inside[0]}")
+        if run == "durable-run":
+            _drop(s3, f"fallback/{inside[0]}")  # an object gone
+        else:
+            _flip(s3, f"fallback/{inside[0]}", bucket[inside[0]])  # a byte flipped
     shared_cluster()
     fs = air_transfer.storage_filesystem(root=str(root), durable=uri)
     second = _fit(root, fs, steps=4)
@@ -77,7 +88,7 @@ def test_a_resumed_run_restores_the_newest_checkpoint_that_is_whole(
     assert resumed["restored_digests"] == reported[1]  # byte for byte
     again = _fit_dcp(root, fs, steps=3)
     [restart] = [m for _, m in again.best_checkpoints if _restored(m)]
-    assert restart["step"] == 1  # step 1's shard is gone: step 0's, on both ranks
+    assert restart["step"] == 1  # step 1's shard was replaced: step 0's, on both ranks
     assert restart["restored_step"] == 0
     assert restart["restored_digests"] == [dcp_digests[0]] * 2
 

@@ -95,8 +95,14 @@ def test_a_drain_killed_mid_upload_leaves_no_file_in_a_directory(tmp_path: Path)
 
 
 def test_an_endpoint_down_for_a_while_is_caught_up_with(
-    s3: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    s3: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Reports land while the endpoint is down; the drain retries, then catches up,
+    and says so in three lines: it drains, it falls behind, it caught up."""
+    from air_transfer.storage.server.drain import loop
+
+    monkeypatch.setattr(loop, "BEHIND_S", 0.0)  # behind at once, for the test
+    caplog.set_level(logging.INFO)
     root = tmp_path / "root"
     write_file(root / "a.bin", b"a" * 1000)
     target = DurableTarget.parse((s3.filesystem(attempts=1), "ckpts/down"))
@@ -112,8 +118,11 @@ def test_an_endpoint_down_for_a_while_is_caught_up_with(
             s3.proxy.up()
         drained(drainer, 90)
     assert_same(root, target)
-    warned = [r for r in caplog.records if "did not take node storage" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("air_transfer")]
+    warned = [m for m in said if "did not take node storage" in m]
     assert len(warned) == 1  # once per kind of error, however many passes failed
+    for line in ("drains into the durable tier", "falls behind", "caught up"):
+        assert sum(line in m for m in said) == 1, (line, said)
 
 
 def test_refused_credentials_are_retried_and_never_lose_a_file(

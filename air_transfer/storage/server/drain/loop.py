@@ -35,6 +35,8 @@ from air_transfer.storage.server.drain.state import background
 logger = logging.getLogger(__name__)
 #: How long an admitted report's bytes count before they are in node storage.
 RESERVATION_S = 600.0
+#: How long bytes stay not durable before the drain says it falls behind.
+BEHIND_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,8 @@ class Drainer:
         self._scrubbed_at = time.monotonic()
         self._logged: set[str] = set()
         self._reserved: dict[str, tuple[int, float]] = {}
+        self._behind_since: float | None = None
+        self._behind_logged = False
         self._thread: threading.Thread | None = None
 
     # -- control ------------------------------------------------------------------------
@@ -194,6 +198,10 @@ class Drainer:
     # -- the loop -----------------------------------------------------------------------
     def _run(self) -> None:
         background()
+        logger.info(
+            "air-transfer: node storage %s drains into the durable tier %s", self.root,
+            self.target.uri,
+        )  # fmt: skip
         while True:
             with self._cond:
                 step = self._decide()
@@ -230,7 +238,9 @@ class Drainer:
             with self._cond:
                 self._failures += 1
                 self._retry_at = time.monotonic() + backoff_s(self._failures, self.settings)
+            self._watch_lag()
             return
+        self._watch_lag()
         with self._cond:
             self._failures, self._retry_at = 0, 0.0
             self._completed = max(self._completed, ticket)
@@ -240,6 +250,29 @@ class Drainer:
             self._passes += 1
             self._cond.notify_all()
         durable_metrics.lag(self.work.lag_bytes())
+
+    def _watch_lag(self) -> None:
+        """Say once when bytes stay not durable for ``BEHIND_S`` (the tier is slower
+        than the run, or down), and once when it has caught up again."""
+        lag = self.work.lag_bytes()
+        now = time.monotonic()
+        if lag == 0:
+            if self._behind_logged:
+                logger.info(
+                    "air-transfer: the durable tier %s caught up with node storage %s",
+                    self.target.uri, self.root,
+                )  # fmt: skip
+            self._behind_since, self._behind_logged = None, False
+            return
+        if self._behind_since is None:
+            self._behind_since = now
+        elif now - self._behind_since >= BEHIND_S and not self._behind_logged:
+            self._behind_logged = True
+            logger.warning(
+                "air-transfer: the durable tier %s falls behind node storage %s: %d bytes "
+                "not durable for %.0f s (last error: %s)",
+                self.target.uri, self.root, lag, now - self._behind_since, self._last_error,
+            )  # fmt: skip
 
     def _leading(self) -> bool:
         if self.leads is None:
