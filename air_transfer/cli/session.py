@@ -21,7 +21,9 @@ from air_transfer.cli.connect import join, say
 from air_transfer.cluster.nodes import NAMESPACE, REGISTRY_NAME, head_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.storage.client import replica_set
+from air_transfer.storage.client.handler import NodeStorageHandler
 from air_transfer.storage.client.streams import AgentLink
+from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.view import TierView, find_tier
 from air_transfer.storage.node_api import NodeDurable
 from air_transfer.storage.replica_wire import RegistryCalls
@@ -90,7 +92,9 @@ def open_storage(
     node = node_id(path.node or default_node)
     if durable is not None:
         _require_draining(node, path.path, durable)
-        fs = storage_filesystem(node=node, config=CONFIG, root=path.path, durable=durable)
+        # Reads only: a handler without drain settings never attaches a drain.
+        tier = DurableTarget.parse(durable)
+        fs = pafs.PyFileSystem(NodeStorageHandler(node, path.path, CONFIG, tier, drain=None))
         one = ((node, path.path),)
         return Storage(node, path.path, fs, one, one, durable)
     found = _replicated(node, path.path)
