@@ -33,22 +33,24 @@ TOKEN_HELP = (
 )
 
 
-def join(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
+def join(address: str, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> str | None:
     """Join the Ray cluster at ``address`` (``auto``: the one Ray finds from this
     machine) as a driver; the line that says which cluster was joined (None if this
     process had joined one already). ConnectionError naming the address and the
-    cause (none found, nothing listening, no GCS answering, a refused token)."""
+    cause (none found, nothing listening, no GCS answering within ``timeout_s``, a
+    refused token)."""
+    reach_s = min(CONNECT_TIMEOUT_S, timeout_s)
     if ray.is_initialized():
         return None
     given = (os.environ.get("RAY_ADDRESS") or address) if address == "auto" else address
     named = f"--address {address}" + (f" (RAY_ADDRESS={given})" if given != address else "")
     if given.startswith(CLIENT_SCHEME):
         target = given
-        reach(given[len(CLIENT_SCHEME) :], named, timeout_s)
+        reach(given[len(CLIENT_SCHEME) :], named, reach_s)
     else:
         target = resolve(address, named)
-        reach(target, named, timeout_s)
-        handshake(target, named, address == "auto", HANDSHAKE_TIMEOUT_S)
+        reach(target, named, reach_s)
+        handshake(target, named, address == "auto", timeout_s)
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     except (ConnectionError, RuntimeError) as e:

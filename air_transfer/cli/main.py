@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from air_transfer.cli.address import NODE_FORMS, parse_location, parse_node_path
+from air_transfer.cli.connect import HANDSHAKE_TIMEOUT_S
 from air_transfer.cli.output import emit_json, human_bytes, redact
 
 #: What a command reports as an error of the user's or of the storage (not a bug).
@@ -44,6 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="the Ray cluster to join (default: auto, the one this machine is part of; "
         "RAY_ADDRESS works too)",
+    )
+    common.add_argument(
+        "--connect-timeout",
+        type=_seconds,
+        default=HANDSHAKE_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long the cluster may take to answer before the command fails "
+        "(default: %(default)s)",
     )
     common.add_argument(
         "--node",
@@ -170,7 +179,7 @@ def _ls(args: argparse.Namespace) -> int:
     top = parse_node_path(args.root)
     from air_transfer.cli import listing, session
 
-    session.connect(args.address)
+    session.connect(args.address, args.connect_timeout)
     storage = session.open_storage(top, args.node, args.durable)
     records = listing.list_checkpoints(storage, top.path)
     if args.json:
@@ -188,7 +197,7 @@ def _verify(args: argparse.Namespace) -> int:
     target = parse_node_path(path).path
     from air_transfer.cli import session, verify
 
-    session.connect(args.address)
+    session.connect(args.address, args.connect_timeout)
     storage = session.open_storage(top, args.node, args.durable)
     with _bar(args, f"verify {target}", verify.total_bytes(storage, target)) as advance:
         report = verify.verify(storage, target, advance)
@@ -207,7 +216,7 @@ def _cp(args: argparse.Namespace) -> int:
     sides = []
     for where in (src, dst):
         if isinstance(where, NodePath):
-            session.connect(args.address)
+            session.connect(args.address, args.connect_timeout)
             # Any path the user names, as cp reaches it: the whole disk, asked for.
             storage = session.open_storage(where, args.node, root="/", expose_system_dirs=True)
             sides.append((storage.filesystem, where.path))
@@ -233,7 +242,7 @@ def _clean(args: argparse.Namespace) -> int:
     top = parse_node_path(args.root)
     from air_transfer.cli import clean, session
 
-    session.connect(args.address)
+    session.connect(args.address, args.connect_timeout)
     storage = session.open_storage(top, args.node)
     records = clean.clean(storage, top.path, args.dry_run, args.upload_age)
     if args.json:

@@ -17,7 +17,7 @@ import pyarrow.fs as pafs
 import ray
 
 from air_transfer.cli.address import NodePath, OtherPath, check_node
-from air_transfer.cli.connect import join, say
+from air_transfer.cli.connect import HANDSHAKE_TIMEOUT_S, join, say
 from air_transfer.cluster.nodes import NAMESPACE, REGISTRY_NAME, head_node_id
 from air_transfer.config import TransferConfig
 from air_transfer.storage.client import replica_set
@@ -33,11 +33,11 @@ from air_transfer.train import storage_filesystem
 CONFIG = TransferConfig(progress=False)
 
 
-def connect(address: str) -> None:
+def connect(address: str, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
     """Join the running Ray cluster at ``address`` (``auto``: the one this machine
     belongs to) as a driver, and say which on stderr; ConnectionError naming the
-    address and the cause within seconds if it cannot (``cli.connect``)."""
-    say(join(address))
+    address and the cause within ``timeout_s`` if it cannot (``cli.connect``)."""
+    say(join(address, timeout_s))
 
 
 def node_id(spec: str | None) -> str:
