@@ -61,6 +61,11 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("ray.train.v2._internal.constants", "is_v2_enabled"),
     ("ray._private.services", "canonicalize_bootstrap_address"),
     ("ray._raylet", "InnerGcsClient.standalone"),
+    ("ray._private.state", "GlobalState.get_draining_nodes"),
+    (
+        "ray.train.v2._internal.execution.checkpoint.checkpoint_manager",
+        "CheckpointManager.before_init_train_context",
+    ),
 )
 #: Keyword of ``.options()`` that bounds how far a streaming generator runs ahead of
 #: its consumer (Ray's own streaming ``DataIterator`` uses it); not in the public docs.
@@ -468,3 +473,11 @@ def install_restore_choice(choose: Choose) -> bool:
     manager.CheckpointManager.before_init_train_context = before_init_train_context
     _restore_choice_installed = True
     return True
+
+
+def draining_nodes() -> dict[str, int]:
+    """The nodes Ray says will go (the autoscaler scales them down, the cloud preempts
+    them): hex node id -> the deadline in ms since the epoch (0: none). Read from the
+    GCS by Ray Train's own preemption watcher through the same private name."""
+    found: dict[str, int] = ray._private.state.state.get_draining_nodes()  # private
+    return {str(node): int(deadline) for node, deadline in found.items()}

@@ -55,12 +55,15 @@ class CopyState:
     error: str | None = None  # the last one's error
 
 
-def drain_leader(fresh: Iterable[str], primary: str) -> str | None:
+def drain_leader(fresh: Iterable[str], primary: str, leaving: Iterable[str] = ()) -> str | None:
     """Which copy's agent drains a replicated storage into its durable tier: the
     storage node's while its copy is fresh, else the first fresh copy by node id
-    (None: no copy is fresh). Both rooms apply this one rule: the drains, to tell
+    (None: no copy is fresh); a copy on a node that Ray says will go (``leaving``)
+    only when no other is fresh. Both rooms apply this one rule: the drains, to tell
     whether they lead, and callers, to ask the leading one."""
     nodes = set(fresh)
+    staying = nodes - set(leaving)
+    nodes = staying or nodes
     if primary in nodes:
         return primary
     return min(nodes) if nodes else None

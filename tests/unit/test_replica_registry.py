@@ -48,6 +48,25 @@ def test_repair_takes_a_stale_member_first_then_a_new_node() -> None:
     assert [n for n, _ in r.view(KEY)[0]] == ["n0", "n2"]  # type: ignore[index]
 
 
+def test_a_copy_on_a_node_that_will_go_is_made_elsewhere_first() -> None:
+    """Ray says n1 will go (downscaled, preempted): its copy does not count towards
+    K, repair makes one on a node that stays, and serves from n1 while it lives if
+    it holds the only fresh copy; n1 is never a target."""
+    r = registry()
+    leaving = frozenset({"n1"})
+    assert r.under_replicated({"n0", "n1", "n2"}, leaving) == [(KEY, 1, 2)]
+    assert r.plan_repair(KEY, {"n0", "n1", "n2"}, leaving) == (("n0", "/r"), ("n2", "/c/n2"))
+    assert r.take_touched(KEY, "n2") == (set(), False) and r.finish_sync(KEY, "n2")
+    assert r.under_replicated({"n0", "n1", "n2"}, leaving) == []
+    other = ReplicaRegistry()
+    other.register(KEY, [("n0", "/r"), ("n1", "/c/n1")], 2, "/c/{node_id}")
+    other.end(KEY, begun(other, ["f"])[0], ["n0"], ["f"])  # n0 stale: n1 alone fresh
+    planned = other.plan_repair(KEY, {"n0", "n1", "n2"}, leaving)
+    assert planned == (("n1", "/c/n1"), ("n0", "/r"))  # from n1 before it goes
+    other.abandon_sync(KEY, "n0")
+    assert other.plan_repair(KEY, {"n1"}, leaving) is None  # no node stays: nowhere to go
+
+
 def test_a_syncing_copy_is_fresh_only_after_a_pass_without_writes() -> None:
     r = registry()
     r.end(KEY, begun(r, [])[0], ["n1"], [])

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import ray
 
+from air_transfer.cluster import _ray
 from air_transfer.cluster.nodes import (
     names_a_node_by_role_or_address,
     resolve_node,
@@ -160,7 +161,7 @@ class ReplicatedHandler(NodeStorageHandler):
     def drain_point(self) -> DrainPoint:
         """The copy whose agent drains this storage now (``drain_leader``)."""
         copies, fresh, _, _ = self.ensure()
-        leader = drain_leader(fresh, self.node_id)
+        leader = drain_leader(fresh, self.node_id, _ray.draining_nodes())
         if leader is None:
             raise ConnectionError(
                 f"no fresh copy of node storage {self.root!r} drains it into its durable tier"

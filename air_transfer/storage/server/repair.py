@@ -172,11 +172,18 @@ class Copier:
         return size
 
 
-def repair_one(registry: ReplicaRegistry, key: str, live: set[str], pace: Pace) -> bool:
-    """Re-make one copy of storage ``key`` (True if one was made fresh). Its root is
-    claimed first (``replica_marker``: refused if it is another copy's directory or
-    holds files the storage did not write, which emptying it would destroy)."""
-    plan = registry.plan_repair(key, live)
+def repair_one(
+    registry: ReplicaRegistry,
+    key: str,
+    live: set[str],
+    pace: Pace,
+    leaving: frozenset[str] = frozenset(),
+) -> bool:
+    """Re-make one copy of storage ``key`` (True if one was made fresh), elsewhere
+    than on a node that will go (``leaving``). Its root is claimed first
+    (``replica_marker``: refused if it is another copy's directory or holds files the
+    storage did not write, which emptying it would destroy)."""
+    plan = registry.plan_repair(key, live, leaving)
     if plan is None:
         return False
     source, target = plan
@@ -255,10 +262,13 @@ def measure(registry: ReplicaRegistry, key: str, live: set[str]) -> None:
         return
 
 
-def repair_pass(registry: ReplicaRegistry, live: set[str]) -> None:
-    """Count what is short of K copies, and re-make it."""
-    for key, _, _ in registry.under_replicated(live):
+def repair_pass(
+    registry: ReplicaRegistry, live: set[str], leaving: frozenset[str] = frozenset()
+) -> None:
+    """Count what is short of K copies, and re-make it; a copy on a node that Ray
+    says will go (``leaving``: downscaled, preempted) is made elsewhere first."""
+    for key, _, _ in registry.under_replicated(live, leaving):
         measure(registry, key, live)
     replica_metrics.under_replicated(registry.missing_bytes(live))
-    for key, _, _ in registry.under_replicated(live):
-        repair_one(registry, key, live, Pace(repair_rate()))
+    for key, _, _ in registry.under_replicated(live, leaving):
+        repair_one(registry, key, live, Pace(repair_rate()), leaving)

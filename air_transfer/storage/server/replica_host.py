@@ -66,7 +66,8 @@ class ReplicaHost(ReplicaRegistry):
         resolve_dead(self, live_node_ids(), _ray.worker_alive)
 
     def _repair(self) -> None:
-        repair_pass(self, live_node_ids())
+        leaving = frozenset(_ray.draining_nodes())  # their copies go elsewhere first
+        repair_pass(self, live_node_ids(), leaving)
 
     def _tend(self, job: Callable[[], None]) -> None:
         while not self._stop.wait(POLL_S):

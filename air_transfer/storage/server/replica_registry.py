@@ -228,12 +228,15 @@ class ReplicaRegistry(RegistryCalls):
             self._storages[key].nbytes = nbytes
 
     # -- repair ------------------------------------------------------------------------
-    def under_replicated(self, live: set[str]) -> list[tuple[str, int, int]]:
-        """``(key, fresh live copies, K)`` of each storage with fewer than K."""
+    def under_replicated(
+        self, live: set[str], leaving: frozenset[str] = frozenset()
+    ) -> list[tuple[str, int, int]]:
+        """``(key, fresh copies that stay, K)`` of each storage with fewer than K: a
+        copy on a node that Ray says will go (``leaving``) does not count."""
         with self._lock:
             out = []
             for key, s in self._storages.items():
-                have = len(s.fresh & live)
+                have = len(s.fresh & (live - leaving))
                 if have < s.wanted:
                     out.append((key, have, s.wanted))
             return out
@@ -245,23 +248,29 @@ class ReplicaRegistry(RegistryCalls):
             storages = [self._storages[key]] if key else list(self._storages.values())
             return sum(s.nbytes * max(0, s.wanted - len(s.fresh & live)) for s in storages)
 
-    def plan_repair(self, key: str, live: set[str]) -> tuple[Copy, Copy] | None:
+    def plan_repair(
+        self, key: str, live: set[str], leaving: frozenset[str] = frozenset()
+    ) -> tuple[Copy, Copy] | None:
         """The next copy to re-make: ``(source, target)``, a fresh live source and a
         live node that is not a fresh copy (a stale member first, else a node that is
         no member, which takes a dead member's place), or None. A member whose repair
         failed is tried again in its turn (``Failure.retry_at``); only once it is
-        given up on is a node that is no member taken instead. The target is syncing from here on:
-        writes go to it."""
+        given up on is a node that is no member taken instead. A node that Ray says
+        will go (``leaving``) is never a target and its copy does not count towards
+        K, but serves as a source while it lives: its copy is made elsewhere before
+        it goes. The target is syncing from here on: writes go to it."""
         with self._lock:
             s = self._storages[key]
             now = time.time()
-            sources = sorted(s.fresh & live)
-            if not sources or len(sources) >= s.wanted or s.syncing:
+            staying = live - leaving
+            fresh = s.fresh & live
+            if not fresh or len(fresh & staying) >= s.wanted or s.syncing:
                 return None
-            behind = [n for n in sorted(s.roots) if n in live and n not in s.fresh]
+            sources = sorted(fresh & staying) + sorted(fresh & leaving)
+            behind = [n for n in sorted(s.roots) if n in staying and n not in s.fresh]
             stale = [n for n in behind if s.repairable(n, now)]
             pending = [n for n in behind if not s.failures[n].given_up] if not stale else []
-            others = sorted(n for n in live - set(s.roots) if s.repairable(n, now))
+            others = sorted(n for n in staying - set(s.roots) if s.repairable(n, now))
             if stale:
                 target = stale[0]
             elif pending:  # its next try comes: a node of its own is not given up lightly

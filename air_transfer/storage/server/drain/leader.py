@@ -22,6 +22,7 @@ def replica_leads(key: str, node: str, primary: str) -> Callable[[], bool]:
         saved = _ray.kv_items(NAMESPACE, RECORD_PREFIX + key).get(RECORD_PREFIX + key)
         if saved is None:  # not registered yet: the storage node's copy
             return node == primary
-        return drain_leader(Replicated.from_record(saved).fresh, primary) == node
+        fresh = Replicated.from_record(saved).fresh
+        return drain_leader(fresh, primary, _ray.draining_nodes()) == node
 
     return leads
