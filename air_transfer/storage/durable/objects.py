@@ -151,7 +151,11 @@ def open_whole(
 
 def write_whole(fs: pafs.FileSystem, path: str, data: Buffer) -> str:
     """``data`` at ``path``, whole or not at all; its version tag."""
-    writer = open_whole(fs, path, size=len(memoryview(data)))
+    return _filled(open_whole(fs, path, size=len(memoryview(data))), data)
+
+
+def _filled(writer: Whole, data: Buffer) -> str:
+    """``writer`` given ``data`` and committed (aborted if writing fails); its tag."""
     try:
         writer.write(data)
     except BaseException:
@@ -200,13 +204,7 @@ class TierObjects:
 
     def put(self, path: str, data: Buffer, digest: str | None = None) -> str:
         """``data`` at ``path``, whole; its tag."""
-        writer = self.writer(path, len(memoryview(data)), digest)
-        try:
-            writer.write(data)
-        except BaseException:
-            writer.abort()
-            raise
-        return writer.commit()
+        return _filled(self.writer(path, len(memoryview(data)), digest), data)
 
     def head(self, path: str) -> Head | None:
         """What is at ``path`` now (None: nothing, or not a file)."""
