@@ -23,13 +23,10 @@ from air_transfer.cluster.nodes import node_agent, this_node_id
 from air_transfer.cluster.rpc import P, R, S, group_of
 from air_transfer.core.process_locks import ProcessLock
 
-#: What node storage says of a path: ``(pyarrow FileType, size, mtime_ns)``.
+#: Node storage's wire types live in ``storage.node_wire``; these two stay only for
+#: ``storage.durable.reads``, until it imports them from there.
 Info = tuple[int, int | None, int | None]
-#: One entry of a listing: ``(path relative to the listed base, type, size, mtime_ns)``.
 Listed = tuple[str, int, int | None, int | None]
-#: What an append expects to find at commit: (device, inode, size, mtime_ns) of the
-#: file it copied, () for no file; None: a plain write, which expects nothing.
-Expect = tuple[int, ...] | None
 
 Ref = ray.ObjectRef[Any]
 T = TypeVar("T")

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import pyarrow.fs as pafs
 
-from air_transfer.cluster.agent_client import Expect, Info, Listed
 from air_transfer.cluster.refs import ChecksumRef, ChunkRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.file_chunks import ChunkedFiles
@@ -29,6 +28,7 @@ from air_transfer.storage.durable.records import FileRecord
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget
+from air_transfer.storage.node_wire import Expect, Info, Listed
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12

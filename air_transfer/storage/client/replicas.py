@@ -35,7 +35,7 @@ from air_transfer.observe import replica_metrics
 from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.durable_wait import DrainPoint
 from air_transfer.storage.client.handler import NodeStorageHandler
-from air_transfer.storage.client.replica_set import full, is_lost, on_copy
+from air_transfer.storage.client.replica_set import full, is_lost
 from air_transfer.storage.client.replica_write import ReplicaWrite
 from air_transfer.storage.client.same_node import open_native
 from air_transfer.storage.client.streams import AgentLink, _chunks, read_chunk_bytes
@@ -44,7 +44,14 @@ from air_transfer.storage.durable.reads import open_verified
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.node_api import NodeDurable, NodeFiles
-from air_transfer.storage.replica_wire import Copy, CopyState, RegistryCalls, drain_leader
+from air_transfer.storage.replica_wire import (
+    Copy,
+    CopyState,
+    RegistryCalls,
+    drain_leader,
+    on_copy,
+    storage_key,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -100,7 +107,7 @@ class ReplicatedHandler(NodeStorageHandler):
 
     @property
     def key(self) -> str:
-        return f"{self.node_id}:{self.root}"
+        return storage_key(self.node_id, self.root)
 
     # -- the copies --------------------------------------------------------------------
     def ensure(self) -> tuple[list[Copy], list[str], list[str], int]:

@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, cast
 import numpy as np
 import ray
 
-from air_transfer.cluster.agent_client import Expect
 from air_transfer.cluster.refs import ChunkRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum, chunk_hasher
@@ -54,6 +53,7 @@ from air_transfer.storage.client.replica_set import full
 from air_transfer.storage.client.same_node import open_staging
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.node_api import Commit, IndexedCommit, NodeFiles, NodeIndexedUploads
+from air_transfer.storage.node_wire import Expect
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12

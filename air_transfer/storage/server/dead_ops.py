@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.storage.node_api import NodeFiles
+from air_transfer.storage.replica_wire import key_parts
 from air_transfer.storage.server.repair import Copier, Pace, get, repair_rate
 from air_transfer.storage.server.replica_record import BUSY_S, Op
 from air_transfer.storage.server.replica_registry import ReplicaRegistry
@@ -93,7 +94,7 @@ def resolve(registry: ReplicaRegistry, key: str, op_id: str, op: Op, live: set[s
         if staging is not None:
             with contextlib.suppress(Exception):
                 get(AgentClient(node).call(NodeFiles.fs_abort, roots[node], staging))
-    primary = key.split(":", 1)[0]
+    primary, _ = key_parts(key)
     order = sorted(settled, key=lambda n: (n != primary, n))
     sources = [n for n in order if n in fresh]
     missed = [n for n in op.targets if n not in settled]

@@ -28,7 +28,6 @@ import os
 import posixpath
 import stat
 
-from air_transfer.cluster.agent_client import Info
 from air_transfer.core.confine import (
     Raced,
     Where,
@@ -41,6 +40,7 @@ from air_transfer.core.confine import (
 )
 from air_transfer.core.staging import REPLICA_MARK, is_internal
 from air_transfer.core.tree_removal import remove_tree
+from air_transfer.storage.node_wire import Info
 from air_transfer.storage.server.tree import (
     NOT_FOUND,
     STAGING_MARK,

@@ -21,7 +21,6 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from air_transfer.cluster import liveness
-from air_transfer.cluster.agent_client import Expect, Info, Listed
 from air_transfer.cluster.refs import ChecksumRef, ChunkRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.file_chunks import ChunkedFiles
@@ -39,6 +38,7 @@ from air_transfer.storage.node_api import (
     NodeFiles,
     NodeReads,
 )
+from air_transfer.storage.node_wire import Expect, Info, Listed
 from air_transfer.storage.server.chunk_cache import (
     DirectoryTransfers,
     FileChunks,
@@ -50,7 +50,7 @@ from air_transfer.storage.server.drain.tiered import TieredDisk
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.metadata import DiskStorage, storage_path
 from air_transfer.storage.server.op_fence import OpFence
-from air_transfer.storage.server.reads import read_chunks
+from air_transfer.storage.server.reads import read_stored_chunks
 from air_transfer.storage.server.replica_marker import claim as claim_copy
 from air_transfer.storage.server.report_ledger import ReportLedger
 from air_transfer.storage.server.senders import sender
@@ -185,7 +185,7 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
     def disk_read(
         self, root: str, path: str, size: int, chunk_bytes: int, first: int
     ) -> Iterator[np.ndarray]:
-        yield from read_chunks(root, path, size, chunk_bytes, first)
+        yield from read_stored_chunks(root, path, size, chunk_bytes, first)
 
     # -- metadata ----------------------------------------------------------------------
     def fs_info(self, root: str, paths: list[str]) -> list[Info]:

@@ -22,12 +22,12 @@ import uuid
 
 import pyarrow.fs as pafs
 
-from air_transfer.cluster.agent_client import Info
 from air_transfer.core.confine import Where
 from air_transfer.core.dirtree import Level, walk_dirs
 from air_transfer.core.staging import TRASH_MARK as TRASH_MARK  # marks a directory being deleted
 from air_transfer.core.staging import UPLOAD_MARK, internal_name, is_internal, reclaim_dead
 from air_transfer.core.tree_removal import remove_tree
+from air_transfer.storage.node_wire import Info
 
 logger = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ class Scanned:
     empty_dirs: set[str]
 
 
-def scan(root: str) -> Scanned:
+def scan_storage(root: str) -> Scanned:
     """Every regular file and every directory without files under ``root``, each
     directory opened confined to the root (``core.confine``): one swapped for a
     symlink meanwhile is never followed out of it."""
@@ -114,7 +114,7 @@ def read_last(root: str, settings: DrainSettings) -> tuple[list[tuple[Seen, byte
     """The files uploaded last, read now, before the rest is scanned; and those
     too large to hold (``LAST_FILE_MAX_BYTES``), uploaded last as they are then."""
     out, big = [], []
-    for rel, seen in scan(root).files.items():
+    for rel, seen in scan_storage(root).files.items():
         if not settings.is_last(rel):
             continue
         if seen.size > LAST_FILE_MAX_BYTES:

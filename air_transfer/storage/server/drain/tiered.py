@@ -26,15 +26,15 @@ from dataclasses import dataclass
 import pyarrow.fs as pafs
 
 from air_transfer.cluster._ray import kv_items, kv_put
-from air_transfer.cluster.agent_client import Info, Listed
 from air_transfer.cluster.nodes import NAMESPACE
 from air_transfer.core.confine import oserror
 from air_transfer.storage.durable.reads import NOT_FOUND, TierDamaged
-from air_transfer.storage.durable.records import FileRecord
+from air_transfer.storage.durable.records import FileRecord, child
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget, relative
 from air_transfer.storage.durable.tombstones import ClusterTombstones, Tombstones
+from air_transfer.storage.node_wire import Info, Listed
 from air_transfer.storage.server.drain.journal import ClusterJournal, Journal
 from air_transfer.storage.server.drain.leader import replica_leads
 from air_transfer.storage.server.drain.loop import Drainer
@@ -267,7 +267,7 @@ class TieredDisk:
         with tier.lock:  # listed and noted with no other delete between
             children = {e[0].split("/", 1)[0] for e in self.fs_list(root, path, False, True)}
             for name in children:
-                tier.tombstones.add(f"{rel}/{name}" if rel else name)
+                tier.tombstones.add(child(rel, name))
             try:
                 self.disk.fs_delete_dir_contents(root, path, missing_dir_ok)
             except FileNotFoundError:
