@@ -17,6 +17,7 @@ import posixpath
 
 import pyarrow.fs as pafs
 
+from air_transfer.core.fs_listing import list_below
 from air_transfer.storage.durable.records import manifest_path, parent_and_name
 from air_transfer.storage.server.drain.scan import exists, scan_storage
 from air_transfer.storage.server.drain.state import DrainParts as Drain
@@ -73,9 +74,7 @@ def _delete_objects(drain: Drain, rel: str) -> list[str]:
     now; their relative paths."""
     fs, target = drain.target.filesystem, drain.target
     try:
-        found = fs.get_file_info(
-            pafs.FileSelector(target.path(rel), recursive=True, allow_not_found=True)
-        )
+        found = [info for _, info in list_below(fs, target.path(rel), missing_ok=True)]
     except NotADirectoryError:
         found = fs.get_file_info([target.path(rel)])
     removed = []
