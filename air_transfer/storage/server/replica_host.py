@@ -12,7 +12,6 @@ it down. Callers reach it through one method, ``call``, naming a method of
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +19,7 @@ from air_transfer.cluster import _ray
 from air_transfer.cluster.identity import Identity, this_process
 from air_transfer.cluster.nodes import NAMESPACE, live_node_ids
 from air_transfer.cluster.rpc import R, Services
-from air_transfer.core.threads import start_daemon
+from air_transfer.core.threads import Periodic
 from air_transfer.storage.replica_wire import RECORD_PREFIX
 from air_transfer.storage.server.dead_ops import resolve_dead
 from air_transfer.storage.server.repair import repair_pass
@@ -51,29 +50,20 @@ class ReplicaHost(ReplicaRegistry):
     def __init__(self) -> None:
         super().__init__(GcsStore())
         self._services = Services(self)
-        self._stop = threading.Event()
         # Two threads: a repair waits while a change is in flight, and the change of a
         # dead caller is in flight until the other resolves it.
-        self._threads = [
-            start_daemon(name, self._tend, job)
-            for job, name in (
-                (self._resolve, "air-transfer-dead-ops"),
-                (self._repair, "air-transfer-repair"),
-            )
+        self._loops = [
+            Periodic("air-transfer-dead-ops", lambda: POLL_S, self._resolve),
+            Periodic("air-transfer-repair", lambda: POLL_S, self._repair),
         ]
+        for loop in self._loops:
+            loop.start()
 
     def _resolve(self) -> None:
-        resolve_dead(self, live_node_ids(), _ray.worker_alive)
+        _logged(lambda: resolve_dead(self, live_node_ids(), _ray.worker_alive))
 
     def _repair(self) -> None:
-        repair_pass(self, live_node_ids())
-
-    def _tend(self, job: Callable[[], None]) -> None:
-        while not self._stop.wait(POLL_S):
-            try:
-                job()
-            except Exception as e:  # never let the thread die: log and look again
-                logger.warning("air-transfer: replica registry pass failed: %r", e)
+        _logged(lambda: repair_pass(self, live_node_ids()))
 
     def call(self, method: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         """``method(*args, **kwargs)`` of this registry, named by the caller
@@ -92,4 +82,13 @@ class ReplicaHost(ReplicaRegistry):
         """Repair no more in this registry (a registry started again repairs): for
         maintenance, and for tests that need a stale copy to stay stale. Changes
         whose caller died are no longer resolved either."""
-        self._stop.set()
+        for loop in self._loops:
+            loop.stop()
+
+
+def _logged(job: Callable[[], object]) -> None:
+    """``job()``, its error logged: a pass that fails never ends its loop."""
+    try:
+        job()
+    except Exception as e:
+        logger.warning("air-transfer: replica registry pass failed: %r", e)
