@@ -1,13 +1,13 @@
 """``AgentClient``: the one typed door to a node's agent.
 
-A call names the method of the agent's service that answers it, and its arguments
-(``AgentClient(node).call(PackingService.pack_stream, source, plans)``): mypy checks
-them against that method's own signature (``cluster.rpc``), and the agent runs it on
-the service it hosts. Nothing about a call is written here: adding one is adding a
-method to a service. A call returns what Ray's ``.remote()`` returns (an ObjectRef,
-several, or a streaming generator): callers decide when to wait. The agent sits
-above this layer; it is reached by its actor name (``nodes.node_agent``), never
-imported. ``AgentSelf`` declares what the agent answers of itself.
+A call names a method a Protocol declares, and its arguments
+(``AgentClient(node).call(PackingCalls.pack_stream, source, plans)``): mypy checks
+them against that one signature (``cluster.rpc``), and the agent runs it on the
+service it hosts that writes it. Nothing about a call is written here: adding one is
+declaring it in a Protocol and writing it in the service. A call returns what Ray's
+``.remote()`` returns (an ObjectRef, several, or a streaming generator): callers
+decide when to wait. The agent sits above this layer; it is reached by its actor name
+(``nodes.node_agent``), never imported. ``AgentSelf`` declares what the agent answers of itself.
 """
 
 from __future__ import annotations
