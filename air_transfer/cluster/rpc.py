@@ -47,10 +47,10 @@ def group_of(method: Callable[..., Any]) -> str | None:
 class Services:
     """The services an actor hosts, found by a method their Protocols declare. What
     runs for a call of ``declared`` is ``around(declared, bound)``, where ``bound``
-    is the service's method of that name (default: ``bound`` itself): the rules a
-    host applies to every call of a kind, written once. TypeError at construction if
-    two services serve one method, or a declared method is left unwritten (its stub
-    would answer None)."""
+    calls the service's method of that name, looked up at each call (default:
+    ``bound`` itself): the rules a host applies to every call of a kind, written
+    once. TypeError at construction if two services serve one method, or a declared
+    method is left unwritten (its stub would answer None)."""
 
     def __init__(
         self,
@@ -65,7 +65,7 @@ class Services:
                     raise TypeError(f"{declared.__qualname__} is served twice")
                 if _is_protocol(_owner(type(service), name)):
                     raise TypeError(f"{type(service).__name__} does not write {name}")
-                bound = getattr(service, name)
+                bound = _late(service, name)
                 self._bound[declared] = bound if around is None else around(declared, bound)
 
     def bound(self, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -83,6 +83,16 @@ class Services:
 
     def stream(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Iterator[Any]:
         yield from self.bound(method)(*args, **kwargs)
+
+
+def _late(service: object, name: str) -> Callable[..., Any]:
+    """A call of ``service``'s method ``name`` as it is when called (a method replaced
+    on the object, as a test does to hold a call at a gate, is the one that runs)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(service, name)(*args, **kwargs)
+
+    return call
 
 
 def declared_calls(cls: type) -> Iterator[tuple[str, Callable[..., Any]]]:

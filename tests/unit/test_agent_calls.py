@@ -21,9 +21,11 @@ from air_transfer.storage.node_api import (
     NodeDurable,
     NodeFiles,
     NodeIndexedUploads,
+    NodeMetadata,
     NodeReads,
 )
 from air_transfer.storage.replica_wire import RegistryCalls
+from air_transfer.storage.server.drain.tiered import TieredDisk
 from air_transfer.storage.server.node_service import NodeStorageService
 from air_transfer.storage.server.replica_registry import ReplicaRegistry
 from air_transfer.storage.server.stream_uploads import StreamUploads
@@ -41,7 +43,8 @@ WRITTEN_BY = [
     (NodeFiles, NodeStorageService),
     (NodeReads, NodeStorageService),
     (NodeCheckpoints, NodeStorageService),
-    (NodeDurable, NodeStorageService),
+    (NodeMetadata, TieredDisk),
+    (NodeDurable, TieredDisk),
     (NodeIndexedUploads, StreamUploads),
     (RegistryCalls, ReplicaRegistry),
 ]
@@ -123,8 +126,9 @@ def test_a_method_no_protocol_declares_is_not_served() -> None:
 def test_the_agent_serves_only_what_its_protocols_declare() -> None:
     """Node storage's counters and cache, the agent's own plumbing: not calls."""
     hosted = [NodeAgent, PackingService, Relays, NodeOwnedTransfers, NodeStorageService]
-    served = {name for cls in [*hosted, StreamUploads] for name, _ in declared_calls(cls)}
-    assert {"counters", "clear_cache", "call", "call_streaming"}.isdisjoint(served)
+    hosted += [TieredDisk, StreamUploads]
+    served = {name for cls in hosted for name, _ in declared_calls(cls)}
+    assert {"counters", "clear_cache", "call", "call_streaming", "touch"}.isdisjoint(served)
     assert {"read_counters", "waiting", "leases", "fs_info", "fs_commit_indexed"} <= served
 
 

@@ -43,7 +43,7 @@ from air_transfer.storage.client.uploads import Mode, NodeUpload, Route, Staged,
 from air_transfer.storage.durable.reads import open_verified
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
-from air_transfer.storage.node_api import NodeDurable, NodeFiles
+from air_transfer.storage.node_api import NodeDurable, NodeFiles, NodeMetadata
 from air_transfer.storage.replica_wire import (
     Copy,
     CopyState,
@@ -181,7 +181,7 @@ class ReplicatedHandler(NodeStorageHandler):
         if self.durable is None:
             [(ftype, _, _)] = self.read(
                 "answer",
-                lambda link, root: link.call(NodeFiles.fs_info, root, [on_copy(root, rel)]),
+                lambda link, root: link.call(NodeMetadata.fs_info, root, [on_copy(root, rel)]),
             )
             return len(fresh) if ftype != pafs.FileType.NotFound else 0
         _, here, _ = self.read(
@@ -318,7 +318,9 @@ class ReplicatedHandler(NodeStorageHandler):
         rels = [self.rel(p) for p in paths]
         infos = self.read(
             "answer",
-            lambda link, root: link.call(NodeFiles.fs_info, root, [on_copy(root, r) for r in rels]),
+            lambda link, root: link.call(
+                NodeMetadata.fs_info, root, [on_copy(root, r) for r in rels]
+            ),
         )
         pairs = zip(paths, infos, strict=True)
         return [pafs.FileInfo(p, t, mtime_ns=m, size=s) for p, (t, s, m) in pairs]
@@ -329,7 +331,7 @@ class ReplicatedHandler(NodeStorageHandler):
         found = self.read(
             "list",
             lambda link, root: link.call(
-                NodeFiles.fs_list, root, on_copy(root, rel), recursive, missing_ok
+                NodeMetadata.fs_list, root, on_copy(root, rel), recursive, missing_ok
             ),
         )
         prefix = base.rstrip("/") + "/" if base.strip("/") else base[:1]
@@ -340,7 +342,7 @@ class ReplicatedHandler(NodeStorageHandler):
         self.change(
             [path],
             lambda link, root, op: link.submit(
-                NodeFiles.fs_create_dir, root, on_copy(root, rel), recursive, op
+                NodeMetadata.fs_create_dir, root, on_copy(root, rel), recursive, op
             ),
         )
 
@@ -349,7 +351,7 @@ class ReplicatedHandler(NodeStorageHandler):
         self.change(
             [path],
             lambda link, root, op: link.submit(
-                NodeFiles.fs_delete_dir, root, on_copy(root, rel), op
+                NodeMetadata.fs_delete_dir, root, on_copy(root, rel), op
             ),
         )
 
@@ -358,7 +360,7 @@ class ReplicatedHandler(NodeStorageHandler):
         self.change(
             [path],
             lambda link, root, op: link.submit(
-                NodeFiles.fs_delete_dir_contents, root, on_copy(root, rel), missing_dir_ok, op
+                NodeMetadata.fs_delete_dir_contents, root, on_copy(root, rel), missing_dir_ok, op
             ),
         )
 
@@ -370,7 +372,7 @@ class ReplicatedHandler(NodeStorageHandler):
         self.change(
             [path],
             lambda link, root, op: link.submit(
-                NodeFiles.fs_delete_file, root, on_copy(root, rel), op
+                NodeMetadata.fs_delete_file, root, on_copy(root, rel), op
             ),
         )
 
@@ -379,7 +381,7 @@ class ReplicatedHandler(NodeStorageHandler):
         self.change(
             [src, dest],
             lambda link, root, op: link.submit(
-                NodeFiles.fs_move, root, on_copy(root, a_rel), on_copy(root, b_rel), op
+                NodeMetadata.fs_move, root, on_copy(root, a_rel), on_copy(root, b_rel), op
             ),
         )
 
@@ -417,7 +419,7 @@ class ReplicatedHandler(NodeStorageHandler):
         else:
             [(ftype, size, _)] = self.read(
                 "answer",
-                lambda link, root: link.call(NodeFiles.fs_info, root, [on_copy(root, rel)]),
+                lambda link, root: link.call(NodeMetadata.fs_info, root, [on_copy(root, rel)]),
             )
         if ftype == pafs.FileType.NotFound:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)

@@ -33,7 +33,7 @@ from air_transfer.config import TransferConfig
 from air_transfer.core import environ
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.observe import replica_metrics
-from air_transfer.storage.node_api import Commit, NodeFiles, NodeReads
+from air_transfer.storage.node_api import Commit, NodeFiles, NodeMetadata, NodeReads
 from air_transfer.storage.replica_wire import on_copy
 from air_transfer.storage.server.replica_record import MAX_ATTEMPTS
 from air_transfer.storage.server.replica_registry import Copy, ReplicaRegistry
@@ -104,31 +104,33 @@ class Copier:
         return on_copy(self.troot, rel)
 
     def empty_target(self) -> None:
-        get(self.t.call(NodeFiles.fs_create_dir, self.troot, self.troot, True))
-        get(self.t.call(NodeFiles.fs_delete_dir_contents, self.troot, self.troot, True))
+        get(self.t.call(NodeMetadata.fs_create_dir, self.troot, self.troot, True))
+        get(self.t.call(NodeMetadata.fs_delete_dir_contents, self.troot, self.troot, True))
 
     def sync(self, rel: str) -> int:
         """Make ``rel`` on the target what it is on the source now; bytes copied."""
-        [(ftype, size, _)] = get(self.s.call(NodeFiles.fs_info, self.sroot, [self.on_source(rel)]))
+        [(ftype, size, _)] = get(
+            self.s.call(NodeMetadata.fs_info, self.sroot, [self.on_source(rel)])
+        )
         tpath = self.on_target(rel)
         if rel:
-            [(ttype, _, _)] = get(self.t.call(NodeFiles.fs_info, self.troot, [tpath]))
+            [(ttype, _, _)] = get(self.t.call(NodeMetadata.fs_info, self.troot, [tpath]))
             if ttype == pafs.FileType.Directory:
-                get(self.t.call(NodeFiles.fs_delete_dir, self.troot, tpath))
+                get(self.t.call(NodeMetadata.fs_delete_dir, self.troot, tpath))
             elif ttype != pafs.FileType.NotFound and ftype != pafs.FileType.File:
-                get(self.t.call(NodeFiles.fs_delete_file, self.troot, tpath))
+                get(self.t.call(NodeMetadata.fs_delete_file, self.troot, tpath))
         if ftype == pafs.FileType.File:
-            get(self.t.call(NodeFiles.fs_create_dir, self.troot, posixpath.dirname(tpath), True))
+            get(self.t.call(NodeMetadata.fs_create_dir, self.troot, posixpath.dirname(tpath), True))
             return self.copy_file(rel, size or 0)
         if ftype != pafs.FileType.Directory:
             return 0
-        get(self.t.call(NodeFiles.fs_create_dir, self.troot, tpath, True))
-        listed = get(self.s.call(NodeFiles.fs_list, self.sroot, self.on_source(rel), True, True))
+        get(self.t.call(NodeMetadata.fs_create_dir, self.troot, tpath, True))
+        listed = get(self.s.call(NodeMetadata.fs_list, self.sroot, self.on_source(rel), True, True))
         copied = 0
         for sub, kind, sub_size, _ in sorted(listed):
             path = posixpath.join(rel, sub) if rel else sub
             if kind == pafs.FileType.Directory:
-                get(self.t.call(NodeFiles.fs_create_dir, self.troot, self.on_target(path), True))
+                get(self.t.call(NodeMetadata.fs_create_dir, self.troot, self.on_target(path), True))
             elif kind == pafs.FileType.File:
                 try:
                     copied += self.copy_file(path, sub_size or 0)
@@ -248,7 +250,7 @@ def note_size(registry: ReplicaRegistry, key: str, live: set[str]) -> None:
     for node in (n for n in fresh if n in live):
         try:
             listed = get(
-                AgentClient(node).call(NodeFiles.fs_list, roots[node], roots[node], True, True)
+                AgentClient(node).call(NodeMetadata.fs_list, roots[node], roots[node], True, True)
             )
         except (OSError, ray.exceptions.RayError):
             continue
