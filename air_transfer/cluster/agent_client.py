@@ -17,7 +17,7 @@ from typing import Any, Concatenate, Protocol, TypeVar
 
 import ray
 
-from air_transfer.cluster import _ray
+from air_transfer.cluster import _ray_core
 from air_transfer.cluster.identity import Identity
 from air_transfer.cluster.nodes import node_agent, this_node_id
 from air_transfer.cluster.rpc import P, R, S, group_of
@@ -98,7 +98,9 @@ class AgentClient:
     ) -> ray.ObjectRefGenerator:
         """``call``, for a method that yields: a streaming generator of the objects
         it yields, at most ``window`` ahead of its reader."""
-        return _ray.streaming(self.actor.call_streaming, window).remote(method, *args, **kwargs)
+        return _ray_core.streaming(self.actor.call_streaming, window).remote(
+            method, *args, **kwargs
+        )
 
     def _remote(self, method: Callable[..., Any], **options: Any) -> Any:
         """The agent's ``call`` with Ray's ``options``, in the concurrency group the

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol
 
-from air_transfer.cluster import _ray
+from air_transfer.cluster import _ray_core
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.threads import Periodic
@@ -67,7 +67,7 @@ def held() -> int:
 
 
 def _tick() -> None:
-    present = _ray.referenced_ids()
+    present = _ray_core.referenced_ids()
     with _lock:
         if present is None:  # not connected any more: to the agents, it is gone
             done = {}

@@ -20,7 +20,7 @@ from typing import cast
 
 import ray
 
-from air_transfer.cluster import _ray
+from air_transfer.cluster import _ray_core
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.cluster.refs import CheckpointRef, DoneRef, Status
@@ -156,7 +156,7 @@ def start(prepared: Prepared, live: LiveChunks | None = None, blocking: bool = F
 def _select(prepared: Prepared, manifest: Manifest, here: str) -> TransferStrategy:
     """The strategy for ``prepared`` by size, against the free object store of this
     node, among its registrations (``select_strategy``)."""
-    free = _ray.object_store_free_bytes(here)
+    free = _ray_core.object_store_free_bytes(here)
     name = select_strategy(manifest.total_bytes, prepared.config, free, prepared.registered)
     return get_strategy(name, prepared.registered)()
 

@@ -16,7 +16,7 @@ import pytest
 import ray
 
 from air_transfer import ChunkedCheckpoint, TransferConfig, node_agent, shutdown_agents
-from air_transfer.cluster import _ray, identity
+from air_transfer.cluster import _ray_core, identity
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import NAMESPACE, agent_name
 from air_transfer.core import environ
@@ -90,7 +90,7 @@ def test_shutdown_agents_frees_what_they_keep_after_a_job(here: str, tmp_path: P
     the object store. ``shutdown_agents()`` returns once the agent is gone (its name
     free: the next call starts a new one), its process exits and the store is back
     where it was."""
-    free = _ray.object_store_free_bytes(here)
+    free = _ray_core.object_store_free_bytes(here)
     assert free is not None
     src = make_checkpoint(tmp_path / "src", 16 * MiB)
     producer = Producer.options(num_cpus=0).remote()
@@ -100,7 +100,7 @@ def test_shutdown_agents_frees_what_they_keep_after_a_job(here: str, tmp_path: P
     agent_pid = ray.get(node_agent(here).pid.remote())
 
     def held() -> bool:
-        return (_ray.object_store_free_bytes(here) or 0) <= free - 16 * MiB
+        return (_ray_core.object_store_free_bytes(here) or 0) <= free - 16 * MiB
 
     eventually(held, "the dead worker's checkpoint to stay in the store")
     assert shutdown_agents() == 1
@@ -109,7 +109,7 @@ def test_shutdown_agents_frees_what_they_keep_after_a_job(here: str, tmp_path: P
     eventually(lambda: not psutil.pid_exists(agent_pid), "the agent's process to exit")
 
     def freed() -> bool:
-        return (_ray.object_store_free_bytes(here) or 0) >= free - 4 * MiB
+        return (_ray_core.object_store_free_bytes(here) or 0) >= free - 4 * MiB
 
     eventually(freed, "the agent's checkpoint to leave the store")
 

@@ -4,7 +4,7 @@ knows of the death, so that the copies agree again and the paths are free.
 A caller killed between its commits on two copies leaves the new version on one
 and the old on the other, both fresh, its staging file on the second, and its
 paths held in the registry. Every operation records its caller (``Owner``); the
-registry's thread asks Ray (``_ray.worker_alive``, the caller's node among the
+registry's thread asks Ray (``_ray_core.worker_alive``, the caller's node among the
 live ones) for each operation in flight, and resolves those of the dead:
 
 1. fence it on every live copy (``OpFence``): none of its calls still queued or

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from air_transfer.cluster import _ray
+from air_transfer.cluster import _ray_core
 from air_transfer.cluster.identity import Identity, this_process
 from air_transfer.cluster.nodes import NAMESPACE, live_node_ids
 from air_transfer.cluster.rpc import R, Services
@@ -36,10 +36,10 @@ class GcsStore:
     live as long as the cluster, whatever happens to the registry's actor."""
 
     def save(self, key: str, record: bytes) -> None:
-        _ray.kv_put(NAMESPACE, RECORD_PREFIX + key, record)
+        _ray_core.kv_put(NAMESPACE, RECORD_PREFIX + key, record)
 
     def load_all(self) -> dict[str, bytes]:
-        saved = _ray.kv_items(NAMESPACE, RECORD_PREFIX)
+        saved = _ray_core.kv_items(NAMESPACE, RECORD_PREFIX)
         return {k[len(RECORD_PREFIX) :]: v for k, v in saved.items()}
 
 
@@ -60,7 +60,7 @@ class ReplicaHost(ReplicaRegistry):
             loop.start()
 
     def _resolve(self) -> None:
-        _logged(lambda: resolve_dead(self, live_node_ids(), _ray.worker_alive))
+        _logged(lambda: resolve_dead(self, live_node_ids(), _ray_core.worker_alive))
 
     def _repair(self) -> None:
         _logged(lambda: repair_pass(self, live_node_ids()))

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-from air_transfer.cluster._ray import kv_items, kv_put
+from air_transfer.cluster._ray_core import kv_items, kv_put
 from air_transfer.cluster.nodes import NAMESPACE
 from air_transfer.core.confine import oserror
 from air_transfer.storage.durable.reads import NOT_FOUND, TierDamaged
