@@ -24,7 +24,8 @@ from air_transfer import ChecksumError, ChunkedCheckpoint, storage_filesystem
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.core.checksum import chunk_checksum
-from air_transfer.storage.client.uploads import Mode, NodeUpload, Route, Staged
+from air_transfer.storage.client.upload_copies import Mode, Route, Staged
+from air_transfer.storage.client.uploads import NodeUpload
 from air_transfer.storage.node_api import (
     Commit,
     NodeCheckpoints,

@@ -27,7 +27,8 @@ from air_transfer.extend import Manifest
 from air_transfer.observe import durable_metrics, metrics, replica_metrics, telemetry
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.streams import open_reader
-from air_transfer.storage.client.uploads import Mode, NodeUpload, Route, Staged
+from air_transfer.storage.client.upload_copies import Mode, Route, Staged
+from air_transfer.storage.client.uploads import NodeUpload
 from air_transfer.storage.copy import copy_tree
 from air_transfer.storage.node_api import NodeFiles
 from tests.support.metrics import P, baseline, key, scrape, start_ray, wait_for_counts

@@ -34,7 +34,8 @@ from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
 from air_transfer.storage.client.durable_wait import DrainPoint, admitted
 from air_transfer.storage.client.same_node import open_native
 from air_transfer.storage.client.streams import AgentLink, open_reader
-from air_transfer.storage.client.uploads import Mode, NodeUpload, Route, Staged
+from air_transfer.storage.client.upload_copies import Mode, Route, Staged
+from air_transfer.storage.client.uploads import NodeUpload
 from air_transfer.storage.durable.reads import open_verified
 from air_transfer.storage.durable.records import FileRecord
 from air_transfer.storage.durable.settings import DrainSettings

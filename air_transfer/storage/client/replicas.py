@@ -34,7 +34,8 @@ from air_transfer.storage.client.replica_set import full, is_lost
 from air_transfer.storage.client.replica_write import ReplicaWrite
 from air_transfer.storage.client.same_node import open_native
 from air_transfer.storage.client.streams import _chunks, read_chunk_bytes
-from air_transfer.storage.client.uploads import Mode, NodeUpload, Route, Staged, abort_copy
+from air_transfer.storage.client.upload_copies import Mode, Route, Staged, abort_copy
+from air_transfer.storage.client.uploads import NodeUpload
 from air_transfer.storage.durable.reads import open_verified
 from air_transfer.storage.node_api import NodeDurable, NodeFiles, NodeMetadata
 from air_transfer.storage.replica_wire import (
