@@ -27,7 +27,8 @@ from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.proven_read import read_chunks
 from air_transfer.core.scan import Source, scan
 from air_transfer.storage.client.same_node import open_native
-from air_transfer.storage.server.chunk_cache import DirectoryTransfers, FileChunks
+from air_transfer.storage.server.chunk_cache import FileChunks
+from air_transfer.storage.server.directory_transfers import DirectoryTransfers
 from air_transfer.storage.server.reads import read_stored_chunks
 from tests.support.attack import (
     CHUNK,

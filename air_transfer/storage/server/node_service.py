@@ -35,13 +35,8 @@ from air_transfer.storage.node_api import (
 )
 from air_transfer.storage.node_wire import Expect
 from air_transfer.storage.server.changes import ChangeRules
-from air_transfer.storage.server.chunk_cache import (
-    DirectoryTransfers,
-    FileChunks,
-    StartTransfer,
-    Submit,
-    cache_cap,
-)
+from air_transfer.storage.server.chunk_cache import FileChunks, Submit, cache_cap
+from air_transfer.storage.server.directory_transfers import DirectoryTransfers, StartTransfer
 from air_transfer.storage.server.drain.tiered import TieredDisk
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.metadata import DiskStorage, storage_path
