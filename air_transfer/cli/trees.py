@@ -15,7 +15,7 @@ import pyarrow.fs as pafs
 
 from air_transfer.core.checksum import chunk_hasher
 from air_transfer.core.fs_listing import list_below
-from air_transfer.core.staging import is_internal
+from air_transfer.core.internal_names import is_internal
 
 #: Chunk size of the sums a command takes (the library's default chunk).
 CHUNK_BYTES = 32 * 1024 * 1024

@@ -38,7 +38,7 @@ from air_transfer.core.confine import (
     oserror,
     storage_path,
 )
-from air_transfer.core.staging import REPLICA_MARK, is_internal
+from air_transfer.core.internal_names import REPLICA_MARK, is_internal
 from air_transfer.core.tree_removal import remove_tree
 from air_transfer.storage.node_wire import Info
 from air_transfer.storage.server.tree import (
@@ -173,7 +173,7 @@ class DiskStorage:
 
 def internal(root: str, path: str) -> bool:
     """Whether ``path`` names something the library made (staging, a lock, trash) or
-    lies inside one: listings and infos do not show those (``staging.is_internal``)."""
+    lies inside one: listings and infos do not show those (``internal_names.is_internal``)."""
     top, full = storage_path("/", root), storage_path(root, path)
     rel = full[len(top) :] if top != "/" else full
     return any(is_internal(part) for part in rel.split("/"))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from air_transfer.core.confine import Where, at, open_listable, open_regular, storage_path
 from air_transfer.core.dirtree import Level, walk_dirs
-from air_transfer.core.staging import is_internal
+from air_transfer.core.internal_names import is_internal
 from air_transfer.storage.durable.settings import LAST_FILE_MAX_BYTES, DrainSettings
 
 
