@@ -18,19 +18,16 @@ import errno
 import logging
 import os
 from collections.abc import Iterator
-from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import ray
 
-from air_transfer.cluster.nodes import (
-    this_node_id,
-)
+from air_transfer.cluster.nodes import this_node_id
 from air_transfer.core.reader import ChunkFileReader, buffered
 from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.replica_copies import ReplicaCopies
-from air_transfer.storage.client.replica_set import full, is_lost
+from air_transfer.storage.client.replica_set import is_lost
 from air_transfer.storage.client.replica_write import ReplicaWrite
 from air_transfer.storage.client.same_node import open_native
 from air_transfer.storage.client.streams import _chunks, read_chunk_bytes
@@ -38,18 +35,9 @@ from air_transfer.storage.client.upload_copies import Mode, Route, Staged, abort
 from air_transfer.storage.client.uploads import NodeUpload
 from air_transfer.storage.durable.reads import open_verified
 from air_transfer.storage.node_api import NodeDurable, NodeFiles, NodeMetadata
-from air_transfer.storage.replica_wire import (
-    RegistryCalls,
-    on_copy,
-)
+from air_transfer.storage.replica_wire import RegistryCalls, on_copy
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-def _lost(outcome: BaseException | None) -> bool:
-    """A copy that could not take a change the others can: gone, or its disk full."""
-    return outcome is not None and (is_lost(outcome, reading=False) or full(outcome))
 
 
 class ReplicatedHandler(ReplicaCopies):
