@@ -186,6 +186,17 @@ def _not_stored(failed: OSError, path: str) -> OSError:
     return type(failed)(failed.errno, message, path)
 
 
+def files_at(what: str, path: str, filesystem: pafs.FileSystem | None) -> tuple[str, ArrowFiles]:
+    """Where ``what`` (a writer or a reader) of ``path`` works: ``path`` (made
+    absolute when no filesystem is given) and the ``ArrowFiles`` of ``filesystem``
+    (``default_filesystem`` without one). torch's ``FsspecWriter`` and
+    ``FsspecReader`` swap their ``FileSystemBase`` in the same way."""
+    if filesystem is None:
+        path = os.path.abspath(path)
+        filesystem = default_filesystem(what, path)
+    return path, ArrowFiles(filesystem)
+
+
 def default_filesystem(what: str, path: str) -> pafs.FileSystem:
     """Where ``what`` (a writer or a reader of ``path``, absolute) works without a
     filesystem: the Train run's storage in a Ray Train worker; in a one-node cluster,

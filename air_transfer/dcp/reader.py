@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.futures import Future as TorchFuture
 
-from air_transfer.dcp.arrow_files import METADATA, ArrowFiles, default_filesystem
+from air_transfer.dcp.arrow_files import METADATA, ArrowFiles, files_at
 from air_transfer.dcp.staging import StagedTensors, ViewReader, staging_file
 
 
@@ -45,13 +45,9 @@ class NodeStorageReader(FileSystemReader):
     """
 
     def __init__(self, path: str, filesystem: pafs.FileSystem | None = None) -> None:
-        if filesystem is None:
-            path = os.path.abspath(path)
+        path, files = files_at(type(self).__name__, path, filesystem)
         super().__init__(path)
-        chosen = filesystem or default_filesystem(type(self).__name__, path)
-        # torch's FsspecWriter/Reader swap their FileSystemBase in the same way.
-        self.fs = ArrowFiles(chosen)  # type: ignore[assignment]
-        self.path = self.fs.init_path(path)
+        self.fs, self.path = files, files.init_path(path)  # type: ignore[assignment]
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:

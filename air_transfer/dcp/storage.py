@@ -37,7 +37,7 @@ from air_transfer.dcp.arrow_files import (
     ArrowFiles,
     KeepUntilRenamedOver,
     ReportFiles,
-    default_filesystem,
+    files_at,
 )
 
 logger = logging.getLogger(__name__)
@@ -60,12 +60,9 @@ class NodeStorageWriter(FileSystemWriter):
 
     def __init__(self, path: str, filesystem: pafs.FileSystem | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("sync_files", False)
-        if filesystem is None:
-            path = os.path.abspath(path)
+        path, files = files_at(type(self).__name__, path, filesystem)
         super().__init__(path, **kwargs)
-        chosen = filesystem or default_filesystem(type(self).__name__, path)
-        self.fs = ArrowFiles(chosen)  # type: ignore[assignment]
-        self.path = self.fs.init_path(path)
+        self.fs, self.path = files, files.init_path(path)  # type: ignore[assignment]
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
