@@ -22,11 +22,11 @@ from __future__ import annotations
 import importlib
 import warnings
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from air_transfer.cluster.nodes import AGENT_CLASS, node_agent, shutdown_agents
 from air_transfer.config import StorageConfig, TransferConfig
+from air_transfer.core.environ import package_version
 from air_transfer.core.ray_range import warn_if_unsupported
 from air_transfer.errors import (
     CheckpointLostError,
@@ -124,10 +124,7 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_ON_FIRST_USE})
 
 
-try:
-    __version__ = version("air-transfer")
-except PackageNotFoundError:  # imported from a source tree that was never installed
-    __version__ = "0+unknown"
+__version__ = package_version()  # "0+unknown" from a source tree never installed
 
 __all__ = [
     "CheckpointInfo",

@@ -70,7 +70,12 @@ class NodeAgent(AgentSelf):
             node, submit_plans, _owned_transfer, _handle_of, object_store_bytes(node)
         )
         self._services = Services(
-            self, self._packing, Relays(), self._owned, self._storage, self._storage.streams
+            self,
+            self._packing,
+            Relays(),
+            self._owned,
+            *self._storage.services,
+            around=self._storage.rules.around,  # every change fenced, then the drain woken
         )
 
     def call(self, method: Callable[..., R], *args: Any, **kwargs: Any) -> R:

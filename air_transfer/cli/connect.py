@@ -18,7 +18,7 @@ import sys
 
 import ray
 
-from air_transfer.cluster import _ray
+from air_transfer.cluster import _ray_core
 from air_transfer.core.threads import start_daemon
 
 #: How long a TCP connection to the cluster's address may take to open.
@@ -63,7 +63,7 @@ def join(address: str, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> str | None:
 def resolve(address: str, named: str) -> str:
     """The GCS address ``address`` leads to, as ``ray.init`` resolves it."""
     try:
-        found = _ray.bootstrap_address(address)
+        found = _ray_core.bootstrap_address(address)
     except ConnectionError as e:
         raise ConnectionError(
             f"no running Ray cluster found from this machine ({named}: neither RAY_ADDRESS "
@@ -108,7 +108,7 @@ def handshake(target: str, named: str, auto: bool, timeout_s: float) -> None:
 
     def run() -> None:
         try:
-            _ray.gcs_handshake(target, auto, timeout_s)
+            _ray_core.gcs_handshake(target, auto, timeout_s)
             outcome.append(None)
         except Exception as e:  # Ray's AuthenticationError, RpcError...
             outcome.append(e)

@@ -85,7 +85,7 @@ def plan(
     return tree
 
 
-def copy_tree(
+def copy_between(
     src_fs: pafs.FileSystem,
     src: str,
     dst_fs: pafs.FileSystem,

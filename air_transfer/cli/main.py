@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from air_transfer.cli.address import NODE_FORMS, parse_location, parse_node_path
 from air_transfer.cli.connect import HANDSHAKE_TIMEOUT_S
 from air_transfer.cli.output import emit_json, human_bytes, redact
+from air_transfer.core.environ import package_version
 
 #: What a command reports as an error of the user's or of the storage (not a bug).
 ERRORS: tuple[type[BaseException], ...] = (
@@ -85,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     ls = sub.add_parser(
@@ -227,7 +228,7 @@ def _cp(args: argparse.Namespace) -> int:
         src_fs = session.through_tier(src_fs, src_path)
     tree = copy.plan(src_fs, src_path, dst_fs, dst_path, args.overwrite, str(dst))
     with _bar(args, f"cp {src}", tree.nbytes) as copied:
-        sums = copy.copy_tree(src_fs, src_path, dst_fs, dst_path, tree, copied)
+        sums = copy.copy_between(src_fs, src_path, dst_fs, dst_path, tree, copied)
     with _bar(args, f"verify {dst}", tree.nbytes) as checked:
         done = copy.check_copy(dst_fs, dst_path, sums, str(src), checked)
     if args.json:
@@ -303,12 +304,3 @@ def _message(error: BaseException) -> str:
     if filename and str(filename) not in text:
         text = f"{filename}: {text}"
     return f"{text} ({type(error).__name__})"
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("air-transfer")
-    except PackageNotFoundError:
-        return "0+unknown"

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import pyarrow.fs as pafs
 import ray
 
-from air_transfer.cli.address import NodePath, OtherPath, check_node
+from air_transfer.cli.address import NodePath, OtherPath
 from air_transfer.cli.connect import HANDSHAKE_TIMEOUT_S, join, say
-from air_transfer.cluster.nodes import NAMESPACE, REGISTRY_NAME, head_node_id
+from air_transfer.cluster.nodes import NAMESPACE, REGISTRY_NAME, resolve_node
 from air_transfer.config import TransferConfig
 from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.handler import NodeStorageHandler
@@ -26,7 +26,7 @@ from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.view import TierView, find_tier
 from air_transfer.storage.node_api import NodeDurable
-from air_transfer.storage.replica_wire import RegistryCalls
+from air_transfer.storage.replica_wire import RegistryCalls, key_parts, storage_key
 from air_transfer.train import storage_filesystem
 
 #: The transfers of a command: no per-file bars (a command draws one for the whole).
@@ -41,18 +41,8 @@ def connect(address: str, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
 
 
 def node_id(spec: str | None) -> str:
-    """The id of the live node ``spec`` names (None or ``head``: the head node)."""
-    if spec is None or spec == "head":
-        return head_node_id()
-    check_node(spec)
-    live = [n for n in ray.nodes() if n.get("Alive")]
-    matches = [n for n in live if spec in (n["NodeID"], n.get("NodeManagerAddress"))]
-    if len(matches) == 1:
-        return str(matches[0]["NodeID"])
-    listing = ", ".join(f"{n['NodeID']} at {n.get('NodeManagerAddress')}" for n in live)
-    if not matches:
-        raise ValueError(f"no live node of this Ray cluster is {spec!r}; live nodes: {listing}")
-    raise ValueError(f"{len(matches)} live nodes are at {spec!r}: name one by its node id")
+    """The id of the live node ``spec`` names (None: the head node)."""
+    return resolve_node(spec or "head")
 
 
 @dataclass(frozen=True)
@@ -107,7 +97,7 @@ def open_storage(
         return Storage(node, top, fs, one, one)
     replicated, members, fresh, replicas = found
     # As the run made it: the registry keeps where its copies live (replica_root).
-    template = replica_set.call(RegistryCalls.template, f"{node}:{replicated}")
+    template = replica_set.call(RegistryCalls.template, storage_key(node, replicated))
     fs = storage_filesystem(
         node=node, config=CONFIG, root=replicated, replicas=replicas, replica_root=template
     )
@@ -167,13 +157,13 @@ def _replicated(node: str, path: str) -> tuple[str, Copies, Copies, int] | None:
         return None
     best: str | None = None
     for key in replica_set.call(RegistryCalls.keys):
-        owner, _, root = str(key).partition(":")
+        owner, root = key_parts(str(key))
         holds = root == "/" or path == root or path.startswith(root + "/")
         if owner == node and holds and (best is None or len(root) > len(best)):
             best = root
     if best is None:
         return None
-    view = replica_set.view(f"{node}:{best}")
+    view = replica_set.view(storage_key(node, best))
     if view is None:
         return None
     copies, fresh, _, replicas = view

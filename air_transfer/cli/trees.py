@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import pyarrow.fs as pafs
 
 from air_transfer.core.checksum import chunk_hasher
-from air_transfer.core.staging import is_internal
+from air_transfer.core.fs_listing import list_below
+from air_transfer.core.internal_names import is_internal
 
 #: Chunk size of the sums a command takes (the library's default chunk).
 CHUNK_BYTES = 32 * 1024 * 1024
@@ -52,9 +53,7 @@ def tree_at(fs: pafs.FileSystem, path: str) -> Tree:
         raise FileNotFoundError(f"nothing at {path}")
     files: dict[str, int] = {}
     dirs = []
-    prefix = path.rstrip("/") + "/"
-    for entry in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
-        rel = entry.path[len(prefix) :] if entry.path.startswith(prefix) else entry.path
+    for rel, entry in list_below(fs, path):
         if any(is_internal(part) for part in rel.split("/")):
             continue
         if entry.type == pafs.FileType.File:

@@ -1,13 +1,13 @@
 """``AgentClient``: the one typed door to a node's agent.
 
-A call names the method of the agent's service that answers it, and its arguments
-(``AgentClient(node).call(PackingService.pack_stream, source, plans)``): mypy checks
-them against that method's own signature (``cluster.rpc``), and the agent runs it on
-the service it hosts. Nothing about a call is written here: adding one is adding a
-method to a service. A call returns what Ray's ``.remote()`` returns (an ObjectRef,
-several, or a streaming generator): callers decide when to wait. The agent sits
-above this layer; it is reached by its actor name (``nodes.node_agent``), never
-imported. ``AgentSelf`` declares what the agent answers of itself.
+A call names a method a Protocol declares, and its arguments
+(``AgentClient(node).call(PackingCalls.pack_stream, source, plans)``): mypy checks
+them against that one signature (``cluster.rpc``), and the agent runs it on the
+service it hosts that writes it. Nothing about a call is written here: adding one is
+declaring it in a Protocol and writing it in the service. A call returns what Ray's
+``.remote()`` returns (an ObjectRef, several, or a streaming generator): callers
+decide when to wait. The agent sits above this layer; it is reached by its actor name
+(``nodes.node_agent``), never imported. ``AgentSelf`` declares what the agent answers of itself.
 """
 
 from __future__ import annotations
@@ -17,19 +17,16 @@ from typing import Any, Concatenate, Protocol, TypeVar
 
 import ray
 
-from air_transfer.cluster import _ray
+from air_transfer.cluster import _ray_core
 from air_transfer.cluster.identity import Identity
 from air_transfer.cluster.nodes import node_agent, this_node_id
 from air_transfer.cluster.rpc import P, R, S, group_of
 from air_transfer.core.process_locks import ProcessLock
 
-#: What node storage says of a path: ``(pyarrow FileType, size, mtime_ns)``.
+#: Node storage's wire types live in ``storage.node_wire``; these two stay only for
+#: ``storage.durable.reads``, until it imports them from there.
 Info = tuple[int, int | None, int | None]
-#: One entry of a listing: ``(path relative to the listed base, type, size, mtime_ns)``.
 Listed = tuple[str, int, int | None, int | None]
-#: What an append expects to find at commit: (device, inode, size, mtime_ns) of the
-#: file it copied, () for no file; None: a plain write, which expects nothing.
-Expect = tuple[int, ...] | None
 
 Ref = ray.ObjectRef[Any]
 T = TypeVar("T")
@@ -101,7 +98,9 @@ class AgentClient:
     ) -> ray.ObjectRefGenerator:
         """``call``, for a method that yields: a streaming generator of the objects
         it yields, at most ``window`` ahead of its reader."""
-        return _ray.streaming(self.actor.call_streaming, window).remote(method, *args, **kwargs)
+        return _ray_core.streaming(self.actor.call_streaming, window).remote(
+            method, *args, **kwargs
+        )
 
     def _remote(self, method: Callable[..., Any], **options: Any) -> Any:
         """The agent's ``call`` with Ray's ``options``, in the concurrency group the

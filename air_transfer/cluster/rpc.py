@@ -1,14 +1,16 @@
-"""Typed calls to an actor's services: each call declared once, by its method.
+"""Typed calls to an actor's services: each call declared once, in a Protocol.
 
 An actor that hosts services (the node agent, the replica registry) has one Ray
-method, ``call(method, *args)``: the caller passes the service's method itself
-(``agent.call(PackingService.pack_chunks, source, plans)``), so mypy checks the
-arguments against the service's own signature (``Callable[Concatenate[S, P], R]``
--> ``P``), and the actor runs that method on the service object it hosts
-(``Services``). A service the caller's layer cannot import (node storage's server
-side, from its client side) is declared as a ``Protocol`` below both, which the
-service subclasses: the caller passes the Protocol's method. Adding a call is adding
-a method to the service. Ray pickles the method by reference (its module and name).
+method, ``call(method, *args)``: the caller passes the method a Protocol declares
+(``agent.call(PackingCalls.pack_chunks, source, plans)``), so mypy checks the
+arguments against that one signature (``Callable[Concatenate[S, P], R]`` -> ``P``),
+and the actor runs the method of that name on the service it hosts that derives
+from the Protocol (``Services``). The Protocols are the list of an actor's calls:
+a public method no Protocol declares is not served. A Protocol sits beside its
+service, or below both rooms where the caller's cannot import the service (node
+storage's server side, from its client side). Adding a call is declaring it in a
+Protocol and writing it in the service. Ray pickles the method by reference (its
+module and name).
 """
 
 from __future__ import annotations
@@ -43,37 +45,64 @@ def group_of(method: Callable[..., Any]) -> str | None:
 
 
 class Services:
-    """The services an actor hosts, found by a method of theirs: the method of the
-    service's class, or of any class it derives from (its Protocols). TypeError at
-    construction if two serve one method, or a Protocol's method is left unwritten
-    (its stub would answer None)."""
+    """The services an actor hosts, found by a method their Protocols declare. What
+    runs for a call of ``declared`` is ``around(declared, bound)``, where ``bound``
+    calls the service's method of that name, looked up at each call (default:
+    ``bound`` itself): the rules a host applies to every call of a kind, written
+    once. TypeError at construction if two services serve one method, or a declared
+    method is left unwritten (its stub would answer None)."""
 
-    def __init__(self, *services: object) -> None:
+    def __init__(
+        self,
+        *services: object,
+        around: Callable[[Callable[..., Any], Callable[..., Any]], Callable[..., Any]]
+        | None = None,
+    ) -> None:
         self._bound: dict[Callable[..., Any], Callable[..., Any]] = {}
         for service in services:
-            for cls in type(service).__mro__:
-                for name, method in vars(cls).items():
-                    if name.startswith("_") or not inspect.isfunction(method):
-                        continue
-                    if method in self._bound:
-                        raise TypeError(f"{method.__qualname__} is served twice")
-                    bound = getattr(service, name)
-                    if _is_protocol(_owner(type(service), name)):
-                        raise TypeError(f"{type(service).__name__} does not write {name}")
-                    self._bound[method] = bound
+            for name, declared in declared_calls(type(service)):
+                if declared in self._bound:
+                    raise TypeError(f"{declared.__qualname__} is served twice")
+                if _is_protocol(_owner(type(service), name)):
+                    raise TypeError(f"{type(service).__name__} does not write {name}")
+                bound = _late(service, name)
+                self._bound[declared] = bound if around is None else around(declared, bound)
 
     def bound(self, method: Callable[..., Any]) -> Callable[..., Any]:
-        """``method`` bound to the service that serves it."""
+        """What runs for a call of the declared ``method``."""
         try:
             return self._bound[method]
         except (KeyError, TypeError):
-            raise TypeError(f"no service of this actor serves {method!r}") from None
+            raise TypeError(
+                f"no service of this actor serves {method!r}: a call names a method "
+                "that a Protocol of the service declares"
+            ) from None
 
     def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return self.bound(method)(*args, **kwargs)
 
     def stream(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Iterator[Any]:
         yield from self.bound(method)(*args, **kwargs)
+
+
+def _late(service: object, name: str) -> Callable[..., Any]:
+    """A call of ``service``'s method ``name`` as it is when called (a method replaced
+    on the object, as a test does to hold a call at a gate, is the one that runs)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(service, name)(*args, **kwargs)
+
+    return call
+
+
+def declared_calls(cls: type) -> Iterator[tuple[str, Callable[..., Any]]]:
+    """``(name, method)`` of each public method the Protocols ``cls`` derives from
+    declare: the calls a service of class ``cls`` answers."""
+    for base in cls.__mro__:
+        if base is not cls and _is_protocol(base):
+            for name, method in vars(base).items():
+                if not name.startswith("_") and inspect.isfunction(method):
+                    yield name, method
 
 
 def _owner(cls: type, name: str) -> type:

@@ -24,10 +24,10 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol
 
-from air_transfer.cluster import _ray
+from air_transfer.cluster import _ray_core
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.core.knobs import KNOBS
-from air_transfer.core.threads import exiting, start_daemon, stop_at_exit
+from air_transfer.core.threads import Periodic
 
 logger = logging.getLogger(__name__)
 
@@ -50,17 +50,14 @@ class HeldTransfers(Protocol):
 #: refs of the transfer: while this process references any, the lease stays).
 _leases: dict[str, tuple[AgentClient, frozenset[str]]] = {}
 _lock = threading.Lock()
-_thread: threading.Thread | None = None
 
 
 def hold(agent: AgentClient, key: str, ids: Iterable[str]) -> None:
     """Keep the lease ``key`` of ``agent`` until this process references none of
     ``ids`` (the transfer's ref and those nested in it) any more."""
-    global _thread
     with _lock:
         _leases[key] = (agent, frozenset([key, *ids]))
-        if _thread is None:
-            _thread = stop_at_exit(start_daemon("air-transfer-leases", _run))
+    _watcher.start()
 
 
 def held() -> int:
@@ -69,24 +66,22 @@ def held() -> int:
         return len(_leases)
 
 
-def _run() -> None:
-    global _thread
-    while not exiting(KNOBS.lease_poll_s):
-        present = _ray.referenced_ids()
-        with _lock:
-            if present is None:  # not connected any more: to the agents, it is gone
-                done = {}
-                _leases.clear()
-            else:
-                done = _done(present)
-                for key in done:
-                    del _leases[key]
-            finished = not _leases
-            if finished:  # the next hold() starts a new thread
-                _thread = None
-        _release(done)
-        if finished:
-            return
+def _tick() -> None:
+    present = _ray_core.referenced_ids()
+    with _lock:
+        if present is None:  # not connected any more: to the agents, it is gone
+            done = {}
+            _leases.clear()
+        else:
+            done = _done(present)
+            for key in done:
+                del _leases[key]
+    _release(done)
+
+
+def _idle() -> bool:
+    with _lock:  # none left: the thread ends, and the next hold() starts another
+        return not _leases
 
 
 def _done(present: set[str]) -> dict[str, AgentClient]:
@@ -118,3 +113,6 @@ def _release(done: dict[str, AgentClient]) -> None:
             agent.call(HeldTransfers.release, *keys)
         except Exception as e:
             logger.debug("air-transfer: could not release leases %s: %r", keys, e)
+
+
+_watcher = Periodic("air-transfer-leases", lambda: KNOBS.lease_poll_s, _tick, _idle)

@@ -9,6 +9,7 @@ from typing import BinaryIO
 
 from air_transfer.core.direct_io import DirectFileWriter, Hasher, should_write_direct
 from air_transfer.core.entry import Entry
+from air_transfer.core.names import under
 from air_transfer.errors import error_at
 
 
@@ -32,7 +33,7 @@ class FileSink:
             self._close()
             self.index += 1
             entry = self.files[self.index]
-            self.path, self.written = _join(self.root, entry.path), 0
+            self.path, self.written = under(self.root, entry.path), 0
             if should_write_direct(entry.size, self.direct_io):
                 self.handle = DirectFileWriter(self.path)
             else:
@@ -75,7 +76,3 @@ class FileSink:
         if exc_type is None:
             self._advance_to(len(self.files) - 1)  # trailing empty files
         self._close(failed=exc_type is not None)
-
-
-def _join(root: str, relpath: str) -> str:
-    return f"{root}/{relpath}"  # relpath is checked POSIX (no "", ".", ".."): as join

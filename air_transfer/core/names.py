@@ -14,6 +14,12 @@ MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4095
 
 
+def under(root: str, relpath: str) -> str:
+    """``relpath`` (checked by ``check_relative_path``: no "", ".", "..") joined under
+    ``root``, as ``os.path.join`` would, without its checks."""
+    return f"{root}/{relpath}"
+
+
 def check_relative_path(path: object) -> str:
     """Return ``path`` if it is a safe relative POSIX path the writer can create, else
     raise ManifestError.

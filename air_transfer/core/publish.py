@@ -12,6 +12,7 @@ import stat
 
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.merge import build_merged, check_merge
+from air_transfer.core.names import under
 from air_transfer.core.staging import Site, Staging
 
 
@@ -86,7 +87,7 @@ def finish_dirs(manifest: Manifest, root: str) -> None:
     changes its mtime, and a read-only mode would stop the writes."""
     for e in reversed(manifest.entries):
         if e.kind == "dir":
-            path = _join(root, e.path)
+            path = under(root, e.path)
             os.chmod(path, e.mode)
             os.utime(path, ns=(e.mtime_ns, e.mtime_ns))
 
@@ -95,8 +96,4 @@ def open_dirs(manifest: Manifest, root: str) -> None:
     """Undo ``finish_dirs``'s modes, so that more entries can be written."""
     for e in manifest.entries:
         if e.kind == "dir":
-            os.chmod(_join(root, e.path), 0o700)
-
-
-def _join(root: str, relpath: str) -> str:
-    return f"{root}/{relpath}"  # relpath is checked POSIX (no "", ".", ".."): as join
+            os.chmod(under(root, e.path), 0o700)

@@ -22,7 +22,23 @@ if TYPE_CHECKING:
 ChunkOpener = Callable[[int, int], Iterator[tuple[int, memoryview]]]
 
 
-class ChunkFileReader(io.RawIOBase):
+class SeekableReader(io.RawIOBase):
+    """A read-only raw stream that seeks: the answers every such stream gives, from
+    its position (``_pos``, kept by the subclass)."""
+
+    _pos: int
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+
+class ChunkFileReader(SeekableReader):
     """A seekable, read-only raw stream over one file inside the chunk stream.
 
     Sequential reads pull chunks from one generator; a seek to another chunk starts a
@@ -44,15 +60,6 @@ class ChunkFileReader(io.RawIOBase):
         self._chunks: Iterator[tuple[int, memoryview]] | None = None
         self._index = -1
         self._view: memoryview | None = None
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
 
     def size(self) -> int:
         return self._size

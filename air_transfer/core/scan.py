@@ -23,6 +23,7 @@ import pyarrow.fs as pafs
 
 from air_transfer.core.dirtree import DirCursor, Loop, Visit, walk
 from air_transfer.core.entry import Entry
+from air_transfer.core.fs_listing import list_below
 from air_transfer.core.names import MAX_PATH_BYTES, check_relative_path
 from air_transfer.core.scan_result import FileRow, Scan, Stamp
 from air_transfer.errors import ManifestError, SourceChangedError, error_at
@@ -215,12 +216,9 @@ def _scan_pyarrow(source: Source) -> tuple[list[Entry], dict[str, Stamp]]:
         raise FileNotFoundError(f"checkpoint source {root!r} does not exist on {fs.type_name}")
     if info.type != pafs.FileType.Directory:
         raise NotADirectoryError(f"checkpoint source {root!r} on {fs.type_name} is not a directory")
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    base = root.rstrip("/")
     entries = []
     stamps: dict[str, Stamp] = {}
-    for i in infos:
-        rel = i.path[len(base) :].lstrip("/") if base else i.path.lstrip("/")
+    for rel, i in list_below(fs, root):
         mtime = i.mtime_ns or 0
         if i.type == pafs.FileType.Directory:
             entries.append(Entry(rel, "dir", 0, 0o755, mtime))

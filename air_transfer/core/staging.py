@@ -12,10 +12,8 @@ are atomic) and on the same shared volume for every host that writes there:
 
 Node storage adds ``.<name>.air-upload-<id>`` (a file being uploaded),
 ``.<name>.air-trash-<id>`` (a directory being deleted) and, in a replica's root,
-``.air-replica`` (which storage and node it is a copy of). Every such name but the
-last comes from ``internal_name``, which digests a ``<name>`` of over 180 bytes so that the whole
-stays within ``NAME_MAX`` (255 bytes) whatever the target's name; ``is_internal``
-tells them from the user's names, for listings to leave out.
+``.air-replica`` (which storage and node it is a copy of). How these names are made
+and told from the user's: ``core.internal_names``.
 
 **Liveness is a lock, never a pid** (``core.locks``): a staging directory whose lock
 can be taken belongs to a dead writer and is removed.
@@ -33,14 +31,23 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import logging
 import os
-import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 
 from air_transfer.core.exchange import exchange
+from air_transfer.core.internal_names import (
+    LOCK_SUFFIX,
+    OLD,
+    PUBLISH_LOCK,
+    SET_ASIDE,
+    STAGED,
+    STAGING,
+    SUFFIX,
+    internal_name,
+    stem,
+)
 from air_transfer.core.locks import (
     acquire,
     claim,
@@ -58,60 +65,8 @@ from air_transfer.errors import error_at
 
 logger = logging.getLogger(__name__)
 
-_STAGING = ".air-staging-"
-_OLD = ".air-old-"
-_PUBLISH_LOCK = ".air-lock"
-_LOCK_SUFFIX = ".lock"
-#: Marks the staging file of an upload through node storage (``storage.server.uploads``).
-UPLOAD_MARK = ".air-upload-"
-#: Marks a directory being deleted by node storage (``storage.server.metadata``).
-TRASH_MARK = ".air-trash-"
-#: Begins the names of the marker in each copy of a replicated node storage, naming
-#: the storage and node it is a copy of (``storage.server.replica_marker``).
-REPLICA_MARK = ".air-replica"
-_MARKS = (_STAGING, _OLD, _PUBLISH_LOCK, UPLOAD_MARK, TRASH_MARK, REPLICA_MARK)
-#: A target name longer than this (bytes) is digested in the names made from it: the
-#: dot, the longest mark and suffix add at most 46 bytes, and a name may have 255.
-_LONG_NAME = 180
-_SUFFIX = re.compile(r"\d+-[0-9a-f]+")
-#: A writer's staging directory or its lock file: (stem, suffix).
-_STAGED = re.compile(r"(\..*)\.air-staging-(\d+-[0-9a-f]+)(?:\.lock)?", re.DOTALL)
-#: The previous target a swap set aside: (stem, suffix).
-_SET_ASIDE = re.compile(r"(\..*)\.air-old-(\d+-[0-9a-f]+)", re.DOTALL)
 #: Written into a staging lock file just before the swap: the staging is complete.
 SWAP_MARK = b"swap\n"
-
-
-def internal_name(name: str, mark: str, suffix: str = "") -> str:
-    """The hidden name ``.<name><mark><suffix>`` of something the library makes next
-    to ``name`` (``name`` digested if long: see the module)."""
-    return f"{_stem(name)}{mark}{suffix}"
-
-
-def is_internal(name: str) -> bool:
-    """Whether ``name`` is one that ``internal_name`` makes (listings leave it out)."""
-    return name.startswith(".") and any(mark in name for mark in _MARKS)
-
-
-def internal_kind(name: str) -> str | None:
-    """What the hidden name ``name`` is, as ``air-transfer clean`` reports it:
-    ``staging`` (a writer's staging directory), ``staging-lock`` (its lock file),
-    ``set-aside`` (a target set aside mid-swap), ``publish-lock``, ``upload`` (node
-    storage: a file being uploaded), ``trash`` (node storage: a directory being
-    deleted); None for a name of the user's."""
-    if not is_internal(name):
-        return None
-    if _STAGED.fullmatch(name):
-        return "staging-lock" if name.endswith(_LOCK_SUFFIX) else "staging"
-    if _SET_ASIDE.fullmatch(name):
-        return "set-aside"
-    if name.endswith(_PUBLISH_LOCK):
-        return "publish-lock"
-    if UPLOAD_MARK in name:
-        return "upload"
-    if TRASH_MARK in name:
-        return "trash"
-    return None
 
 
 class Site:
@@ -120,22 +75,22 @@ class Site:
     def __init__(self, parent: str, name: str) -> None:
         self.parent, self.name = parent, name
         self.target = os.path.join(parent, name)
-        self._stem = _stem(name)
+        self._stem = stem(name)
 
     def staging_path(self, suffix: str) -> str:
-        return os.path.join(self.parent, internal_name(self.name, _STAGING, suffix))
+        return os.path.join(self.parent, internal_name(self.name, STAGING, suffix))
 
     def lock_path(self, suffix: str) -> str:
-        return self.staging_path(suffix) + _LOCK_SUFFIX
+        return self.staging_path(suffix) + LOCK_SUFFIX
 
     def old_path(self, suffix: str) -> str:
-        return os.path.join(self.parent, internal_name(self.name, _OLD, suffix))
+        return os.path.join(self.parent, internal_name(self.name, OLD, suffix))
 
     @contextlib.contextmanager
     def publish_lock(self) -> Iterator[None]:
         """Serialise publishing into this target: threads, processes, and hosts that
         share the volume."""
-        path = os.path.join(self.parent, internal_name(self.name, _PUBLISH_LOCK))
+        path = os.path.join(self.parent, internal_name(self.name, PUBLISH_LOCK))
         with process_mutex(path):
             fd = acquire(path)
             try:
@@ -192,11 +147,11 @@ class Site:
         found: tuple[set[str], set[str]] = (set(), set())
         with contextlib.suppress(FileNotFoundError):
             for entry in os.listdir(self.parent):
-                for mark, suffixes in zip((_STAGING, _OLD), found, strict=True):
+                for mark, suffixes in zip((STAGING, OLD), found, strict=True):
                     prefix = f"{self._stem}{mark}"
                     if entry.startswith(prefix):
-                        rest = entry[len(prefix) :].removesuffix(_LOCK_SUFFIX)
-                        if _SUFFIX.fullmatch(rest):
+                        rest = entry[len(prefix) :].removesuffix(LOCK_SUFFIX)
+                        if SUFFIX.fullmatch(rest):
                             suffixes.add(rest)
         return found
 
@@ -224,11 +179,11 @@ def reclaim_dead(
     aside: set[tuple[str, str]] = set()
     publish: list[str] = []
     for name in listed:
-        if found := _STAGED.fullmatch(name):
+        if found := STAGED.fullmatch(name):
             staged.add((found[1], found[2]))
-        elif found := _SET_ASIDE.fullmatch(name):
+        elif found := SET_ASIDE.fullmatch(name):
             aside.add((found[1], found[2]))
-        elif name.startswith(".") and name.endswith(_PUBLISH_LOCK):
+        elif name.startswith(".") and name.endswith(PUBLISH_LOCK):
             publish.append(name)
     removed = []
     for name in sorted(publish):
@@ -243,11 +198,11 @@ def reclaim_dead(
                 if fd is not None and fd >= 0:  # its holder is dead: unlinked on the way out
                     removed.append(name)
     mine = own()  # after the listing: a writer of this process listed there is in it
-    for stem, suffix in sorted(staged - aside):
+    for target, suffix in sorted(staged - aside):
         if suffix in mine:
             continue
-        name = f"{stem}{_STAGING}{suffix}"
-        lock = name + _LOCK_SUFFIX
+        name = f"{target}{STAGING}{suffix}"
+        lock = name + LOCK_SUFFIX
         if dry_run:
             if is_dead(lock, dir_fd):
                 removed.extend(n for n in (name, lock) if n in listed)
@@ -347,11 +302,3 @@ def _remove(path: str) -> None:
         rmtree(path)
     except OSError as e:
         logger.warning("could not remove %s, left by a writer that died: %s", path, e)
-
-
-def _stem(name: str) -> str:
-    return f".{name if len(os.fsencode(name)) <= _LONG_NAME else _digest(name)}"
-
-
-def _digest(name: str) -> str:
-    return hashlib.sha256(os.fsencode(name)).hexdigest()[:32]

@@ -70,13 +70,25 @@ def stop_at_exit(thread: threading.Thread) -> threading.Thread:
 class Periodic:
     """Calls ``tick()`` every ``period()`` seconds (read before each wait, so that a
     changed knob applies) on one daemon thread named ``name``, started by the first
-    ``start()``. A bound method ``tick`` is held weakly: the thread ends once its
-    object is gone (a cache's reaper does not keep the cache, and its chunk refs,
-    alive). Every such thread ends at the process's exit, before the interpreter is
-    torn down. An exception from ``tick`` ends the thread, as in a plain loop: a tick
-    that must survive its errors catches them itself."""
+    ``start()``. The one periodic loop of the package.
 
-    def __init__(self, name: str, period: Callable[[], float], tick: Callable[[], object]) -> None:
+    ``idle()``, if given, is asked after each tick: True ends the thread, and the
+    next ``start()`` starts another (a watcher that runs only while it has something
+    to watch: its owner adds work, then calls ``start()``; asked under the lock
+    ``start()`` takes, so no work is added unseen as the thread ends). ``stop()``
+    ends the thread before its next tick. A bound method ``tick`` is held weakly:
+    the thread ends once its object is gone (a cache's reaper does not keep the
+    cache, and its chunk refs, alive). Every such thread ends at the process's exit,
+    before the interpreter is torn down. An exception from ``tick`` ends the thread,
+    as in a plain loop: a tick that must survive its errors catches them itself."""
+
+    def __init__(
+        self,
+        name: str,
+        period: Callable[[], float],
+        tick: Callable[[], object],
+        idle: Callable[[], bool] | None = None,
+    ) -> None:
         self.name = name
         self._period = period
         self._tick: Callable[[], Callable[[], object] | None]
@@ -84,22 +96,33 @@ class Periodic:
             self._tick = weakref.WeakMethod(tick)
         else:
             self._tick = lambda: tick
+        self._idle = idle
         self._lock = threading.Lock()
+        self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Start the thread unless it was started already."""
+        """Start the thread unless it runs already (or ``stop`` was called)."""
         with self._lock:
-            if self._thread is None:
+            if self._thread is None and not self._stopped.is_set():
                 self._thread = stop_at_exit(start_daemon(self.name, self._run))
 
+    def stop(self) -> None:
+        """No tick after the one running now, if any."""
+        self._stopped.set()
+
     def _run(self) -> None:
-        while not exiting(self._period()):
+        while not exiting(self._period()) and not self._stopped.is_set():
             tick = self._tick()
             if tick is None:
                 return
             tick()
             del tick  # not held across the wait
+            if self._idle is not None:
+                with self._lock:
+                    if self._idle():
+                        self._thread = None
+                        return
 
 
 class _ExitStop:

@@ -24,6 +24,7 @@ from air_transfer.core.checksum import chunk_checksum, chunk_hasher
 from air_transfer.core.entry import Entry
 from air_transfer.core.file_sink import FileSink
 from air_transfer.core.manifest import Manifest
+from air_transfer.core.names import under
 from air_transfer.core.plan import Span, iter_chunk_spans
 from air_transfer.core.publish import check_before_writing, not_a_directory, publish
 from air_transfer.core.staging import Site
@@ -110,7 +111,7 @@ def _write_entries(
     checksums = iter(expected) if expected is not None else None
     for e in manifest.entries:
         if e.kind == "dir":
-            os.mkdir(_join(root, e.path), 0o700)
+            os.mkdir(under(root, e.path), 0o700)
     files = list(manifest.files())
     with FileSink(root, files, direct_io, chunks_kept) as sink:
         spans = iter_chunk_spans([f.size for f in files], manifest.chunk_bytes)
@@ -144,7 +145,7 @@ def _write_entries(
                 target,
             )
     for e in manifest.entries:
-        path = _join(root, e.path)
+        path = under(root, e.path)
         if e.kind == "symlink":
             os.symlink(e.target or "", path)
             os.utime(path, ns=(e.mtime_ns, e.mtime_ns), follow_symlinks=False)
@@ -225,10 +226,6 @@ def _makedirs(path: str) -> None:
         except FileExistsError:
             if not os.path.isdir(p):
                 raise
-
-
-def _join(root: str, relpath: str) -> str:
-    return f"{root}/{relpath}"  # relpath is checked POSIX (no "", ".", ".."): as join
 
 
 def _describe(files: Sequence[Entry], spans: Sequence[Span], limit: int = 5) -> str:

@@ -25,7 +25,8 @@ resharding are DCP's.
 """
 
 from air_transfer.dcp import requires as _requires  # torch and Ray Train v2, first
-from air_transfer.dcp.storage import NodeStorageReader, NodeStorageWriter
+from air_transfer.dcp.reader import NodeStorageReader
+from air_transfer.dcp.storage import NodeStorageWriter
 from air_transfer.dcp.train import load, report, wait_for_pending_save
 
 del _requires

@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING
 import torch
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 
+from air_transfer.core.reader import SeekableReader
 from air_transfer.core.threads import pool
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ class StagedTensors:
         self._writer.shutdown(wait=True)
 
 
-class ViewReader(io.RawIOBase):
+class ViewReader(SeekableReader):
     """A seekable read-only stream over a buffer, without copying it first (as
     ``io.BytesIO`` of a memoryview would): ``torch.load`` reads each record once,
     straight into the tensor it decodes."""
@@ -128,15 +129,6 @@ class ViewReader(io.RawIOBase):
         super().__init__()
         self._view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
         self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]

@@ -31,7 +31,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 from air_transfer.cluster._ray import train_reports_made
 from air_transfer.core.keywords import positional_at_most
 from air_transfer.core.threads import pool
-from air_transfer.dcp.storage import NodeStorageReader, report_writer
+from air_transfer.dcp.reader import NodeStorageReader
+from air_transfer.dcp.storage import report_writer
 
 T = TypeVar("T")
 

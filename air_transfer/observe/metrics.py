@@ -28,8 +28,9 @@ that recorded it); Ray adds its own ``NodeAddress``, ``WorkerId`` and ``SessionN
 - ``ray_air_transfer_transfers_in_flight`` (gauge, tag ``phase``): transfers running in
   the recording process now (sum over ``WorkerId`` for a node or the cluster).
 
-The metric objects are made on first use in each process, never at import (Ray
-registers a metric with the process's core worker, which must exist). Recording is
+Every metric of the package, here and in ``durable_metrics`` and ``replica_metrics``,
+is one ``Metric``, declared at import and made on first use in each process, never at
+import (Ray registers a metric with the process's core worker, which must exist). Recording is
 one call per chunk (tens of MiB), never per byte; a process without a Ray session
 records nothing (it would start one). ``AIR_TRANSFER_METRICS=0`` turns
 recording off in a process (nothing is created); any failure to make or record a
@@ -42,8 +43,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import ray
 
@@ -59,27 +59,11 @@ DURATION_BOUNDARIES = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 2
 
 Phase = Literal["pack", "read", "upload", "download"]
 ByteCounter = Literal["packed", "fetched", "written"]
+Kind = Literal["counter", "gauge", "histogram"]
 
-_TAGS = ("strategy", "node_id")
-_PHASE_TAGS = ("phase", *_TAGS)
-
-
-@dataclass(frozen=True)
-class _Registry:
-    """This process's metric objects (``ray.util.metrics`` classes)."""
-
-    bytes: dict[str, object]
-    chunks_verified: object
-    checksum_failures: object
-    lost: object
-    failed: object
-    duration: object
-    in_flight: object
-
-
-_registry: _Registry | None = None
-_broken = False
-_lock = threading.Lock()
+_RECORD = {"counter": "inc", "gauge": "set", "histogram": "observe"}
+_lock = threading.Lock()  # the in-flight counts, and their values' order
+_making = threading.Lock()
 _in_flight: dict[tuple[str, str], int] = {}
 
 
@@ -88,63 +72,66 @@ def enabled() -> bool:
     return os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _make_registry() -> _Registry:
-    from ray.util.metrics import Counter, Gauge, Histogram
+class Metric:
+    """One metric (``air_transfer_`` + ``name``), tagged ``tags`` and ``node_id``: a
+    ``ray.util.metrics`` object made on first ``record`` in a process that records
+    (``enabled``) and has a Ray session: making or recording a metric would start
+    one, and a Ray-free caller of a transfer (``copy.copy_tree``) must never start
+    Ray. One that cannot be made is off in this process; a record that fails is
+    skipped; both logged at debug level. A counter records only what is above 0."""
 
-    def counter(name: str, description: str, tags: tuple[str, ...] = _TAGS) -> object:
-        return Counter(PREFIX + name, description, tag_keys=tags)
+    declared: ClassVar[list[Metric]] = []  # every metric of the package, for its docs
 
-    return _Registry(
-        bytes={
-            "packed": counter("packed_bytes", "Source bytes read and checksummed into chunks."),
-            "fetched": counter(
-                "fetched_bytes", "Chunk bytes delivered to a reader from the object store."
-            ),
-            "written": counter("written_bytes", "File bytes a reader wrote, verified."),
-        },
-        chunks_verified=counter("chunks_verified", "Chunks whose checksum a reader checked."),
-        checksum_failures=counter("checksum_failures", "ChecksumError raised by a reader."),
-        lost=counter(
-            "lost_transfers", "CheckpointLostError raised: the owner of the chunks is gone."
-        ),
-        failed=counter(
-            "failed_transfers",
-            "Transfers that raised, by phase and error.",
-            ("error", *_PHASE_TAGS),
-        ),
-        duration=Histogram(
-            PREFIX + "duration_seconds",
-            "Seconds a finished transfer took, by phase.",
-            boundaries=DURATION_BOUNDARIES,
-            tag_keys=_PHASE_TAGS,
-        ),
-        in_flight=Gauge(
-            PREFIX + "transfers_in_flight",
-            "Transfers running in this process, by phase.",
-            _PHASE_TAGS,
-        ),
-    )
+    def __init__(
+        self,
+        kind: Kind,
+        name: str,
+        description: str,
+        tags: tuple[str, ...] = (),
+        boundaries: list[float] | None = None,
+    ) -> None:
+        self.kind, self.name, self.description = kind, name, description
+        self.tags, self.boundaries = (*tags, "node_id"), boundaries
+        self._made: object | None = None
+        self._broken = False
+        Metric.declared.append(self)
 
+    def record(self, value: float, **tags: str) -> None:
+        if self.kind == "counter" and value <= 0:  # Counter.inc refuses 0
+            return
+        made = self._get()
+        if made is not None:
+            self._apply(made, value, {**tags, "node_id": node_id()})
 
-def _get() -> _Registry | None:
-    """The registry, made on first use; None when off, when it cannot be made, or
-    outside a Ray session: making or recording a metric would start one (a Ray-free
-    caller of a transfer, e.g. ``copy.copy_tree``, must never start Ray)."""
-    global _registry, _broken
-    if not ray.is_initialized():
-        return None
-    if _registry is not None:
-        return _registry if enabled() else None
-    if _broken or not enabled():
-        return None
-    with _lock:
-        if _registry is None and not _broken:
-            try:
-                _registry = _make_registry()
-            except Exception as e:
-                _broken = True
-                logger.debug("air-transfer: metrics are off in this process: %r", e)
-    return _registry
+    def _apply(self, made: object, value: float, tags: dict[str, str]) -> None:
+        try:
+            getattr(made, _RECORD[self.kind])(value, tags=tags)
+        except Exception as e:
+            logger.debug("air-transfer: could not record metric %s: %r", self.name, e)
+
+    def _get(self) -> object | None:
+        if not ray.is_initialized() or not enabled() or self._broken:
+            return None
+        if self._made is None:
+            with _making:
+                if self._made is None and not self._broken:
+                    try:
+                        self._made = self._make()
+                    except Exception as e:
+                        self._broken = True
+                        logger.debug("air-transfer: metric %s is off: %r", self.name, e)
+        return self._made
+
+    def _make(self) -> object:
+        from ray.util import metrics as ray_metrics
+
+        name, tags = PREFIX + self.name, self.tags
+        if self.kind == "histogram":
+            return ray_metrics.Histogram(
+                name, self.description, boundaries=self.boundaries or [], tag_keys=tags
+            )
+        cls = ray_metrics.Counter if self.kind == "counter" else ray_metrics.Gauge
+        return cls(name, self.description, tag_keys=tags)
 
 
 def node_id() -> str:
@@ -157,65 +144,86 @@ def node_id() -> str:
         return "unknown"
 
 
-def _record(what: str, metric: object, value: float, tags: dict[str, str], how: str) -> None:
-    try:
-        getattr(metric, how)(value, tags={**tags, "node_id": node_id()})
-    except Exception as e:
-        logger.debug("air-transfer: could not record metric %s: %r", what, e)
+_BYTES = {
+    "packed": Metric(
+        "counter", "packed_bytes", "Source bytes read and checksummed into chunks.", ("strategy",)
+    ),
+    "fetched": Metric(
+        "counter",
+        "fetched_bytes",
+        "Chunk bytes delivered to a reader from the object store.",
+        ("strategy",),
+    ),
+    "written": Metric(
+        "counter", "written_bytes", "File bytes a reader wrote, verified.", ("strategy",)
+    ),
+}
+_VERIFIED = Metric(
+    "counter", "chunks_verified", "Chunks whose checksum a reader checked.", ("strategy",)
+)
+_CHECKSUM_FAILURES = Metric(
+    "counter", "checksum_failures", "ChecksumError raised by a reader.", ("strategy",)
+)
+_LOST = Metric(
+    "counter",
+    "lost_transfers",
+    "CheckpointLostError raised: the owner of the chunks is gone.",
+    ("strategy",),
+)
+_FAILED = Metric(
+    "counter",
+    "failed_transfers",
+    "Transfers that raised, by phase and error.",
+    ("error", "phase", "strategy"),
+)
+_DURATION = Metric(
+    "histogram",
+    "duration_seconds",
+    "Seconds a finished transfer took, by phase.",
+    ("phase", "strategy"),
+    DURATION_BOUNDARIES,
+)
+_IN_FLIGHT = Metric(
+    "gauge",
+    "transfers_in_flight",
+    "Transfers running in this process, by phase.",
+    ("phase", "strategy"),
+)
 
 
 def add_bytes(counter: ByteCounter, nbytes: int, strategy: str) -> None:
     """``nbytes`` more bytes packed, fetched or written by a transfer of ``strategy``."""
-    registry = _get()
-    if registry is not None and nbytes > 0:  # Counter.inc refuses 0
-        metric = registry.bytes[counter]
-        _record(counter, metric, nbytes, {"strategy": strategy}, "inc")
+    _BYTES[counter].record(nbytes, strategy=strategy)
 
 
 def chunks_verified(count: int, strategy: str) -> None:
     """``count`` chunks passed their checksum on the reader's side."""
-    registry = _get()
-    if registry is not None and count > 0:
-        _record("chunks_verified", registry.chunks_verified, count, {"strategy": strategy}, "inc")
+    _VERIFIED.record(count, strategy=strategy)
 
 
 def checksum_failure(strategy: str) -> None:
     """A reader raised ChecksumError."""
-    registry = _get()
-    if registry is not None:
-        _record("checksum_failures", registry.checksum_failures, 1, {"strategy": strategy}, "inc")
+    _CHECKSUM_FAILURES.record(1, strategy=strategy)
 
 
 def lost(strategy: str) -> None:
     """CheckpointLostError is being raised."""
-    registry = _get()
-    if registry is not None:
-        _record("lost", registry.lost, 1, {"strategy": strategy}, "inc")
+    _LOST.record(1, strategy=strategy)
 
 
 def failed(phase: Phase, strategy: str, error: str) -> None:
     """A transfer of ``phase`` raised ``error`` (an exception class name)."""
-    registry = _get()
-    if registry is not None:
-        tags = {"phase": phase, "strategy": strategy, "error": error}
-        _record("failed", registry.failed, 1, tags, "inc")
+    _FAILED.record(1, phase=phase, strategy=strategy, error=error)
 
 
 def duration(phase: Phase, strategy: str, seconds: float) -> None:
     """A transfer of ``phase`` finished after ``seconds``."""
-    registry = _get()
-    if registry is not None:
-        tags = {"phase": phase, "strategy": strategy}
-        _record("duration", registry.duration, max(seconds, 0.0), tags, "observe")
+    _DURATION.record(max(seconds, 0.0), phase=phase, strategy=strategy)
 
 
 def in_flight(phase: Phase, strategy: str, delta: int) -> None:
     """One transfer of ``phase`` started (``delta`` 1) or ended (-1) in this process."""
-    registry = _get()
-    if registry is None:
-        return
-    tags = {"phase": phase, "strategy": strategy}
     with _lock:  # held while recording: two threads' values must land in order
         key = (phase, strategy)
         count = _in_flight[key] = max(_in_flight.get(key, 0) + delta, 0)
-        _record("in_flight", registry.in_flight, count, tags, "set")
+        _IN_FLIGHT.record(count, phase=phase, strategy=strategy)

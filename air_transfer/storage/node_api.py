@@ -1,25 +1,30 @@
 """Node storage, what a storage node's agent answers: one ``Protocol`` per service,
 declared below both rooms (the caller's side calls it, the storage node's side,
-``storage.server.node_service``, implements it), so that neither imports the other.
+``storage.server``, implements it), so that neither imports the other.
 
-A caller names a method here and its arguments (``link.call(NodeFiles.fs_info,
+A caller names a method here and its arguments (``link.call(NodeMetadata.fs_info,
 root, paths)``): mypy checks them against the one signature written here, which the
 server's class, a subclass, must keep (``cluster.rpc``). Paths are confined to the
-root the caller names. ``op``: the replicated change a call belongs to (an agent
-refuses a call of one fenced off, ``fence_ops``); '' for none. An upload's commit
-travels as one value (``Commit``, ``IndexedCommit``), its arguments written once.
+root the caller names. An upload's commit travels as one value (``Commit``,
+``IndexedCommit``), its arguments written once.
+
+A call that changes what ``root`` holds is declared a ``change``: the storage node
+runs each fenced by its ``op`` (the replicated change it belongs to: an agent
+refuses a call of one fenced off, ``fence_ops``; '' for none) and then wakes the
+durable tier's drain of ``root`` (``storage.server.changes``), for all of them in
+one place, so that a change can forget neither. A call that takes an ``op`` and is
+not declared a change is refused when the agent starts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow.fs as pafs
 
-from air_transfer.cluster.agent_client import Expect, Info, Listed
 from air_transfer.cluster.refs import ChecksumRef, ChunkRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.file_chunks import ChunkedFiles
@@ -29,9 +34,24 @@ from air_transfer.storage.durable.records import FileRecord
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget
+from air_transfer.storage.node_wire import Expect, Info, Listed
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+
+F = TypeVar("F", bound=Callable[..., Any])
+_CHANGE = "__air_transfer_change__"
+
+
+def change(method: F) -> F:
+    """Declare ``method`` a call that changes what node storage ``root`` holds (see
+    the module): fenced by its ``op``, if it takes one, and the drain woken after."""
+    setattr(method, _CHANGE, True)
+    return method
+
+
+def is_change(method: Callable[..., Any]) -> bool:
+    return bool(getattr(method, _CHANGE, False))
 
 
 @dataclass(frozen=True)
@@ -63,9 +83,9 @@ class IndexedCommit(Commit):
     chunk_bytes: int = field(kw_only=True)
 
 
-class NodeFiles(Protocol):
-    """Files and directories: what is there, changes, and uploads (staged, then
-    committed whole)."""
+class NodeMetadata(Protocol):
+    """Files and directories, what is there and what changes: in node storage, else
+    in the durable tier behind it (``storage.server.drain.tiered``)."""
 
     def fs_info(self, root: str, paths: list[str]) -> list[Info]: ...
 
@@ -73,18 +93,29 @@ class NodeFiles(Protocol):
         self, root: str, base: str, recursive: bool, allow_not_found: bool
     ) -> list[Listed]: ...
 
+    @change
     def fs_create_dir(self, root: str, path: str, recursive: bool, op: str = "") -> None: ...
 
+    @change
     def fs_delete_dir(self, root: str, path: str, op: str = "") -> None: ...
 
+    @change
     def fs_delete_dir_contents(
         self, root: str, path: str, missing_dir_ok: bool, op: str = ""
     ) -> None: ...
 
+    @change
     def fs_delete_file(self, root: str, path: str, op: str = "") -> None: ...
 
+    @change
     def fs_move(self, root: str, src: str, dest: str, op: str = "") -> None: ...
 
+
+class NodeFiles(Protocol):
+    """Uploads (staged, then committed whole), copies, and what makes a directory a
+    replicated storage's copy."""
+
+    @change
     def fs_copy_file(self, root: str, src: str, dest: str, op: str = "") -> None: ...
 
     def fs_open_write(
@@ -107,6 +138,7 @@ class NodeFiles(Protocol):
         ``offset`` of a staging file, checked against ``checksum``."""
         ...
 
+    @change
     def fs_commit(self, root: str, commit: Commit, op: str = "") -> None: ...
 
     def fs_abort(self, root: str, staging: str) -> None: ...
@@ -141,6 +173,7 @@ class NodeIndexedUploads(Protocol):
         through ``sent``, ``[ref]``)."""
         ...
 
+    @change
     def fs_commit_indexed(self, root: str, commit: IndexedCommit) -> None: ...
 
 
@@ -174,6 +207,7 @@ class NodeCheckpoints(Protocol):
         its ref, resolved by Ray) to ``path`` on ``filesystem``."""
         ...
 
+    @change
     def store_report(
         self,
         worker: str,
@@ -188,6 +222,7 @@ class NodeCheckpoints(Protocol):
         Train stops the worker's group (``reclaim_reports``)."""
         ...
 
+    @change
     def store_incremental(
         self,
         worker: str | None,
@@ -203,10 +238,12 @@ class NodeCheckpoints(Protocol):
         cost. A Ray Train report (``worker`` given) is noted as ``store_report``'s."""
         ...
 
+    @change
     def note_report_dir(self, root: str, worker: str, path: str) -> None:
         """Make the directory ``path`` that Ray Train worker ``worker`` writes its
         report into itself (torch DCP), noted as ``store_report``'s are."""
 
+    @change
     def reclaim_reports(self, root: str, workers: list[str], tracked: list[str]) -> list[str]:
         """Ray Train is stopping the group of ``workers``: end their reports still
         being stored and delete what they stored that Train does not track."""

@@ -10,6 +10,7 @@ typed here, below both, so that neither imports the other.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -26,6 +27,22 @@ State = Literal["fresh", "syncing", "stale", "failing", "failed"]
 Copy = tuple[str, str]
 #: The answer of ``begin``: (op id, the copies to apply it to, the fresh ones).
 Begun = tuple[str, list[Copy], list[str]]
+
+
+def storage_key(node: str, root: str) -> str:
+    """The key the registry knows a replicated storage by: its storage node and root."""
+    return f"{node}:{root}"
+
+
+def key_parts(key: str) -> Copy:
+    """``(storage node, root)`` of a replicated storage's ``key``."""
+    node, _, root = key.partition(":")
+    return node, root
+
+
+def on_copy(root: str, rel: str) -> str:
+    """The path of relative path ``rel`` in the copy rooted at ``root``."""
+    return posixpath.normpath(posixpath.join(root, rel)) if rel else root
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from air_transfer.core.keywords import positional_at_most
 from air_transfer.storage.client.handler import NodeStorageHandler
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.client.streams import AgentLink
-from air_transfer.storage.node_api import NodeFiles
+from air_transfer.storage.node_api import NodeMetadata
 from air_transfer.train.hooks import install
 from air_transfer.train.settings import StorageSettings, storage_settings
 
@@ -129,7 +129,7 @@ def _check_root(handler: NodeStorageHandler) -> None:
         way.append(posixpath.dirname(way[-1]))
     # Asked of "/": the storage's own calls see nothing above its root.
     link = AgentLink(handler.node_id, "/", handler.config)
-    infos = link.call(NodeFiles.fs_info, "/", way)
+    infos = link.call(NodeMetadata.fs_info, "/", way)
     for path, (kind, _, _) in zip(way, infos, strict=True):
         if kind == pafs.FileType.File:
             raise NotADirectoryError(

@@ -29,7 +29,7 @@ import ray
 from air_transfer.cluster.fetch import fresh
 from air_transfer.cluster.refs import CheckpointRef, DoneRef, Status
 from air_transfer.core.knobs import KNOBS
-from air_transfer.core.threads import exiting, start_daemon, stop_at_exit
+from air_transfer.core.threads import Periodic
 from air_transfer.errors import CheckpointLostError
 from air_transfer.transfer.handle import RAY_ERRORS, raise_transfer_error
 
@@ -270,7 +270,6 @@ def _run_once(
 _held: set[TransferFuture] = set()
 _watched: weakref.WeakSet[TransferFuture] = weakref.WeakSet()
 _watched_lock = threading.Lock()
-_watcher: threading.Thread | None = None
 
 
 def _watch(future: TransferFuture, hold: bool) -> None:
@@ -278,26 +277,28 @@ def _watch(future: TransferFuture, hold: bool) -> None:
     one daemon thread for all such futures, so that waiters (``concurrent.futures.wait``
     reads a future's state without asking it) and callbacks see the end of a session
     even when nobody calls the future. ``hold``: keep it alive until then."""
-    global _watcher
     with _watched_lock:
         (_held if hold else _watched).add(future)
-        if _watcher is None:
-            _watcher = stop_at_exit(start_daemon("air-transfer-futures", _run_watch))
+    _watcher.start()
 
 
-def _run_watch() -> None:
-    global _watcher
-    while not exiting(KNOBS.session_poll_s):
-        with _watched_lock:
-            pending = [*_held, *_watched]
-        for future in pending:
-            future.done()  # fails it if its session ended
-        with _watched_lock:
-            finished = [f for f in pending if f.done()]
-            _held.difference_update(finished)
-            for future in finished:
-                _watched.discard(future)
-            del pending, finished  # hold none while sleeping
-            if not _held and not _watched:
-                _watcher = None
-                return
+def _check_sessions() -> None:
+    with _watched_lock:
+        pending = [*_held, *_watched]
+    for future in pending:
+        future.done()  # fails it if its session ended
+    with _watched_lock:
+        finished = [f for f in pending if f.done()]
+        _held.difference_update(finished)
+        for future in finished:
+            _watched.discard(future)
+
+
+def _none_watched() -> bool:
+    with _watched_lock:  # the thread ends, and the next _watch starts another
+        return not _held and not _watched
+
+
+_watcher = Periodic(
+    "air-transfer-futures", lambda: KNOBS.session_poll_s, _check_sessions, _none_watched
+)

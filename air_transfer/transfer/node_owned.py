@@ -4,13 +4,13 @@ chunks of those transfers for later ones to reuse (``reuse_chunks``,
 ``transfer.live_chunks``).
 
 The agent hosts one ``NodeOwnedTransfers``; callers name its methods
-(``AgentClient.call``; ``transfer.route`` asks for ``submit_transfer``). It packs
+(``NodeOwnedCalls``; ``transfer.route`` asks for ``submit_transfer``). It packs
 with ``transfer.start`` (``prepare`` then ``start``), below ``transfer.route``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from air_transfer.cluster.refs import CheckpointRef
 from air_transfer.cluster.transfer_leases import HeldTransfers
@@ -21,7 +21,26 @@ from air_transfer.transfer.start import prepare, start
 from air_transfer.transfer.strategies import Registrations
 
 
-class NodeOwnedTransfers(HeldTransfers):
+class NodeOwnedCalls(HeldTransfers, Protocol):
+    """What a node agent answers of the transfers it packs and holds for other
+    processes (callers name these methods)."""
+
+    def submit_transfer(
+        self,
+        source: Source,
+        config: TransferConfig,
+        registered: Registrations | None = None,
+        requester: tuple[int, str] | None = None,
+    ) -> list[Any]:
+        """Pack ``source`` here (``owner="node"``) with the strategies ``registered``
+        in the caller: the agent submits the chunk tasks, so it owns them, and holds
+        the checkpoint until ``requester`` (pid, node) says it references none of its
+        refs. ``[checkpoint ref, completion ref, strategy, hex ids of the refs nested
+        in it]``, nested so the caller borrows."""
+        ...
+
+
+class NodeOwnedTransfers(NodeOwnedCalls):
     """The transfers held for other processes, by lease key (the checkpoint ref's hex)."""
 
     def __init__(self) -> None:
@@ -37,11 +56,6 @@ class NodeOwnedTransfers(HeldTransfers):
         registered: Registrations | None = None,
         requester: tuple[int, str] | None = None,
     ) -> list[Any]:
-        """Pack ``source`` here (``owner="node"``) with the strategies ``registered``
-        in the caller: the agent submits the chunk tasks, so it owns them, and holds
-        the checkpoint until ``requester`` (pid, node) says it references none of its
-        refs. ``[checkpoint ref, completion ref, strategy, hex ids of the refs nested
-        in it]``, nested so the caller borrows."""
         live = self.live if config.reuse_chunks else None
         started = start(prepare(source, config, registered), live)
         ref, handle = started.put(), started.handle

@@ -1,8 +1,9 @@
 """What a node agent runs for packing: the chunks of a transfer's tasks filled into
 the agent's buffers, their checksums, the completion a ``TransferFuture`` waits for,
 and the ``streamed`` strategy's reads at transfer time. The agent hosts one
-``PackingService``; callers name its methods (``AgentClient.call``), the packing
-ones run in the agent's packing threads (``PACK_GROUP``).
+``PackingService``; callers name the methods of ``PackingCalls``, which it writes
+(``AgentClient.call``), the packing ones run in the agent's packing threads
+(``PACK_GROUP``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import errno
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -28,7 +30,61 @@ from air_transfer.errors import SourceChangedError
 from air_transfer.observe import metrics
 
 
-class PackingService:
+class PackingCalls(Protocol):
+    """What a node agent answers for packing: callers name these methods
+    (``AgentClient.call``); the packing ones run in its packing threads."""
+
+    def stream(
+        self,
+        source: Source,
+        files: Sequence[Entry],
+        chunk_bytes: int,
+        checksums: Sequence[PendingChecksum],
+        start: int,
+        stop: int | None,
+        verify: bool = True,
+        stamps: Sequence[Stamp] | None = None,
+    ) -> Iterator[np.ndarray]:
+        """Chunks ``start``..``stop - 1`` of ``source`` read now, each proven against
+        ``stamps`` (and its checksum at packing, with ``verify``): the ``streamed``
+        strategy's reads."""
+        ...
+
+    @in_group(PACK_GROUP)
+    def pack_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
+        """The chunks of ``plans`` and then their checksums: ``2 * len(plans)``
+        objects (the caller sets ``num_returns``), owned by whoever submitted this."""
+        ...
+
+    @in_group(PACK_GROUP)
+    def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
+        """Only the checksums of ``plans``' chunks (``streamed``), one object each."""
+        ...
+
+    @in_group(PACK_GROUP)
+    def store_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
+        """The chunks of ``plans``, those mapped left unhashed, and a status per
+        chunk: ``2 * len(plans)`` objects, as ``pack_chunks``."""
+        ...
+
+    @in_group(PACK_GROUP)
+    def checksum_stored(self, *chunks: np.ndarray) -> object:
+        """The checksums of chunks already in the object store, one object each."""
+        ...
+
+    @in_group(PACK_GROUP)
+    def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
+        """The whole (small, ``inline``) stream as one array, then the checksum of
+        each chunk: ``1 + len(plans)`` objects."""
+        ...
+
+    def packed(self, *checksums: Status) -> tuple[Status, ...]:
+        """The completion a ``TransferFuture`` waits for, once every chunk of a
+        transfer is packed."""
+        ...
+
+
+class PackingService(PackingCalls):
     """Packing as the agent's tasks do it (one ``ChunkPacker`` buffer per thread)."""
 
     def __init__(self) -> None:
@@ -84,7 +140,6 @@ class PackingService:
             # resumes, so the reader thread may reuse this buffer afterwards.
             yield np.frombuffer(view, dtype=np.uint8)
 
-    @in_group(PACK_GROUP)
     def pack_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
         """The chunks of ``plans`` and then their checksums: ``2 * len(plans)``
         objects (the caller sets ``num_returns``), owned by whoever submitted this.
@@ -96,7 +151,6 @@ class PackingService:
         self._count(plans, "chunked")
         return _returns([*chunks, *checksums])
 
-    @in_group(PACK_GROUP)
     def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
         """Only the checksums of ``plans``' chunks (``streamed``), one object each."""
         try:
@@ -106,7 +160,6 @@ class PackingService:
         metrics.add_bytes("packed", sum(plan.length for plan in plans), "streamed")
         return _returns(checksums)
 
-    @in_group(PACK_GROUP)
     def store_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
         """The chunks of ``plans``, those mapped left unhashed, and a status per chunk
         (its checksum, None where it is to be taken of the stored copy, or the
@@ -118,14 +171,12 @@ class PackingService:
         self._count(plans, "chunked")
         return _returns([*chunks, *checksums])
 
-    @in_group(PACK_GROUP)
     def checksum_stored(self, *chunks: np.ndarray) -> object:
         """The checksums of chunks already in the object store (Ray hands each over
         as a zero-copy view of the stored bytes), one object each: a blocking
         caller stored them straight from their mapped files (``shared_pack``)."""
         return _returns([chunk_checksum(chunk) for chunk in chunks])
 
-    @in_group(PACK_GROUP)
     def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
         """The whole (small, ``inline``) stream as one array, then the checksum of each
         chunk: ``1 + len(plans)`` objects (the caller sets ``num_returns``)."""

@@ -20,7 +20,7 @@ from typing import cast
 
 import ray
 
-from air_transfer.cluster import _ray
+from air_transfer.cluster import _ray_core
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.cluster.refs import CheckpointRef, DoneRef, Status
@@ -31,7 +31,7 @@ from air_transfer.core.scan import Scan, Source, scan
 from air_transfer.transfer.handle import TransferHandle, describe_current_process
 from air_transfer.transfer.live_chunks import LiveChunks
 from air_transfer.transfer.packers import Packer, agent_can_read, pack, select_packer
-from air_transfer.transfer.packing_service import PackingService
+from air_transfer.transfer.packing_service import PackingCalls
 from air_transfer.transfer.strategies import (
     PackRequest,
     Registrations,
@@ -145,7 +145,7 @@ def start(prepared: Prepared, live: LiveChunks | None = None, blocking: bool = F
         # returns, nothing of the checkpoint depends on this node's agent.
         waits = (*(packed.stored or ()), *packed.checksums)
         args = cast(tuple[Status, ...], waits)  # Ray resolves refs passed as arguments
-        done = AgentClient(here).call(PackingService.packed, *args) if pending and waits else None
+        done = AgentClient(here).call(PackingCalls.packed, *args) if pending and waits else None
     except BaseException:
         if live is not None:  # no transfer: nothing of it to offer again
             live.drop([transfer_id])
@@ -156,7 +156,7 @@ def start(prepared: Prepared, live: LiveChunks | None = None, blocking: bool = F
 def _select(prepared: Prepared, manifest: Manifest, here: str) -> TransferStrategy:
     """The strategy for ``prepared`` by size, against the free object store of this
     node, among its registrations (``select_strategy``)."""
-    free = _ray.object_store_free_bytes(here)
+    free = _ray_core.object_store_free_bytes(here)
     name = select_strategy(manifest.total_bytes, prepared.config, free, prepared.registered)
     return get_strategy(name, prepared.registered)()
 

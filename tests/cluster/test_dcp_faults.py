@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 import air_transfer
 from air_transfer import TransferConfig
-from air_transfer.cluster._ray import object_store_free_bytes
+from air_transfer.cluster._ray_core import object_store_free_bytes
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.dcp import NodeStorageWriter

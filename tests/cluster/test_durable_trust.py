@@ -20,7 +20,7 @@ import ray
 
 import air_transfer
 from air_transfer import StorageConfig
-from air_transfer.cluster import _ray
+from air_transfer.cluster import _ray_core
 from air_transfer.cluster.nodes import NAMESPACE, node_agent
 from air_transfer.storage.durable.target import DurableTarget
 from tests.cluster.test_durable import _agent_back, _writers
@@ -58,7 +58,7 @@ def test_no_secret_is_kept_where_a_job_can_read_it(
     eventually(_agent_back, "a new agent on node_a", 60)
     _writers(fs, tmp_path / "root", ["b.bin"], MiB)
     air_transfer.wait_durable(fs, timeout=120)  # the caller attached its credentials again
-    saved = _ray.kv_items(NAMESPACE, "")
+    saved = _ray_core.kv_items(NAMESPACE, "")
     assert saved  # the attachment, the journal, the tombstones: all without the secret
     shown = [repr(fs), str(fs), repr(StorageConfig(durable=uri)), caplog.text]
     shown += [str(v) for v in saved.values()] + [str(DurableTarget.parse(uri))]

@@ -24,8 +24,15 @@ from air_transfer import ChecksumError, ChunkedCheckpoint, storage_filesystem
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.core.checksum import chunk_checksum
-from air_transfer.storage.client.uploads import Mode, NodeUpload, Route, Staged
-from air_transfer.storage.node_api import Commit, NodeCheckpoints, NodeFiles, NodeReads
+from air_transfer.storage.client.upload_copies import Mode, Route, Staged
+from air_transfer.storage.client.uploads import NodeUpload
+from air_transfer.storage.node_api import (
+    Commit,
+    NodeCheckpoints,
+    NodeFiles,
+    NodeMetadata,
+    NodeReads,
+)
 from air_transfer.storage.server.metadata import STAGING_MARK
 from tests.support.checkpoints import MiB, kill_and_wait, make_checkpoint, on
 from tests.support.cluster import STORE_BYTES, node_ids
@@ -196,14 +203,14 @@ def test_the_agent_refuses_every_path_outside_the_root(
         ]
 
     calls: list[tuple[Callable[..., Any], Callable[[str], tuple[Any, ...]]]] = [
-        (NodeFiles.fs_info, lambda p: ([p],)),
-        (NodeFiles.fs_list, lambda p: (posixpath.dirname(p), True, False)),
-        (NodeFiles.fs_create_dir, lambda p: (p + "-dir/x", True)),
-        (NodeFiles.fs_delete_dir, lambda p: (posixpath.dirname(p),)),
-        (NodeFiles.fs_delete_dir_contents, lambda p: (posixpath.dirname(p), False)),
-        (NodeFiles.fs_delete_file, lambda p: (p,)),
-        (NodeFiles.fs_move, lambda p: (p, f"{r}/d/moved")),
-        (NodeFiles.fs_move, lambda p: (f"{r}/d/f", p)),
+        (NodeMetadata.fs_info, lambda p: ([p],)),
+        (NodeMetadata.fs_list, lambda p: (posixpath.dirname(p), True, False)),
+        (NodeMetadata.fs_create_dir, lambda p: (p + "-dir/x", True)),
+        (NodeMetadata.fs_delete_dir, lambda p: (posixpath.dirname(p),)),
+        (NodeMetadata.fs_delete_dir_contents, lambda p: (posixpath.dirname(p), False)),
+        (NodeMetadata.fs_delete_file, lambda p: (p,)),
+        (NodeMetadata.fs_move, lambda p: (p, f"{r}/d/moved")),
+        (NodeMetadata.fs_move, lambda p: (f"{r}/d/f", p)),
         (NodeFiles.fs_copy_file, lambda p: (p, f"{r}/d/copy")),
         (NodeFiles.fs_copy_file, lambda p: (f"{r}/d/f", p)),
         (NodeFiles.fs_open_write, lambda p: (p, True)),

@@ -23,7 +23,7 @@ from ray.cluster_utils import Cluster
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 import air_transfer
-from air_transfer.core.staging import is_internal
+from air_transfer.core.internal_names import is_internal
 from tests.support import shared_ray
 from tests.support.checkpoints import MiB
 from tests.support.cluster import shared_cluster

@@ -16,9 +16,12 @@ import pytest
 import ray
 
 from air_transfer import ChunkedCheckpoint, TransferConfig, node_agent, shutdown_agents
-from air_transfer.cluster import _ray, identity
+from air_transfer.cluster import _ray_core, identity
+from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import NAMESPACE, agent_name
 from air_transfer.core import environ
+from air_transfer.storage.server.node_service import NodeStorageService
+from air_transfer.transfer.relay import RelayCalls
 from tests.support.agents import OTHER_VERSION, OtherVersionAgent, PreIdentityAgent, start_as_agent
 from tests.support.checkpoints import MiB, Producer, kill_and_wait, make_checkpoint
 from tests.support.waiting import eventually
@@ -87,7 +90,7 @@ def test_shutdown_agents_frees_what_they_keep_after_a_job(here: str, tmp_path: P
     the object store. ``shutdown_agents()`` returns once the agent is gone (its name
     free: the next call starts a new one), its process exits and the store is back
     where it was."""
-    free = _ray.object_store_free_bytes(here)
+    free = _ray_core.object_store_free_bytes(here)
     assert free is not None
     src = make_checkpoint(tmp_path / "src", 16 * MiB)
     producer = Producer.options(num_cpus=0).remote()
@@ -97,7 +100,7 @@ def test_shutdown_agents_frees_what_they_keep_after_a_job(here: str, tmp_path: P
     agent_pid = ray.get(node_agent(here).pid.remote())
 
     def held() -> bool:
-        return (_ray.object_store_free_bytes(here) or 0) <= free - 16 * MiB
+        return (_ray_core.object_store_free_bytes(here) or 0) <= free - 16 * MiB
 
     eventually(held, "the dead worker's checkpoint to stay in the store")
     assert shutdown_agents() == 1
@@ -106,6 +109,16 @@ def test_shutdown_agents_frees_what_they_keep_after_a_job(here: str, tmp_path: P
     eventually(lambda: not psutil.pid_exists(agent_pid), "the agent's process to exit")
 
     def freed() -> bool:
-        return (_ray.object_store_free_bytes(here) or 0) >= free - 4 * MiB
+        return (_ray_core.object_store_free_bytes(here) or 0) >= free - 4 * MiB
 
     eventually(freed, "the agent's checkpoint to leave the store")
+
+
+def test_the_agent_serves_only_the_calls_its_protocols_declare(here: str) -> None:
+    """Defect: every public method of every service the agent hosts was callable,
+    node storage's counters and cache included, though no Protocol declared them."""
+    agent = AgentClient(here)
+    assert ray.get(agent.call(RelayCalls.waiting)) == 0  # declared: served
+    for undeclared in (NodeStorageService.counters, NodeStorageService.clear_cache):
+        with pytest.raises(TypeError, match="no service of this actor serves"):
+            ray.get(agent.call(undeclared))

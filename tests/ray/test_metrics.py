@@ -24,10 +24,11 @@ from air_transfer import (
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.config import KiB
 from air_transfer.extend import Manifest
-from air_transfer.observe import metrics, telemetry
+from air_transfer.observe import durable_metrics, metrics, replica_metrics, telemetry
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.streams import open_reader
-from air_transfer.storage.client.uploads import Mode, NodeUpload, Route, Staged
+from air_transfer.storage.client.upload_copies import Mode, Route, Staged
+from air_transfer.storage.client.uploads import NodeUpload
 from air_transfer.storage.copy import copy_tree
 from air_transfer.storage.node_api import NodeFiles
 from tests.support.metrics import P, baseline, key, scrape, start_ray, wait_for_counts
@@ -226,20 +227,43 @@ def test_lost_transfers_counted(endpoint: str, tmp_path: Path) -> None:
     )
 
 
+def test_the_drain_and_the_replicas_record_through_the_same_metrics(endpoint: str) -> None:
+    """The durable tier's and the replicas' metrics are made and exported as the
+    transfers' are (one factory, ``metrics.Metric``)."""
+    before = baseline(endpoint)
+    durable_metrics.uploaded(7)
+    durable_metrics.upload_error("OSError")
+    durable_metrics.lag(5)
+    replica_metrics.degraded_write()
+    replica_metrics.under_replicated(9)
+    wait_for_counts(
+        endpoint,
+        before,
+        {
+            key("durable_uploaded_bytes_total"): 7,
+            key("durable_upload_errors_total", error="OSError"): 1,
+            key("durable_lag_bytes"): 5,
+            key("degraded_writes_total"): 1,
+            key("under_replicated_bytes"): 9,
+        },
+    )
+
+
 def test_metrics_off_makes_nothing(
     endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``AIR_TRANSFER_METRICS=0``: no metric object is made and nothing recorded."""
     monkeypatch.setenv(metrics.ENV_VAR, "0")
-    monkeypatch.setattr(metrics, "_registry", None)
+    for metric in metrics.Metric.declared:
+        monkeypatch.setattr(metric, "_made", None)
     recorded: list[object] = []
-    monkeypatch.setattr(metrics, "_record", lambda *args: recorded.append(args))
+    monkeypatch.setattr(metrics.Metric, "_apply", lambda *args: recorded.append(args))
     src, _ = _source(tmp_path / "src", [256 * KiB])
     config = TransferConfig(chunk_bytes=64 * KiB, strategy="chunked")
     ChunkedCheckpoint.from_object_ref(
         ChunkedCheckpoint.from_directory(src).to_object_ref(config)
     ).to_directory(tmp_path / "out")
-    assert (metrics._registry, recorded) == (None, [])
+    assert ([m for m in metrics.Metric.declared if m._made is not None], recorded) == ([], [])
 
 
 def test_node_storage_counts_what_it_moves(endpoint: str, tmp_path: Path) -> None:

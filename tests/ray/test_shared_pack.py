@@ -15,7 +15,7 @@ import ray
 import ray.cloudpickle
 
 from air_transfer import ChunkedCheckpoint, SourceChangedError, TransferConfig
-from air_transfer.cluster._ray import object_store_free_bytes
+from air_transfer.cluster._ray_core import object_store_free_bytes
 from air_transfer.cluster.nodes import node_agent, this_node_id
 from air_transfer.config import MiB
 from air_transfer.core import packer, proven_read

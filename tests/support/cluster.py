@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import ray
 from ray.cluster_utils import Cluster
 
-from air_transfer.cluster._ray import object_store_free_bytes
+from air_transfer.cluster._ray_core import object_store_free_bytes
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import NAMESPACE, agent_name
 from air_transfer.cluster.transfer_leases import HeldTransfers

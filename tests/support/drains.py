@@ -16,7 +16,7 @@ from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.tombstones import MemoryTombstones
 from air_transfer.storage.server.drain.loop import Drainer
-from air_transfer.storage.server.drain.scan import scan
+from air_transfer.storage.server.drain.scan import scan_storage
 from tests.support.waiting import eventually
 
 SMALL = DrainSettings(chunk_bytes=64 * 1024, rescan_s=60.0, backoff_s=(0.05, 0.5), lead_poll_s=0.05)
@@ -52,7 +52,7 @@ def assert_same(root: Path, target: DurableTarget) -> None:
     """Every file of node storage ``root`` is in the tier, bit-identical, with a record
     of its size; and the tier holds no other file (its own records aside)."""
     fs = target.filesystem
-    files = scan(str(root)).files
+    files = scan_storage(str(root)).files
     reads = TierReads(target, ttl_s=0)
     for rel, seen in files.items():
         with fs.open_input_stream(target.path(rel)) as f:

@@ -17,7 +17,8 @@ from air_transfer.core.packer import ChunkPacker
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.scan import Source
 from air_transfer.storage.server import chunk_cache
-from air_transfer.storage.server.chunk_cache import DirectoryTransfers, FileChunks
+from air_transfer.storage.server.chunk_cache import FileChunks
+from air_transfer.storage.server.directory_transfers import DirectoryTransfers
 
 CHUNK = 1024
 

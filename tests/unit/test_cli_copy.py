@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from air_transfer.cli.copy import check_copy, copy_tree, plan
+from air_transfer.cli.copy import check_copy, copy_between, plan
 from air_transfer.cli.trees import read_sums
 from tests.support.recording_fs import RecordingHandler
 
@@ -53,7 +53,7 @@ def test_a_run_is_copied_whole_and_its_markers_last(tmp_path: Path) -> None:
     fs = pafs.PyFileSystem(recording)
     planned = plan(LOCAL, str(src), fs, str(dst), overwrite=False)
     counted: list[int] = []
-    sums = copy_tree(LOCAL, str(src), fs, str(dst), planned, counted.append)
+    sums = copy_between(LOCAL, str(src), fs, str(dst), planned, counted.append)
     done = check_copy(fs, str(dst), sums, str(src))
     assert tree(dst) == tree(src)
     assert (done.files, done.nbytes, sum(counted)) == (6, planned.nbytes, planned.nbytes)
@@ -67,7 +67,7 @@ def test_one_file_into_a_new_directory(tmp_path: Path) -> None:
     (tmp_path / "model.bin").write_bytes(b"m" * 1000)
     dst = tmp_path / "new" / "dir" / "model.bin"
     planned = plan(LOCAL, str(tmp_path / "model.bin"), LOCAL, str(dst), overwrite=False)
-    sums = copy_tree(LOCAL, str(tmp_path / "model.bin"), LOCAL, str(dst), planned)
+    sums = copy_between(LOCAL, str(tmp_path / "model.bin"), LOCAL, str(dst), planned)
     check_copy(LOCAL, str(dst), sums, "model.bin")
     assert dst.read_bytes() == b"m" * 1000
 
@@ -82,7 +82,7 @@ def test_an_existing_destination_is_refused_unless_overwrite(tmp_path: Path) -> 
     with pytest.raises(NotADirectoryError):
         plan(LOCAL, str(src), LOCAL, str(dst / "mine"), overwrite=True)
     planned = plan(LOCAL, str(src), LOCAL, str(dst), overwrite=True)
-    check_copy(LOCAL, str(dst), copy_tree(LOCAL, str(src), LOCAL, str(dst), planned), str(src))
+    check_copy(LOCAL, str(dst), copy_between(LOCAL, str(src), LOCAL, str(dst), planned), str(src))
     assert tree(dst) == {**tree(src), "mine": b"kept"}
 
 
@@ -118,7 +118,7 @@ def test_a_file_whose_source_fails_midway_leaves_nothing(tmp_path: Path, dst_kin
     target = LOCAL if dst_kind == "local" else pafs.PyFileSystem(RecordingHandler())
     planned = plan(source, str(src), target, str(dst), overwrite=False)
     with pytest.raises(OSError, match="injected"):
-        copy_tree(source, str(src), target, str(dst), planned)
+        copy_between(source, str(src), target, str(dst), planned)
     assert not (dst / "checkpoint_000001" / "model.bin").exists()
     assert not [p for p in tree(dst) if ".air-cp-" in p]  # its temporary name removed
 
@@ -127,7 +127,7 @@ def test_a_copy_that_reads_back_different_is_an_error(tmp_path: Path) -> None:
     src, dst = tmp_path / "run", tmp_path / "dst"
     make_run(src)
     planned = plan(LOCAL, str(src), LOCAL, str(dst), overwrite=False)
-    sums = copy_tree(LOCAL, str(src), LOCAL, str(dst), planned)
+    sums = copy_between(LOCAL, str(src), LOCAL, str(dst), planned)
     shard = dst / "checkpoint_000000" / "__1_0.distcp"
     data = bytearray(shard.read_bytes())
     data[12345] ^= 1

@@ -27,8 +27,9 @@ from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.proven_read import read_chunks
 from air_transfer.core.scan import Source, scan
 from air_transfer.storage.client.same_node import open_native
-from air_transfer.storage.server.chunk_cache import DirectoryTransfers, FileChunks
-from air_transfer.storage.server.reads import read_chunks as read_file_chunks
+from air_transfer.storage.server.chunk_cache import FileChunks
+from air_transfer.storage.server.directory_transfers import DirectoryTransfers
+from air_transfer.storage.server.reads import read_stored_chunks
 from tests.support.attack import (
     CHUNK,
     ITERATIONS,
@@ -53,7 +54,7 @@ def test_metadata_and_file_reads_stay_inside(attack: Attack) -> None:
 
     def calls(i: int) -> None:
         no_secret(open_native(r, f"{r}/d/f").read())
-        no_secret(b"".join(bytes(c) for c in read_file_chunks(r, f"{r}/d/f", SIZE, CHUNK, 0)))
+        no_secret(b"".join(bytes(c) for c in read_stored_chunks(r, f"{r}/d/f", SIZE, CHUNK, 0)))
         no_secret([rel for rel, *_ in disk.fs_list(r, f"{r}/d", True, False)])
         disk.fs_info(r, [f"{r}/d/f", f"{r}/d/ckpt"])
         disk.fs_create_dir(r, f"{r}/d/exp/m{i}/x", True)

@@ -16,6 +16,7 @@ import pytest
 from air_transfer.errors import ChecksumError
 from air_transfer.storage.durable.reads import TierReads, open_verified
 from air_transfer.storage.durable.target import DurableTarget, is_staged
+from air_transfer.storage.server.drain.scan import scan_storage
 from tests.support.drains import SMALL, assert_same, drained, draining, local_target
 from tests.support.recording_fs import RecordingHandler
 from tests.support.trees import write_file
@@ -205,3 +206,26 @@ def test_a_copy_that_does_not_lead_never_drains_until_it_does(tmp_path: Path) ->
     finally:
         drainer.stop()
     assert_same(root, target)
+
+
+def test_the_scan_sees_files_and_empty_dirs_but_no_link_and_no_internal_name(
+    tmp_path: Path,
+) -> None:
+    """What the drain uploads: regular files and directories without files, never
+    what a symlink leads to (inside or outside the root) nor the library's own
+    names (a trash directory's files, a replica's marker)."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    write_file(outside / "secret", b"s")
+    deep = "/".join(f"d{i}" for i in range(200))
+    write_file(root / deep / "f", b"f")
+    write_file(root / "run" / "a.bin", b"a")
+    (root / "run" / "empty" / "nested").mkdir(parents=True)
+    write_file(root / "run" / ".air-trash-1" / "gone", b"g")
+    write_file(root / ".air-replica-x", b"marker")
+    (root / "run" / "out").symlink_to(outside)
+    (root / "run" / "in").symlink_to(root / deep)
+    scanned = scan_storage(str(root))
+    assert set(scanned.files) == {f"{deep}/f", "run/a.bin"}
+    assert scanned.empty_dirs == {"run/empty/nested"}
+    assert scanned.files["run/a.bin"].size == 1
+    assert scan_storage(str(tmp_path / "gone")).files == {}

@@ -16,7 +16,7 @@ from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import storage_path
 from air_transfer.storage.node_api import Commit
 from air_transfer.storage.server.metadata import STAGING_MARK
-from air_transfer.storage.server.reads import read_chunks
+from air_transfer.storage.server.reads import read_stored_chunks
 from tests.support.disk import Disk
 
 
@@ -151,7 +151,7 @@ def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
     disk, root, fifo = Disk(), str(tmp_path), str(tmp_path / "fifo")
     os.mkfifo(fifo)
     with pytest.raises(OSError, match="not a regular file"):
-        next(read_chunks(root, fifo, 0, 1 << 20, 0))
+        next(read_stored_chunks(root, fifo, 0, 1 << 20, 0))
     with pytest.raises(OSError, match="not a regular file"):
         disk.fs_copy_file(root, fifo, f"{root}/copy")
     assert sorted(os.listdir(tmp_path)) == ["fifo"]

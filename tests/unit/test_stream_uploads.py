@@ -17,7 +17,7 @@ from air_transfer.core.aligned_writes import ALIGN
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.errors import ManifestError
 from air_transfer.storage.node_api import IndexedCommit
-from air_transfer.storage.server import incremental, uploads
+from air_transfer.storage.server import stored_chunks, uploads
 from air_transfer.storage.server.chunk_index import KEEP, ChunkIndex
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.senders import local_chunks
@@ -129,13 +129,13 @@ def test_a_reused_chunk_is_read_around_the_page_cache_where_it_can_be(
     s, body = Streams(tmp_path), os.urandom(2 * CHUNK + 3000)
     s.write("c1/shard", body)
     reads: list[int | None] = []
-    real = incremental.pread_direct
+    real = stored_chunks.pread_direct
 
     def spy(fd: int, offset: int, buffer: memoryview) -> int | None:
         reads.append(real(fd, offset, buffer) if direct else None)
         return reads[-1]
 
-    monkeypatch.setattr(incremental, "pread_direct", spy)
+    monkeypatch.setattr(stored_chunks, "pread_direct", spy)
     for at, length in ((CHUNK, CHUNK), (2 * CHUNK, 3000)):
         piece = body[at : at + length]
         view = s.store.reuse_chunk(str(tmp_path), chunk_checksum(piece), length)

@@ -109,6 +109,55 @@ def test_periodic_ends_on_an_error_of_its_tick() -> None:
     assert calls == [1]
 
 
+def test_an_idle_periodic_ends_and_the_next_start_starts_it_again() -> None:
+    """A watcher with nothing left to watch ends; work added later starts it anew."""
+    work: list[int] = []
+    lock, ticked = threading.Lock(), threading.Semaphore(0)
+
+    def tick() -> None:
+        with lock:
+            work.clear()
+        ticked.release()
+
+    def idle() -> bool:
+        with lock:
+            return not work
+
+    periodic = Periodic("air-transfer-test-idle", lambda: 0.01, tick, idle)
+    threads = []
+    for _ in range(2):
+        work.append(1)
+        periodic.start()
+        threads.append(periodic._thread)
+        assert ticked.acquire(timeout=5)
+        thread = threads[-1]
+        assert thread is not None
+        thread.join(5)
+        assert not thread.is_alive()
+    assert threads[0] is not threads[1]
+
+
+def test_a_stopped_periodic_ticks_no_more_and_starts_no_more() -> None:
+    ticks: list[int] = []
+    ticked = threading.Event()
+
+    def tick() -> None:
+        ticks.append(1)
+        ticked.set()
+
+    periodic = Periodic("air-transfer-test-stopped", lambda: 0.01, tick)
+    periodic.start()
+    assert ticked.wait(5)
+    thread = periodic._thread
+    assert thread is not None
+    periodic.stop()
+    thread.join(5)
+    assert not thread.is_alive()
+    count = len(ticks)
+    periodic.start()
+    assert periodic._thread is thread and len(ticks) == count
+
+
 class _Owner:
     def __init__(self) -> None:
         self.ticked = threading.Event()

@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from air_transfer.core.fs_listing import list_below
 from air_transfer.storage.client.durable_wait import StorageState, durable_now
 from air_transfer.storage.client.handler import NodeStorageHandler, node_storage_handler
 from air_transfer.storage.client.replicas import ReplicatedHandler
@@ -133,7 +134,7 @@ Found = tuple[str, str, int, int, int, bool]
 def find_checkpoints(fs: pafs.FileSystem, top: str) -> list[Found]:
     """Every checkpoint under ``top`` (see the module), in path order: its path, its
     run, its files, bytes and newest mtime, and whether it is a torch DCP one."""
-    entries = fs.get_file_info(pafs.FileSelector(top, recursive=True))
+    entries = [info for _, info in list_below(fs, top)]
     prefix = top.rstrip("/") + "/"
     dirs = {e.path for e in entries if e.type == pafs.FileType.Directory}
     marked = {

@@ -34,13 +34,14 @@ from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
 from air_transfer.storage.client.durable_wait import DrainPoint, admitted
 from air_transfer.storage.client.same_node import open_native
 from air_transfer.storage.client.streams import AgentLink, open_reader
-from air_transfer.storage.client.uploads import Mode, NodeUpload, Route, Staged
+from air_transfer.storage.client.upload_copies import Mode, Route, Staged
+from air_transfer.storage.client.uploads import NodeUpload
 from air_transfer.storage.durable.reads import open_verified
 from air_transfer.storage.durable.records import FileRecord
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget, relative
 from air_transfer.storage.location import NodeStorageLocation
-from air_transfer.storage.node_api import NodeDurable, NodeFiles
+from air_transfer.storage.node_api import NodeDurable, NodeFiles, NodeMetadata
 
 
 class NodeStorageHandler(pafs.FileSystemHandler):
@@ -133,7 +134,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         durable tier may)."""
         local = self._path(path)
         if self.durable is None:
-            [(ftype, _, _)] = self.link.call(NodeFiles.fs_info, self.root, [local])
+            [(ftype, _, _)] = self.link.call(NodeMetadata.fs_info, self.root, [local])
             return int(ftype != pafs.FileType.NotFound)
         _, here, _ = self.link.call(NodeDurable.durable_locate, self.root, local)
         return int(here)
@@ -197,7 +198,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
     # -- metadata ----------------------------------------------------------------------
     def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
         local = [self._path(p) for p in paths]
-        infos = self.link.call(NodeFiles.fs_info, self.root, local)
+        infos = self.link.call(NodeMetadata.fs_info, self.root, local)
         pairs = zip(paths, infos, strict=True)
         return [pafs.FileInfo(p, t, mtime_ns=m, size=s) for p, (t, s, m) in pairs]
 
@@ -208,32 +209,32 @@ class NodeStorageHandler(pafs.FileSystemHandler):
             selector.recursive,
             selector.allow_not_found,
         )
-        found = self.link.call(NodeFiles.fs_list, self.root, where, recursive, missing_ok)
+        found = self.link.call(NodeMetadata.fs_list, self.root, where, recursive, missing_ok)
         prefix = base.rstrip("/") + "/" if base.strip("/") else base[:1]
         return [pafs.FileInfo(prefix + rel, t, mtime_ns=m, size=s) for rel, t, s, m in found]
 
     def create_dir(self, path: str, recursive: bool) -> None:
         local = self._path(path)
-        self.link.call(NodeFiles.fs_create_dir, self.root, local, recursive)
+        self.link.call(NodeMetadata.fs_create_dir, self.root, local, recursive)
 
     def delete_dir(self, path: str) -> None:
         local = self._path(path)
-        self.link.call(NodeFiles.fs_delete_dir, self.root, local)
+        self.link.call(NodeMetadata.fs_delete_dir, self.root, local)
 
     def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
         local = self._path(path)
-        self.link.call(NodeFiles.fs_delete_dir_contents, self.root, local, missing_dir_ok)
+        self.link.call(NodeMetadata.fs_delete_dir_contents, self.root, local, missing_dir_ok)
 
     def delete_root_dir_contents(self) -> None:
-        self.link.call(NodeFiles.fs_delete_dir_contents, self.root, self.root, False)
+        self.link.call(NodeMetadata.fs_delete_dir_contents, self.root, self.root, False)
 
     def delete_file(self, path: str) -> None:
         local = self._path(path)
-        self.link.call(NodeFiles.fs_delete_file, self.root, local)
+        self.link.call(NodeMetadata.fs_delete_file, self.root, local)
 
     def move(self, src: str, dest: str) -> None:
         a, b = self._path(src), self._path(dest)
-        self.link.call(NodeFiles.fs_move, self.root, a, b)
+        self.link.call(NodeMetadata.fs_move, self.root, a, b)
 
     def copy_file(self, src: str, dest: str) -> None:
         a, b = self._path(src), self._path(dest)
@@ -277,7 +278,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
             if not here:
                 return self._open_durable(path, local, ftype, record)
         else:
-            [(ftype, size, _)] = self.link.call(NodeFiles.fs_info, self.root, [local])
+            [(ftype, size, _)] = self.link.call(NodeMetadata.fs_info, self.root, [local])
         if ftype == pafs.FileType.NotFound:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
         if ftype != pafs.FileType.File or size is None:

@@ -249,11 +249,6 @@ def read_order(key: str, copies: list[Copy], fresh: list[str], here: str) -> lis
     return [(n, roots[n]) for n in ordered]
 
 
-def on_copy(root: str, rel: str) -> str:
-    """The path of relative path ``rel`` in the copy rooted at ``root``."""
-    return posixpath.normpath(posixpath.join(root, rel)) if rel else root
-
-
 def full(error: BaseException | None) -> bool:
     """Whether ``error`` says a copy's disk is full (or over its quota): that copy
     could not take a change the others can, as if it were lost."""

@@ -18,10 +18,11 @@ from air_transfer.cluster.refs import CheckpointRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import checked_path
 from air_transfer.storage.client import replica_set
-from air_transfer.storage.client.replica_set import is_lost, on_copy
+from air_transfer.storage.client.replica_set import is_lost
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.copy import copy_tree
 from air_transfer.storage.node_api import NodeCheckpoints, NodeReads
+from air_transfer.storage.replica_wire import on_copy
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """How one file written to every copy of replicated node storage goes on and ends:
-``ReplicaWrite``, the replica registry's rules (``uploads.CopyRules``) that
+``ReplicaWrite``, the replica registry's rules (``upload_copies.CopyRules``) that
 ``uploads.NodeUpload`` follows for a ``ReplicatedHandler``'s write."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Protocol
 
 from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.replica_set import full, is_lost
-from air_transfer.storage.client.uploads import Staged, abort_copy
+from air_transfer.storage.client.upload_copies import Staged, abort_copy
 from air_transfer.storage.replica_wire import RegistryCalls
 
 
@@ -35,7 +35,7 @@ class ReplicatedStorage(Protocol):
 @dataclass(frozen=True)
 class ReplicaWrite:
     """The replica registry's rules for one file written to every copy of ``handler``
-    (``uploads.CopyRules``)."""
+    (``upload_copies.CopyRules``)."""
 
     handler: ReplicatedStorage
     rel: str

@@ -4,7 +4,7 @@ There the files are local: going through the agent and the object store would on
 copy every byte twice more (a restore on the storage node took 3.5 s/GB that way,
 against 0.5 s/GB for the disk itself). So reads hand pyarrow the file itself, a
 native ``pyarrow.OSFile`` that its C++ copy loop reads without Python, and writes go
-straight into the upload's staging file (``uploads.Route.HERE``), both opened as the
+straight into the upload's staging file (``upload_copies.Route.HERE``), both opened as the
 agent would open them (``confine``), from this process: every path confined to the
 root.
 """

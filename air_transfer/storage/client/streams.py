@@ -43,7 +43,7 @@ T = TypeVar("T")
 class AgentLink:
     """The connection from this process to the agent of storage node ``node_id``,
     for files under ``root``, moving bodies as ``config`` says. A call names the
-    method of node storage that answers it (``link.call(NodeFiles.fs_info, root,
+    method of node storage that answers it (``link.call(NodeMetadata.fs_info, root,
     paths)``, ``storage.node_api``), and the agent's errors come back as the built-in
     errors it raised."""
 

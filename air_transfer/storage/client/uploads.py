@@ -30,20 +30,16 @@ otherwise close it, and so commit the truncated file).
 from __future__ import annotations
 
 import contextlib
-import enum
 import errno
 import functools
 import io
 import logging
-from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, cast
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, BinaryIO, cast
 
 import numpy as np
 import ray
 
-from air_transfer.cluster.agent_client import Expect
 from air_transfer.cluster.refs import ChunkRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.checksum import chunk_checksum, chunk_hasher
@@ -52,7 +48,14 @@ from air_transfer.observe import deferred
 from air_transfer.observe.telemetry import Transfer, dropped_error
 from air_transfer.storage.client.replica_set import full
 from air_transfer.storage.client.same_node import open_staging
-from air_transfer.storage.client.streams import AgentLink
+from air_transfer.storage.client.upload_copies import (
+    CopyRules,
+    Mode,
+    Pending,
+    Route,
+    Staged,
+    abort_copy,
+)
 from air_transfer.storage.node_api import Commit, IndexedCommit, NodeFiles, NodeIndexedUploads
 
 if TYPE_CHECKING:
@@ -60,60 +63,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: A chunk write in flight: waited on before the commit, its value unused.
-Pending = ray.ObjectRef[Any]
-
 #: A ``Route.HERE`` writer reports its bytes to its ``Transfer`` at least this many at
 #: a time: a caller may write a few bytes per call, metrics and bars want one update
 #: per chunk.
 REPORT_BYTES = 8 << 20
-
-
-class Route(enum.Enum):
-    """Where an upload's bytes go."""
-
-    HERE = "here"  # straight into the staging file, from this process
-    SEND = "send"  # each chunk to every copy's agent (``fs_write``)
-    OFFER = "offer"  # each chunk offered to the agent, which reuses what it holds
-
-
-@dataclass(frozen=True)
-class Mode:
-    """How a ``NodeUpload`` writes: its route, whether its commit names every file
-    chunk's checksum (``IndexedCommit``; from offset 0 only), and whether the storage
-    node writes around the page cache."""
-
-    route: Route
-    indexed: bool = False
-    direct_io: bool = False
-
-
-@dataclass
-class Staged:
-    """One copy's staging file of the write."""
-
-    node: str
-    link: AgentLink
-    path: str  # the file's path on that copy
-    staging: str
-    start: int
-    expect: Expect  # what the commit expects at ``path`` (appends)
-    pending: deque[Pending] = field(default_factory=deque)
-    error: BaseException | None = None  # the copy left the write (``CopyRules``)
-
-
-class CopyRules(Protocol):
-    """How a write to several copies goes on and ends (``replica_write.ReplicaWrite``);
-    without rules, every error of the one copy is the write's."""
-
-    def can_lose(self, copy: Staged, error: Exception) -> bool:
-        """Whether the write goes on without ``copy``, which failed a chunk."""
-        ...
-
-    def commit(self, copies: list[Staged], commit: Callable[[Staged, str], None]) -> None:
-        """Commit on ``copies`` (``commit(copy, op)``), abort (``abort_copy``) those
-        that did not take it, empty ``copies``, and raise the storage's answer."""
-        ...
 
 
 class NodeUpload(io.RawIOBase):
@@ -367,19 +320,3 @@ def _dropped(copies: list[Staged], transfer: Transfer | None, error: OSError) ->
         transfer.finish(error)
     for s in copies:
         abort_copy(s)
-
-
-def abort_copy(s: Staged) -> None:
-    """Remove copy ``s``'s staging file once its chunk writes in flight are done (so
-    that none fails unseen, and none lands after the removal); an agent gone
-    meanwhile leaves it hidden (``air-transfer clean`` removes it)."""
-    if not ray.is_initialized():  # Ray is gone (interpreter exit): so is the agent
-        return
-    pending, s.pending = list(s.pending), deque()
-    for ref in pending:
-        with contextlib.suppress(Exception):
-            s.link.wait(ref)
-    try:
-        s.link.call(NodeFiles.fs_abort, s.link.root, s.staging)
-    except Exception as e:
-        logger.warning("air-transfer: could not remove the staging file %s: %s", s.staging, e)

@@ -177,6 +177,11 @@ def manifest_path(target: DurableTarget, rel_dir: str) -> str:
     return target.path(f"{DIRS_DIR}/{name}.json")
 
 
+def child(rel_dir: str, name: str) -> str:
+    """The relative path of ``name`` in the directory ``rel_dir`` ("": the root)."""
+    return f"{rel_dir}/{name}" if rel_dir else name
+
+
 def parent_and_name(rel: str) -> tuple[str, str]:
     """``("a/b", "c")`` for ``"a/b/c"``; ``("", "c")`` for ``"c"``."""
     parent, _, name = rel.rpartition("/")

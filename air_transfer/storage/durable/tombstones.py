@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Protocol
 
-from air_transfer.cluster._ray import kv_delete, kv_keys, kv_put
+from air_transfer.cluster._ray_core import kv_delete, kv_keys, kv_put
 from air_transfer.cluster.nodes import NAMESPACE
 
 

@@ -13,10 +13,8 @@ An entry is dropped when the budget needs room (least recently used first) or wh
 nobody asked for it for ``KNOBS.read_cache_idle_s``; readers holding its ref keep
 the object alive until they let go, as Ray does for any object.
 
-Whole checkpoint directories (``DirectoryTransfers``, Ray Train's restores) are
-packed as one transfer each, and a transfer stays, whatever its size, while a
-reader that asked for it is still reading (``DirectoryTransferLeases``): restores at the same time
-share one pack, and the budget bounds only what is kept once they are done.
+Whole checkpoint directories are kept the same way, one transfer each
+(``directory_transfers``), within the same cap.
 
 Whatever the readers ask, what is kept is at most ``CACHE_SHARE`` of this node's
 object store (``cache_cap``): the store also takes every chunk of the uploads in
@@ -36,21 +34,19 @@ import posixpath
 import stat
 import threading
 import time
-import uuid
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-from air_transfer.cluster.refs import CheckpointRef, ChecksumRef, ChunkRef, DoneRef
-from air_transfer.config import TransferConfig
-from air_transfer.core.confine import Where, at, oserror
+from air_transfer.cluster.refs import ChecksumRef, ChunkRef
+from air_transfer.core.confine import at, oserror
 from air_transfer.core.confined_dirs import ConfinedSource, lstat_resolved
 from air_transfer.core.entry import Entry
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.plan import ChunkPlan, plan_chunks
-from air_transfer.core.scan import Source, Stamp, scan
+from air_transfer.core.scan import Source, Stamp
 from air_transfer.core.threads import Periodic
 from air_transfer.errors import SourceChangedError
 
@@ -205,163 +201,3 @@ def _plans(
     plans = plan_chunks([entry], [stamp], chunk_bytes, indices[0], indices[-1] + 1)
     keep = set(indices)
     return [plan for plan in plans if plan.index in keep]
-
-
-#: Starts a transfer of a directory owned by the agent: (checkpoint ref, completion).
-StartTransfer = Callable[[Source, TransferConfig], tuple[CheckpointRef, DoneRef | None]]
-
-
-class DirectoryTransferLeases:
-    """The readers of directory transfers in flight, each holding a lease on the key
-    of the transfer it reads, so that what they read is shared however large it is:
-    the byte budget bounds what is kept for readers to come, not what readers in
-    flight share. A reader that has not let go ``KNOBS.read_lease_s`` after it last
-    asked is taken for dead. Not thread-safe: its owner's lock guards it."""
-
-    def __init__(self) -> None:
-        self._leases: dict[str, tuple[Hashable, float]] = {}
-        self._readers: Counter[Hashable] = Counter()
-
-    def take(self, key: Hashable, now: float) -> str:
-        # Unique across agents: a reader may hand a lease back to a replaced agent.
-        lease = uuid.uuid4().hex
-        self._leases[lease] = (key, now)
-        self._readers[key] += 1
-        return lease
-
-    def drop(self, lease: str) -> Hashable | None:
-        """Let go of ``lease`` (unknown or expired: nothing); its key."""
-        found = self._leases.pop(lease, None)
-        if found is None:
-            return None
-        key = found[0]
-        self._readers[key] -= 1
-        if not self._readers[key]:
-            del self._readers[key]
-        return key
-
-    def held(self, key: Hashable) -> bool:
-        return key in self._readers
-
-    def expire(self, now: float) -> None:
-        for lease, (_, taken) in list(self._leases.items()):
-            if now - taken >= KNOBS.read_lease_s:
-                self.drop(lease)
-
-    def __len__(self) -> int:
-        return len(self._leases)
-
-
-@dataclass
-class _Transfer:
-    ref: CheckpointRef
-    size: int  # file bytes
-    used: float  # time.monotonic() of the last request or release
-
-
-class DirectoryTransfers:
-    """Whole checkpoint directories of node storage, each version packed once as a
-    transfer the agent owns and shared by every reader that asks for it while it is
-    held. Ray Train's restores on other nodes ask for these (``train``), so N
-    workers restoring one checkpoint read it from the storage node's disk once.
-
-    A transfer stays while a reader that asked for it is still reading (``DirectoryTransferLeases``;
-    ``release`` when done), whatever its size: readers at the same time share one
-    pack. Beyond that, the same budget and idleness rules as ``FileChunks``."""
-
-    def __init__(self, start: StartTransfer, cap: int | None = None) -> None:
-        self._start = start
-        self._cap = cap  # ``cache_cap``: at most this many bytes kept, whatever asked
-        self._lock = threading.Lock()
-        self._held: OrderedDict[Hashable, _Transfer] = OrderedDict()
-        self._leases = DirectoryTransferLeases()
-        self._budget = 0  # the cache_bytes of the last reader that asked
-        self.bytes_held = 0  # file bytes of the transfers held
-        self.started = 0  # transfers packed (tests, the bench)
-        self.bytes_read = 0  # file bytes of the transfers packed: each read once
-        self.bytes_served = 0  # file bytes of every transfer handed to a reader
-        self._reaper = reaper("air-transfer-transfer-cache", self._expire_now)
-
-    def ref(self, root: str, path: str, config: TransferConfig) -> tuple[CheckpointRef, str]:
-        """The ref of a transferred checkpoint of directory ``path`` (confined to
-        ``root``) as it is now, and this reader's lease on it, to ``release`` once
-        the checkpoint is read."""
-        real = at(root, path, lambda w: _directory(w, path))
-        # Scanned and packed confined (``core.confined_dirs``), not by this path again.
-        source = ConfinedSource(pafs.LocalFileSystem(), real, storage_root=root)
-        scanned = scan(source, config.follow_symlinks)
-        key = (real, config, scanned.entries, tuple(map(_version, scanned.stamps)))
-        now = time.monotonic()
-        with self._lock:
-            self._reaper.start()
-            self._expire(now)
-            held = self._held.get(key)
-            if held is None:
-                ref, _ = self._start(source, config)
-                held = self._held[key] = _Transfer(ref, sum(f.size for f in scanned.files), now)
-                self.started += 1
-                self.bytes_read += held.size
-                self.bytes_held += held.size
-            else:
-                self._held.move_to_end(key)
-                held.used = now
-            self.bytes_served += held.size
-            lease = self._leases.take(key, now)
-            self._budget = capped(config.cache_bytes, self._cap)
-            self._shrink()
-            return held.ref, lease
-
-    def release(self, lease: str) -> None:
-        """The reader holding ``lease`` is done: its transfer is kept now only within
-        the budget (once no other reader holds it)."""
-        with self._lock:
-            key = self._leases.drop(lease)
-            if key in self._held:
-                self._held[key].used = time.monotonic()
-            self._shrink()
-
-    def readers(self) -> int:
-        """Readers in flight (leases held)."""
-        with self._lock:
-            return len(self._leases)
-
-    def clear(self) -> None:
-        """Drop every transfer and lease (readers keep the refs they hold)."""
-        with self._lock:
-            self._held.clear()
-            self._leases = DirectoryTransferLeases()
-            self.bytes_held = 0
-
-    def _expire_now(self) -> None:
-        with self._lock:
-            self._expire(time.monotonic())
-
-    def _expire(self, now: float) -> None:
-        self._leases.expire(now)
-        for key, held in list(self._held.items()):
-            if now - held.used >= KNOBS.read_cache_idle_s and not self._leases.held(key):
-                self._drop(key)
-        self._shrink()
-
-    def _shrink(self) -> None:
-        """Drop the least recently used transfers no reader holds, down to the budget."""
-        for key in list(self._held):
-            if self.bytes_held <= self._budget:
-                return
-            if not self._leases.held(key):
-                self._drop(key)
-
-    def _drop(self, key: Hashable) -> None:
-        self.bytes_held -= self._held.pop(key).size
-
-
-def _version(stamp: Stamp) -> Stamp:
-    """What names a stored file's bytes (``ConfinedSource``): its stamp but for the
-    ctime and link count, which other checkpoints' links change."""
-    return stamp._replace(ctime_ns=None, nlink=None)
-
-
-def _directory(w: Where, path: str) -> str:
-    if not stat.S_ISDIR(lstat_resolved(w).st_mode):
-        raise oserror(NotADirectoryError, errno.ENOTDIR, path, ": not a checkpoint directory")
-    return w.real

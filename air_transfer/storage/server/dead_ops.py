@@ -4,7 +4,7 @@ knows of the death, so that the copies agree again and the paths are free.
 A caller killed between its commits on two copies leaves the new version on one
 and the old on the other, both fresh, its staging file on the second, and its
 paths held in the registry. Every operation records its caller (``Owner``); the
-registry's thread asks Ray (``_ray.worker_alive``, the caller's node among the
+registry's thread asks Ray (``_ray_core.worker_alive``, the caller's node among the
 live ones) for each operation in flight, and resolves those of the dead:
 
 1. fence it on every live copy (``OpFence``): none of its calls still queued or
@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.storage.node_api import NodeFiles
+from air_transfer.storage.replica_wire import key_parts
 from air_transfer.storage.server.repair import Copier, Pace, get, repair_rate
 from air_transfer.storage.server.replica_record import BUSY_S, Op
 from air_transfer.storage.server.replica_registry import ReplicaRegistry
@@ -93,7 +94,7 @@ def resolve(registry: ReplicaRegistry, key: str, op_id: str, op: Op, live: set[s
         if staging is not None:
             with contextlib.suppress(Exception):
                 get(AgentClient(node).call(NodeFiles.fs_abort, roots[node], staging))
-    primary = key.split(":", 1)[0]
+    primary, _ = key_parts(key)
     order = sorted(settled, key=lambda n: (n != primary, n))
     sources = [n for n in order if n in fresh]
     missed = [n for n in op.targets if n not in settled]

@@ -33,9 +33,9 @@ import posixpath
 import stat
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from air_transfer.core.aligned_writes import ALIGN, aligned_buffer, pread_direct
+from air_transfer.core.aligned_writes import ALIGN, aligned_buffer
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import open_regular, real_root
 from air_transfer.core.confined_dirs import write_beneath
@@ -43,11 +43,12 @@ from air_transfer.core.entry import Entry
 from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.publish import check_before_writing, publish
-from air_transfer.core.reuse import clone_into, link_into, read_at, verified, write_at
+from air_transfer.core.reuse import clone_into, link_into, verified, write_at
 from air_transfer.core.staging import Site
 from air_transfer.errors import SourceChangedError
 from air_transfer.observe.telemetry import NODE_STORAGE, Transfer, describe
 from air_transfer.storage.server.chunk_index import ChunkIndex
+from air_transfer.storage.server.stored_chunks import StoredFiles, proven_chunk, read_around_cache
 
 #: What the storage node is told to fetch: the plans of the chunks it lacks.
 Send = Callable[[Sequence[ChunkPlan]], Iterator[tuple[ChunkPlan, memoryview]]]
@@ -100,7 +101,7 @@ class IncrementalStore:
         if not where:
             return None
         room = memoryview(aligned_buffer(-(-length // ALIGN) * ALIGN))  # whole blocks
-        view, bases = room[:length], _Bases(key)
+        view, bases = room[:length], StoredFiles(key)
         read = functools.partial(read_around_cache, room)
         try:
             found = proven_chunk(where, bases.open, view, checksum, stats, read)
@@ -186,7 +187,7 @@ class _Assembly:
         self.root, self.files, self.index, self.check = root, files, index, check
         self.stats: Counter[str] = Counter()
         self.buffer = memoryview(aligned_buffer(files.chunk_bytes))  # filled by each read
-        self.bases = _Bases(root)
+        self.bases = StoredFiles(root)
         self.own: list[Entry] = []  # files with an inode of their own: mode and mtime set
 
     def write(self, target: str, send: Send) -> None:
@@ -317,54 +318,3 @@ class _Assembly:
     def _count(self, things: str, nbytes: str, size: int) -> None:
         self.stats[things] += 1
         self.stats[nbytes] += size
-
-
-def proven_chunk(
-    where: Iterable[tuple[str, int]],
-    base: Callable[[str], int | None],
-    view: memoryview,
-    checksum: str,
-    stats: Counter[str],
-    read: Callable[[int, int, memoryview], bool] = read_at,
-) -> bool:
-    """Fill ``view`` from the first ``(stored file, offset)`` of ``where`` whose bytes
-    there have ``checksum`` now (read with ``read``, and hashed); each one that no
-    longer does is counted in ``stats`` as rejected."""
-    for path, at in where:
-        src = base(path)
-        if src is None:
-            continue
-        if read(src, at, view) and chunk_checksum(view) == checksum:
-            return True
-        stats["chunks_rejected"] += 1
-    return False
-
-
-def read_around_cache(room: memoryview, fd: int, offset: int, view: memoryview) -> bool:
-    """``read_at`` of ``view``, the start of ``room`` (page-aligned, whole blocks),
-    read by the disk into ``room`` around the page cache where the file and the
-    filesystem allow (``pread_direct``), else through it."""
-    n = pread_direct(fd, offset, room)
-    return read_at(fd, offset, view) if n is None else n >= len(view)
-
-
-class _Bases:
-    """Stored files opened (confined to ``root``) for one store, each once."""
-
-    def __init__(self, root: str) -> None:
-        self.root = root
-        self.fds: dict[str, int | None] = {}  # node path -> fd (None: unusable)
-
-    def open(self, path: str) -> int | None:
-        if path not in self.fds:
-            try:
-                self.fds[path] = open_regular(self.root, path)[0]
-            except OSError:  # deleted, replaced by a directory, left the root: unusable
-                self.fds[path] = None
-        return self.fds[path]
-
-    def close(self) -> None:
-        for fd in self.fds.values():
-            if fd is not None:
-                os.close(fd)
-        self.fds.clear()

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 from air_transfer.core.confine import Where, at, open_listable
 from air_transfer.core.dirtree import Level, open_dir_or_none, walk_dirs
-from air_transfer.core.staging import internal_kind, reclaim_dead
+from air_transfer.core.internal_names import internal_kind
+from air_transfer.core.staging import reclaim_dead
 from air_transfer.core.tree_removal import remove_tree
 
 #: Seconds an upload file must have been left untouched before it is removed.

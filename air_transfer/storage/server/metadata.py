@@ -28,7 +28,6 @@ import os
 import posixpath
 import stat
 
-from air_transfer.cluster.agent_client import Info
 from air_transfer.core.confine import (
     Raced,
     Where,
@@ -39,8 +38,9 @@ from air_transfer.core.confine import (
     oserror,
     storage_path,
 )
-from air_transfer.core.staging import REPLICA_MARK, is_internal
+from air_transfer.core.internal_names import REPLICA_MARK, is_internal
 from air_transfer.core.tree_removal import remove_tree
+from air_transfer.storage.node_wire import Info
 from air_transfer.storage.server.tree import (
     NOT_FOUND,
     STAGING_MARK,
@@ -173,7 +173,7 @@ class DiskStorage:
 
 def internal(root: str, path: str) -> bool:
     """Whether ``path`` names something the library made (staging, a lock, trash) or
-    lies inside one: listings and infos do not show those (``staging.is_internal``)."""
+    lies inside one: listings and infos do not show those (``internal_names.is_internal``)."""
     top, full = storage_path("/", root), storage_path(root, path)
     rel = full[len(top) :] if top != "/" else full
     return any(is_internal(part) for part in rel.split("/"))

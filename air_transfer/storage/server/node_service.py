@@ -1,15 +1,15 @@
-"""Node storage, what the storage node's agent runs: ``NodeStorageService``, the one
-object behind the Protocols of ``storage.node_api`` (its subclass, so mypy holds it to
-their signatures).
+"""Node storage, what the storage node's agent runs: ``NodeStorageService`` and the
+services it is made of (``services``), behind the Protocols of ``storage.node_api``
+(their subclasses, so mypy holds them to their signatures): itself for files,
+reads and checkpoints, ``drain.tiered.TieredDisk`` for metadata and the durable
+tier, ``stream_uploads.StreamUploads`` for incremental uploads.
 
-Each method hands its call to the module that does the work (``metadata``,
-``uploads``, ``chunk_cache``, ``sink``, ``incremental``, ``drain.tiered``...) and adds
-what every call of its kind needs: a replicated change (``op``) runs fenced
-(``op_fence``), and a change tells the durable tier that ``root`` changed. The
-agent hosts one and hands it the two ways it packs (``FileChunks``' chunk tasks and
-``DirectoryTransfers``' whole-directory transfers), which sit above this layer;
-incremental uploads are a service of their own (``stream_uploads``), which the
-agent hosts beside this one.
+Each method hands its call to the module that does the work (``uploads``,
+``chunk_cache``, ``sink``, ``incremental``...). What every change needs, its fence
+and the drain's wake, is no method's: the agent applies ``rules`` around every call
+(``changes``). The agent hosts one and hands it the two ways it packs
+(``FileChunks``' chunk tasks and ``DirectoryTransfers``' whole-directory
+transfers), which sit above this layer.
 """
 
 from __future__ import annotations
@@ -21,36 +21,27 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from air_transfer.cluster import liveness
-from air_transfer.cluster.agent_client import Expect, Info, Listed
 from air_transfer.cluster.refs import ChecksumRef, ChunkRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.process_locks import Process
 from air_transfer.core.scan import Source
-from air_transfer.storage.durable.records import FileRecord
-from air_transfer.storage.durable.settings import DrainSettings
-from air_transfer.storage.durable.status import DrainStatus
-from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.node_api import (
     Commit,
     NodeCheckpoints,
-    NodeDurable,
     NodeFiles,
     NodeReads,
 )
-from air_transfer.storage.server.chunk_cache import (
-    DirectoryTransfers,
-    FileChunks,
-    StartTransfer,
-    Submit,
-    cache_cap,
-)
+from air_transfer.storage.node_wire import Expect
+from air_transfer.storage.server.changes import ChangeRules
+from air_transfer.storage.server.chunk_cache import FileChunks, Submit, cache_cap
+from air_transfer.storage.server.directory_transfers import DirectoryTransfers, StartTransfer
 from air_transfer.storage.server.drain.tiered import TieredDisk
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.metadata import DiskStorage, storage_path
 from air_transfer.storage.server.op_fence import OpFence
-from air_transfer.storage.server.reads import read_chunks
+from air_transfer.storage.server.reads import read_stored_chunks
 from air_transfer.storage.server.replica_marker import claim as claim_copy
 from air_transfer.storage.server.report_ledger import ReportLedger
 from air_transfer.storage.server.senders import sender
@@ -64,7 +55,7 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 
-class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
+class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints):
     """Node storage on this node's disk, for the agent of node ``node_id``, whose
     object store holds ``store_bytes`` (None: unknown), which bounds its read caches."""
 
@@ -83,6 +74,8 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
         self._disk = TieredDisk(DiskStorage(), node_id)
         self._disk.resume()
         self._ops = OpFence()  # replicated changes of a caller that died: refused
+        #: What every change obeys: its fence, then the drain's wake (``changes``).
+        self.rules = ChangeRules(self._ops, self._disk.touch)
         # Uploads of writers that died are discarded (their staging files removed).
         self._uploads = DiskUploads(
             UploadWriters(
@@ -94,8 +87,13 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
         self._reports = ReportLedger()
         self.incremental = IncrementalStore()
         #: Incremental uploads: a service of their own (``NodeIndexedUploads``).
-        self.streams = StreamUploads(self._uploads, self.incremental, touched=self._disk.touch)
+        self.streams = StreamUploads(self._uploads, self.incremental)
         self._stored = 0  # checkpoints written by store_checkpoint and store_report
+
+    @property
+    def services(self) -> tuple[object, ...]:
+        """What the agent hosts for node storage, each behind its Protocols."""
+        return (self, self._disk, self.streams)
 
     def counters(self) -> dict[str, int]:
         """What node storage cost this node: bytes read from disk, served and held
@@ -134,12 +132,10 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
     ) -> str:
         src = source if isinstance(source, str) else self._handle_of(source)
         local = storage_path(root, path)
-        with self._ops.running(op):
-            stored = self._reports.store(
-                worker, local, lambda check: store_report(src, root, local, config, check)
-            )
+        stored = self._reports.store(
+            worker, local, lambda check: store_report(src, root, local, config, check)
+        )
         self._stored += 1
-        self._disk.touch(root)
         return stored
 
     def store_incremental(
@@ -153,14 +149,11 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
         config: TransferConfig,
     ) -> dict[str, int]:
         local, send = storage_path(root, path), sender(source, sender_node, config.window)
-        try:
-            if worker is None:
-                return self.incremental.store(root, local, files, send)
-            return self._reports.store(
-                worker, local, lambda c: self.incremental.store(root, local, files, send, c)
-            )
-        finally:
-            self._disk.touch(root)
+        if worker is None:
+            return self.incremental.store(root, local, files, send)
+        return self._reports.store(
+            worker, local, lambda c: self.incremental.store(root, local, files, send, c)
+        )
 
     def note_report_dir(self, root: str, worker: str, path: str) -> None:
         local = storage_path(root, path)
@@ -185,36 +178,7 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
     def disk_read(
         self, root: str, path: str, size: int, chunk_bytes: int, first: int
     ) -> Iterator[np.ndarray]:
-        yield from read_chunks(root, path, size, chunk_bytes, first)
-
-    # -- metadata ----------------------------------------------------------------------
-    def fs_info(self, root: str, paths: list[str]) -> list[Info]:
-        return self._disk.fs_info(root, paths)
-
-    def fs_list(self, root: str, base: str, recursive: bool, allow_not_found: bool) -> list[Listed]:
-        return self._disk.fs_list(root, base, recursive, allow_not_found)
-
-    def fs_create_dir(self, root: str, path: str, recursive: bool, op: str = "") -> None:
-        with self._ops.running(op):
-            self._disk.fs_create_dir(root, path, recursive)
-
-    def fs_delete_dir(self, root: str, path: str, op: str = "") -> None:
-        with self._ops.running(op):
-            self._disk.fs_delete_dir(root, path)
-
-    def fs_delete_dir_contents(
-        self, root: str, path: str, missing_dir_ok: bool, op: str = ""
-    ) -> None:
-        with self._ops.running(op):
-            self._disk.fs_delete_dir_contents(root, path, missing_dir_ok)
-
-    def fs_delete_file(self, root: str, path: str, op: str = "") -> None:
-        with self._ops.running(op):
-            self._disk.fs_delete_file(root, path)
-
-    def fs_move(self, root: str, src: str, dest: str, op: str = "") -> None:
-        with self._ops.running(op):
-            self._disk.fs_move(root, src, dest)
+        yield from read_stored_chunks(root, path, size, chunk_bytes, first)
 
     # -- replicas ----------------------------------------------------------------------
     def claim_copy(
@@ -227,9 +191,7 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
 
     # -- uploads -----------------------------------------------------------------------
     def fs_copy_file(self, root: str, src: str, dest: str, op: str = "") -> None:
-        with self._ops.running(op):
-            self._uploads.fs_copy_file(root, src, dest)
-        self._disk.touch(root)
+        self._uploads.fs_copy_file(root, src, dest)
 
     def fs_open_write(
         self, root: str, path: str, append: bool, writer: Process | None = None
@@ -249,39 +211,7 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints, NodeDurable):
         self._uploads.fs_write(root, staging, offset, chunk, checksum, direct_io)
 
     def fs_commit(self, root: str, commit: Commit, op: str = "") -> None:
-        with self._ops.running(op):
-            self._uploads.fs_commit(root, commit)
-        self._disk.touch(root)
+        self._uploads.fs_commit(root, commit)
 
     def fs_abort(self, root: str, staging: str) -> None:
         self._uploads.fs_abort(root, staging)
-
-    # -- the durable tier --------------------------------------------------------------
-    def durable_attach(
-        self,
-        root: str,
-        target: DurableTarget,
-        settings: DrainSettings,
-        replica: tuple[str, str] | None = None,
-    ) -> str:
-        return self._disk.attach(root, target, settings, replica)
-
-    def durable_request(self, root: str, confirm: bool = False) -> tuple[str, int]:
-        return self._disk.request(root, confirm)
-
-    def durable_status(
-        self, root: str, path: str | None = None, confirm: bool = False
-    ) -> DrainStatus:
-        return self._disk.status(root, path, confirm)
-
-    def durable_locate(self, root: str, path: str) -> tuple[Info, bool, FileRecord | None]:
-        return self._disk.locate(root, path)
-
-    def durable_admit(self, root: str, nbytes: int) -> str | None:
-        return self._disk.admit(root, nbytes)
-
-    def durable_release(self, root: str, key: str) -> None:
-        self._disk.release(root, key)
-
-    def durable_whole(self, root: str, path: str) -> tuple[bool, str]:
-        return self._disk.whole(root, path)

@@ -22,7 +22,7 @@ from air_transfer.core.confine import open_regular
 from air_transfer.errors import SourceChangedError
 
 
-def read_chunks(
+def read_stored_chunks(
     root: str, path: str, size: int, chunk_bytes: int, first: int
 ) -> Iterator[np.ndarray]:
     """Chunks ``first``.. of the ``size``-byte file ``path`` under ``root``."""

@@ -33,7 +33,8 @@ from air_transfer.config import TransferConfig
 from air_transfer.core import environ
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.observe import replica_metrics
-from air_transfer.storage.node_api import Commit, NodeFiles, NodeReads
+from air_transfer.storage.node_api import Commit, NodeFiles, NodeMetadata, NodeReads
+from air_transfer.storage.replica_wire import on_copy
 from air_transfer.storage.server.replica_record import MAX_ATTEMPTS
 from air_transfer.storage.server.replica_registry import Copy, ReplicaRegistry
 
@@ -88,10 +89,6 @@ def repair_rate() -> float:
     return float(os.environ.get(RATE_ENV, "256")) * 1024 * 1024
 
 
-def _join(root: str, rel: str) -> str:
-    return posixpath.normpath(posixpath.join(root, rel)) if rel else root
-
-
 class Copier:
     """Copies paths of a storage from the ``source`` copy to the ``target`` copy."""
 
@@ -100,34 +97,40 @@ class Copier:
         self.s, self.t = AgentClient(self.snode), AgentClient(self.tnode)
         self.pace, self.cb = pace, TransferConfig().chunk_bytes
 
+    def on_source(self, rel: str) -> str:
+        return on_copy(self.sroot, rel)
+
+    def on_target(self, rel: str) -> str:
+        return on_copy(self.troot, rel)
+
     def empty_target(self) -> None:
-        get(self.t.call(NodeFiles.fs_create_dir, self.troot, self.troot, True))
-        get(self.t.call(NodeFiles.fs_delete_dir_contents, self.troot, self.troot, True))
+        get(self.t.call(NodeMetadata.fs_create_dir, self.troot, self.troot, True))
+        get(self.t.call(NodeMetadata.fs_delete_dir_contents, self.troot, self.troot, True))
 
     def sync(self, rel: str) -> int:
         """Make ``rel`` on the target what it is on the source now; bytes copied."""
         [(ftype, size, _)] = get(
-            self.s.call(NodeFiles.fs_info, self.sroot, [_join(self.sroot, rel)])
+            self.s.call(NodeMetadata.fs_info, self.sroot, [self.on_source(rel)])
         )
-        tpath = _join(self.troot, rel)
+        tpath = self.on_target(rel)
         if rel:
-            [(ttype, _, _)] = get(self.t.call(NodeFiles.fs_info, self.troot, [tpath]))
+            [(ttype, _, _)] = get(self.t.call(NodeMetadata.fs_info, self.troot, [tpath]))
             if ttype == pafs.FileType.Directory:
-                get(self.t.call(NodeFiles.fs_delete_dir, self.troot, tpath))
+                get(self.t.call(NodeMetadata.fs_delete_dir, self.troot, tpath))
             elif ttype != pafs.FileType.NotFound and ftype != pafs.FileType.File:
-                get(self.t.call(NodeFiles.fs_delete_file, self.troot, tpath))
+                get(self.t.call(NodeMetadata.fs_delete_file, self.troot, tpath))
         if ftype == pafs.FileType.File:
-            get(self.t.call(NodeFiles.fs_create_dir, self.troot, posixpath.dirname(tpath), True))
+            get(self.t.call(NodeMetadata.fs_create_dir, self.troot, posixpath.dirname(tpath), True))
             return self.copy_file(rel, size or 0)
         if ftype != pafs.FileType.Directory:
             return 0
-        get(self.t.call(NodeFiles.fs_create_dir, self.troot, tpath, True))
-        listed = get(self.s.call(NodeFiles.fs_list, self.sroot, _join(self.sroot, rel), True, True))
+        get(self.t.call(NodeMetadata.fs_create_dir, self.troot, tpath, True))
+        listed = get(self.s.call(NodeMetadata.fs_list, self.sroot, self.on_source(rel), True, True))
         copied = 0
         for sub, kind, sub_size, _ in sorted(listed):
             path = posixpath.join(rel, sub) if rel else sub
             if kind == pafs.FileType.Directory:
-                get(self.t.call(NodeFiles.fs_create_dir, self.troot, _join(self.troot, path), True))
+                get(self.t.call(NodeMetadata.fs_create_dir, self.troot, self.on_target(path), True))
             elif kind == pafs.FileType.File:
                 try:
                     copied += self.copy_file(path, sub_size or 0)
@@ -137,7 +140,7 @@ class Copier:
 
     def copy_file(self, rel: str, size: int) -> int:
         """One file, chunk by chunk from the source's agent to the target's."""
-        spath, tpath = _join(self.sroot, rel), _join(self.troot, rel)
+        spath, tpath = self.on_source(rel), self.on_target(rel)
         staging, _, _ = get(self.t.call(NodeFiles.fs_open_write, self.troot, tpath, False))
         try:
             count = -(-size // self.cb)
@@ -244,7 +247,7 @@ def failed(registry: ReplicaRegistry, key: str, node: str, error: BaseException)
         )
 
 
-def measure(registry: ReplicaRegistry, key: str, live: set[str]) -> None:
+def note_size(registry: ReplicaRegistry, key: str, live: set[str]) -> None:
     """Note how many bytes storage ``key`` holds (from a fresh live copy)."""
     view = registry.view(key)
     if view is None:
@@ -254,7 +257,7 @@ def measure(registry: ReplicaRegistry, key: str, live: set[str]) -> None:
     for node in (n for n in fresh if n in live):
         try:
             listed = get(
-                AgentClient(node).call(NodeFiles.fs_list, roots[node], roots[node], True, True)
+                AgentClient(node).call(NodeMetadata.fs_list, roots[node], roots[node], True, True)
             )
         except (OSError, ray.exceptions.RayError):
             continue
@@ -268,7 +271,7 @@ def repair_pass(
     """Count what is short of K copies, and re-make it; a copy on a node that Ray
     says will go (``leaving``: downscaled, preempted) is made elsewhere first."""
     for key, _, _ in registry.under_replicated(live, leaving):
-        measure(registry, key, live)
+        note_size(registry, key, live)
     replica_metrics.under_replicated(registry.missing_bytes(live))
     for key, _, _ in registry.under_replicated(live, leaving):
         repair_one(registry, key, live, Pace(repair_rate()), leaving)

@@ -12,15 +12,14 @@ it down. Callers reach it through one method, ``call``, naming a method of
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
-from air_transfer.cluster import _ray
+from air_transfer.cluster import _ray_core
 from air_transfer.cluster.identity import Identity, this_process
 from air_transfer.cluster.nodes import NAMESPACE, live_node_ids
 from air_transfer.cluster.rpc import R, Services
-from air_transfer.core.threads import start_daemon
+from air_transfer.core.threads import Periodic
 from air_transfer.storage.replica_wire import RECORD_PREFIX
 from air_transfer.storage.server.dead_ops import resolve_dead
 from air_transfer.storage.server.repair import repair_pass
@@ -37,10 +36,10 @@ class GcsStore:
     live as long as the cluster, whatever happens to the registry's actor."""
 
     def save(self, key: str, record: bytes) -> None:
-        _ray.kv_put(NAMESPACE, RECORD_PREFIX + key, record)
+        _ray_core.kv_put(NAMESPACE, RECORD_PREFIX + key, record)
 
     def load_all(self) -> dict[str, bytes]:
-        saved = _ray.kv_items(NAMESPACE, RECORD_PREFIX)
+        saved = _ray_core.kv_items(NAMESPACE, RECORD_PREFIX)
         return {k[len(RECORD_PREFIX) :]: v for k, v in saved.items()}
 
 
@@ -51,30 +50,21 @@ class ReplicaHost(ReplicaRegistry):
     def __init__(self) -> None:
         super().__init__(GcsStore())
         self._services = Services(self)
-        self._stop = threading.Event()
         # Two threads: a repair waits while a change is in flight, and the change of a
         # dead caller is in flight until the other resolves it.
-        self._threads = [
-            start_daemon(name, self._tend, job)
-            for job, name in (
-                (self._resolve, "air-transfer-dead-ops"),
-                (self._repair, "air-transfer-repair"),
-            )
+        self._loops = [
+            Periodic("air-transfer-dead-ops", lambda: POLL_S, self._resolve),
+            Periodic("air-transfer-repair", lambda: POLL_S, self._repair),
         ]
+        for loop in self._loops:
+            loop.start()
 
     def _resolve(self) -> None:
-        resolve_dead(self, live_node_ids(), _ray.worker_alive)
+        _logged(lambda: resolve_dead(self, live_node_ids(), _ray_core.worker_alive))
 
     def _repair(self) -> None:
-        leaving = frozenset(_ray.draining_nodes())  # their copies go elsewhere first
-        repair_pass(self, live_node_ids(), leaving)
-
-    def _tend(self, job: Callable[[], None]) -> None:
-        while not self._stop.wait(POLL_S):
-            try:
-                job()
-            except Exception as e:  # never let the thread die: log and look again
-                logger.warning("air-transfer: replica registry pass failed: %r", e)
+        # A copy on a node Ray says will go is made elsewhere first.
+        _logged(lambda: repair_pass(self, live_node_ids(), frozenset(_ray_core.draining_nodes())))
 
     def call(self, method: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         """``method(*args, **kwargs)`` of this registry, named by the caller
@@ -93,4 +83,13 @@ class ReplicaHost(ReplicaRegistry):
         """Repair no more in this registry (a registry started again repairs): for
         maintenance, and for tests that need a stale copy to stay stale. Changes
         whose caller died are no longer resolved either."""
-        self._stop.set()
+        for loop in self._loops:
+            loop.stop()
+
+
+def _logged(job: Callable[[], object]) -> None:
+    """``job()``, its error logged: a pass that fails never ends its loop."""
+    try:
+        job()
+    except Exception as e:
+        logger.warning("air-transfer: replica registry pass failed: %r", e)

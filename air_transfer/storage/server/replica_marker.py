@@ -22,7 +22,7 @@ import os
 import uuid
 from dataclasses import dataclass
 
-from air_transfer.core.staging import REPLICA_MARK, is_internal
+from air_transfer.core.internal_names import REPLICA_MARK, is_internal
 
 #: The marker's name in a copy's root.
 MARKER = REPLICA_MARK

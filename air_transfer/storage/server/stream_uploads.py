@@ -37,17 +37,12 @@ from air_transfer.storage.server.uploads import DiskUploads
 
 class StreamUploads(NodeIndexedUploads):
     """Chunks of upload streams reused from this node's disk, or fetched (``fetch``:
-    a ref's value, ``ray.get`` but for tests of this layer alone); ``touched(root)``
-    after each commit (the durable tier's note that ``root`` changed)."""
+    a ref's value, ``ray.get`` but for tests of this layer alone)."""
 
     def __init__(
-        self,
-        uploads: DiskUploads,
-        store: IncrementalStore,
-        fetch: Callable[[Any], Any] = get,
-        touched: Callable[[str], None] = lambda root: None,
+        self, uploads: DiskUploads, store: IncrementalStore, fetch: Callable[[Any], Any] = get
     ) -> None:
-        self.uploads, self.store, self.fetch, self.touched = uploads, store, fetch, touched
+        self.uploads, self.store, self.fetch = uploads, store, fetch
 
     def fs_write_or_reuse(
         self,
@@ -124,7 +119,6 @@ class StreamUploads(NodeIndexedUploads):
                 "bytes_written": 0 if linked else tail_bytes,
             }
         )
-        self.touched(root)
         if size >= chunk_bytes:  # a file all tail has no chunk a stream would ask for
             try:  # a hint only: a path changed since the commit is not offered
                 real = resolve(checked_path(root, path))

@@ -22,12 +22,15 @@ import uuid
 
 import pyarrow.fs as pafs
 
-from air_transfer.cluster.agent_client import Info
 from air_transfer.core.confine import Where
 from air_transfer.core.dirtree import Level, walk_dirs
-from air_transfer.core.staging import TRASH_MARK as TRASH_MARK  # marks a directory being deleted
-from air_transfer.core.staging import UPLOAD_MARK, internal_name, is_internal, reclaim_dead
+from air_transfer.core.internal_names import (
+    TRASH_MARK as TRASH_MARK,  # marks a directory being deleted
+)
+from air_transfer.core.internal_names import UPLOAD_MARK, internal_name, is_internal
+from air_transfer.core.staging import reclaim_dead
 from air_transfer.core.tree_removal import remove_tree
+from air_transfer.storage.node_wire import Info
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +44,7 @@ UNKNOWN: Info = (pafs.FileType.Unknown, None, None)
 
 def hidden_name(name: str, mark: str) -> str:
     """A fresh hidden name for something made next to ``name`` (within NAME_MAX,
-    whatever the length of ``name``: ``staging.internal_name``)."""
+    whatever the length of ``name``: ``internal_names.internal_name``)."""
     return internal_name(name, mark, uuid.uuid4().hex)
 
 

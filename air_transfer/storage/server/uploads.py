@@ -28,7 +28,6 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
-from air_transfer.cluster.agent_client import Expect
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import (
     Raced,
@@ -45,6 +44,7 @@ from air_transfer.core.process_locks import Process
 from air_transfer.core.reuse import link_at
 from air_transfer.errors import ChecksumError
 from air_transfer.storage.node_api import Commit
+from air_transfer.storage.node_wire import Expect
 from air_transfer.storage.server.tree import STAGING_MARK, hidden_name
 from air_transfer.storage.server.upload_writers import UploadWriters
 

@@ -15,7 +15,7 @@ from air_transfer.core.threads import pool
 from air_transfer.storage.durable import codecs
 from air_transfer.storage.durable.records import FileRecord, manifest_path
 from air_transfer.storage.server.drain import files
-from air_transfer.storage.server.drain.scan import scan
+from air_transfer.storage.server.drain.scan import scan_storage
 from air_transfer.storage.server.drain.state import DrainParts, under
 from air_transfer.storage.server.drain.tree import TierTree
 
@@ -74,7 +74,7 @@ def behind(
     """``(bytes, first paths, durable)`` of node storage's files (at or under ``rel``,
     if given) that the tier does not hold as they are now; ``durable``, for ``rel``:
     none is behind, each asked of the tier itself with ``asked``."""
-    held = [s for r, s in scan(drain.root).files.items() if rel is None or under(r, rel)]
+    held = [s for r, s in scan_storage(drain.root).files.items() if rel is None or under(r, rel)]
     with drain.lock:
         missing = [s for s in held if drain.versions.get(s.rel) != s.version]
         tree = drain.tree

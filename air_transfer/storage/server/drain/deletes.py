@@ -17,8 +17,9 @@ import posixpath
 
 import pyarrow.fs as pafs
 
+from air_transfer.core.fs_listing import list_below
 from air_transfer.storage.durable.records import manifest_path, parent_and_name
-from air_transfer.storage.server.drain.scan import exists, scan
+from air_transfer.storage.server.drain.scan import exists, scan_storage
 from air_transfer.storage.server.drain.state import DrainParts as Drain
 from air_transfer.storage.server.drain.state import under as _under
 
@@ -55,7 +56,7 @@ def apply(drain: Drain) -> None:
         going.append((key, rel, dirs))
     if not going:
         return
-    drain.write_manifests(tree, scan(drain.root))
+    drain.write_manifests(tree, scan_storage(drain.root))
     for key, rel, dirs in going:
         with drain.lock:
             if parent_and_name(rel)[0] in tree.dirty:
@@ -73,9 +74,7 @@ def _delete_objects(drain: Drain, rel: str) -> list[str]:
     now; their relative paths."""
     fs, target = drain.target.filesystem, drain.target
     try:
-        found = fs.get_file_info(
-            pafs.FileSelector(target.path(rel), recursive=True, allow_not_found=True)
-        )
+        found = [info for _, info in list_below(fs, target.path(rel), missing_ok=True)]
     except NotADirectoryError:
         found = fs.get_file_info([target.path(rel)])
     removed = []
@@ -95,7 +94,7 @@ def _delete_objects(drain: Drain, rel: str) -> list[str]:
 def _sizes_behind(drain: Drain) -> set[int]:
     """The sizes of node storage's files the tier lacks now (written during the
     pass): files with the bytes of one of them may serve as its copy's source."""
-    files = scan(drain.root).files.values()
+    files = scan_storage(drain.root).files.values()
     with drain.lock:
         return {s.size for s in files if drain.versions.get(s.rel) != s.version}
 

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol
 
-from air_transfer.cluster._ray import kv_delete, kv_items, kv_put
+from air_transfer.cluster._ray_core import kv_delete, kv_items, kv_put
 from air_transfer.cluster.nodes import NAMESPACE
 from air_transfer.storage.durable.records import FileRecord
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from air_transfer.cluster import _ray
+from air_transfer.cluster import _ray_core
 from air_transfer.cluster.nodes import NAMESPACE
 from air_transfer.storage.replica_wire import RECORD_PREFIX, drain_leader
 from air_transfer.storage.server.replica_record import Replicated
@@ -19,10 +19,10 @@ def replica_leads(key: str, node: str, primary: str) -> Callable[[], bool]:
     is ``primary``) leads its drain now."""
 
     def leads() -> bool:
-        saved = _ray.kv_items(NAMESPACE, RECORD_PREFIX + key).get(RECORD_PREFIX + key)
+        saved = _ray_core.kv_items(NAMESPACE, RECORD_PREFIX + key).get(RECORD_PREFIX + key)
         if saved is None:  # not registered yet: the storage node's copy
             return node == primary
         fresh = Replicated.from_record(saved).fresh
-        return drain_leader(fresh, primary, _ray.draining_nodes()) == node
+        return drain_leader(fresh, primary, _ray_core.draining_nodes()) == node
 
     return leads

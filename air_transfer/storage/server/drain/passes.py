@@ -37,14 +37,14 @@ from air_transfer.core.threads import pool
 from air_transfer.observe import durable_metrics
 from air_transfer.storage.durable.objects import TierObjects
 from air_transfer.storage.durable.reads import TierReads
-from air_transfer.storage.durable.records import FileRecord, manifest_path
+from air_transfer.storage.durable.records import FileRecord, child, manifest_path
 from air_transfer.storage.durable.s3 import PartBudget
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.tombstones import Tombstones
 from air_transfer.storage.server.drain import confirm, deletes, files
 from air_transfer.storage.server.drain.journal import Journal
-from air_transfer.storage.server.drain.scan import Scanned, Seen, read_last, scan
+from air_transfer.storage.server.drain.scan import Scanned, Seen, read_last, scan_storage
 from air_transfer.storage.server.drain.state import background
 from air_transfer.storage.server.drain.tree import TierTree
 
@@ -130,7 +130,7 @@ class Drain:
         if confirm_all:
             confirm.confirm_all(self, tree)
         last, big = read_last(self.root, self.settings)
-        scanned = scan(self.root)
+        scanned = scan_storage(self.root)
         todo = [s for r, s in scanned.files.items() if not self.settings.is_last(r)]
         failed = self._put_all(tree, [s for s in todo if not self._current(s)])
         for rel_dir in sorted(scanned.empty_dirs):
@@ -145,7 +145,7 @@ class Drain:
                 if not self._current(seen):
                     failed |= self._put_bytes(tree, seen, content)
             failed |= self._put_all(tree, [s for s in big if not self._current(s)])
-        self.write_manifests(tree, scan(self.root))
+        self.write_manifests(tree, scan_storage(self.root))
         deletes.apply(self)
         if failed:
             path, why = next(iter(failed.items()))
@@ -309,7 +309,7 @@ class Drain:
             self.reads.remember(rel_dir, manifest)
             with self.lock:
                 tree.written(rel_dir, tag)
-            named = {f"{rel_dir}/{n}" if rel_dir else n for n in manifest.files}
+            named = {child(rel_dir, n) for n in manifest.files}
             with self.lock:
                 done, self.journaled = self.journaled & named, self.journaled - named
             self.journal.remove(sorted(done))

@@ -16,7 +16,8 @@ import stat
 from dataclasses import dataclass
 
 from air_transfer.core.confine import Where, at, open_listable, open_regular, storage_path
-from air_transfer.core.staging import is_internal
+from air_transfer.core.dirtree import Level, walk_dirs
+from air_transfer.core.internal_names import is_internal
 from air_transfer.storage.durable.settings import LAST_FILE_MAX_BYTES, DrainSettings
 
 
@@ -47,49 +48,58 @@ class Scanned:
     empty_dirs: set[str]
 
 
-def scan(root: str) -> Scanned:
-    """Every regular file and every directory without files under ``root``, each
-    directory opened confined to the root (``core.confine``): one swapped for a
-    symlink meanwhile is never followed out of it."""
+def scan_storage(root: str) -> Scanned:
+    """Every regular file and every directory without files under ``root``, walked
+    from the root opened confined to it (``core.confine``), each directory opened
+    from its parent without following a symlink (``core.dirtree.walk_dirs``): one
+    swapped for a symlink meanwhile is never followed out of it. A directory gone or
+    replaced meanwhile is skipped: the next pass sees what is there."""
     files: dict[str, Seen] = {}
     empty: set[str] = set()
-    pending = [""]
-    while pending:
-        rel_dir = pending.pop()
-        names = _names(root, rel_dir)
-        if names is None:
-            continue  # deleted or replaced meanwhile: the next pass sees what is there
-        holds_file = False
-        for rel, st in names:
+
+    def visit(level: Level) -> list[str]:
+        subdirs: list[str] = []
+        holds_file = False  # a subdirectory counts: its own emptiness is its own
+        for name, st in _entries(level.fd):
             if stat.S_ISDIR(st.st_mode):
-                pending.append(rel)
-                holds_file = True  # not empty; its own emptiness is judged on its own
-            elif stat.S_ISREG(st.st_mode):
-                files[rel] = Seen.of(rel, st)
+                subdirs.append(name)
                 holds_file = True
-        if rel_dir and not holds_file:
-            empty.add(rel_dir)
+            elif stat.S_ISREG(st.st_mode):
+                files[level.rel + name] = Seen.of(level.rel + name, st)
+                holds_file = True
+        if level.rel and not holds_file:
+            empty.add(level.rel[:-1])
+        return subdirs
+
+    try:
+        top = at(root, storage_path(root, ""), open_listable)
+    except OSError:  # gone, replaced by a file, a link out of the root, a loop
+        return Scanned(files, empty)
+    walk_dirs(Level(top, -1, "", ""), visit, open_dir=_open_or_skip)
     return Scanned(files, empty)
 
 
-def _names(root: str, rel_dir: str) -> list[tuple[str, os.stat_result]] | None:
-    try:
-        fd = at(root, storage_path(root, rel_dir), open_listable)
-    except OSError:  # gone, replaced by a file, a link out of the root, a loop
-        return None
+def _entries(fd: int) -> list[tuple[str, os.stat_result]]:
+    """The names in the open directory ``fd`` but the library's own, each with its
+    ``lstat``; one gone since it was listed is left out."""
     out = []
-    try:
-        for entry in os.scandir(fd):
-            if is_internal(entry.name):
-                continue
-            try:
-                st = os.stat(entry.name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            out.append((f"{rel_dir}/{entry.name}" if rel_dir else entry.name, st))
-    finally:
-        os.close(fd)
+    for entry in os.scandir(fd):
+        if is_internal(entry.name):
+            continue
+        try:
+            out.append((entry.name, os.stat(entry.name, dir_fd=fd, follow_symlinks=False)))
+        except FileNotFoundError:
+            continue
     return out
+
+
+def _open_or_skip(parent: int, name: str) -> int | None:
+    """Subdirectory ``name`` of ``parent`` opened for listing, never through a
+    symlink; None if it cannot be (gone, replaced, unreadable): it is skipped."""
+    try:
+        return open_listable(Where(parent, name, name))
+    except OSError:
+        return None
 
 
 def exists(root: str, rel: str) -> bool:
@@ -114,7 +124,7 @@ def read_last(root: str, settings: DrainSettings) -> tuple[list[tuple[Seen, byte
     """The files uploaded last, read now, before the rest is scanned; and those
     too large to hold (``LAST_FILE_MAX_BYTES``), uploaded last as they are then."""
     out, big = [], []
-    for rel, seen in scan(root).files.items():
+    for rel, seen in scan_storage(root).files.items():
         if not settings.is_last(rel):
             continue
         if seen.size > LAST_FILE_MAX_BYTES:

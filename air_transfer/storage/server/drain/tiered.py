@@ -1,7 +1,9 @@
 """Node storage's metadata operations with a durable tier behind them, in the storage
-node's agent: what node storage does not hold is looked up in the tier's manifests
-(less the deletes still pending), deletes are noted as tombstones before they are
-done, and every change wakes the drain.
+node's agent, which hosts ``TieredDisk`` as the service of ``NodeMetadata`` and
+``NodeDurable``: what node storage does not hold is looked up in the tier's
+manifests (less the deletes still pending), deletes are noted as tombstones before
+they are done, and every change wakes the drain (the agent's ``changes`` rules,
+after each call declared a change: ``touch``).
 
 A storage without a durable tier is ``DiskStorage`` unchanged. One with one is
 ``attach``-ed (by its callers, explicitly, before they change it or wait for the
@@ -25,16 +27,17 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-from air_transfer.cluster._ray import kv_items, kv_put
-from air_transfer.cluster.agent_client import Info, Listed
+from air_transfer.cluster._ray_core import kv_items, kv_put
 from air_transfer.cluster.nodes import NAMESPACE
 from air_transfer.core.confine import oserror
 from air_transfer.storage.durable.reads import NOT_FOUND, TierDamaged
-from air_transfer.storage.durable.records import FileRecord
+from air_transfer.storage.durable.records import FileRecord, child
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget, relative
 from air_transfer.storage.durable.tombstones import ClusterTombstones, Tombstones
+from air_transfer.storage.node_api import NodeDurable, NodeMetadata
+from air_transfer.storage.node_wire import Info, Listed
 from air_transfer.storage.server.drain.journal import ClusterJournal, Journal
 from air_transfer.storage.server.drain.leader import replica_leads
 from air_transfer.storage.server.drain.loop import Drainer
@@ -57,8 +60,9 @@ class Tier:
     resumed: bool = False
 
 
-class TieredDisk:
-    """``DiskStorage`` plus the durable tier of each root attached to it."""
+class TieredDisk(NodeMetadata, NodeDurable):
+    """``DiskStorage`` plus the durable tier of each root attached to it. ``op``:
+    the replicated change a call belongs to, fenced by the agent's ``changes``."""
 
     def __init__(self, disk: DiskStorage, node_id: str | None = None) -> None:
         self.disk = disk
@@ -142,25 +146,37 @@ class TieredDisk:
         return self._tiers.get(root)
 
     def touch(self, root: str) -> None:
+        """``root`` changed: its drain (if any) makes a pass soon."""
         tier = self._tiers.get(root)
         if tier is not None:
             tier.drainer.touch()
 
-    def request(self, root: str, confirm: bool = False) -> tuple[str, int]:
+    def durable_attach(
+        self,
+        root: str,
+        target: DurableTarget,
+        settings: DrainSettings,
+        replica: tuple[str, str] | None = None,
+    ) -> str:
+        return self.attach(root, target, settings, replica)
+
+    def durable_request(self, root: str, confirm: bool = False) -> tuple[str, int]:
         drainer = self._require(root).drainer
         return drainer.epoch, drainer.request(confirm)
 
-    def status(self, root: str, path: str | None, confirm: bool = False) -> DrainStatus:
+    def durable_status(
+        self, root: str, path: str | None = None, confirm: bool = False
+    ) -> DrainStatus:
         rel = None if path is None else relative(root, path)
         return self._require(root).drainer.status(rel, confirm)
 
-    def admit(self, root: str, nbytes: int) -> str | None:
+    def durable_admit(self, root: str, nbytes: int) -> str | None:
         return self._require(root).drainer.admit(nbytes)
 
-    def release(self, root: str, key: str) -> None:
+    def durable_release(self, root: str, key: str) -> None:
         self._require(root).drainer.release(key)
 
-    def whole(self, root: str, path: str) -> tuple[bool, str]:
+    def durable_whole(self, root: str, path: str) -> tuple[bool, str]:
         """Whether the tier holds ``path`` whole (``TierReads.whole``): by its
         manifests, each object there as the drain confirmed it."""
         tier = self._require(root)
@@ -210,7 +226,7 @@ class TieredDisk:
                 damage,
             )
 
-    def locate(self, root: str, path: str) -> tuple[Info, bool, FileRecord | None]:
+    def durable_locate(self, root: str, path: str) -> tuple[Info, bool, FileRecord | None]:
         """What ``path`` is, whether node storage (not the durable tier) holds it, and
         the tier's record of it where only the tier does."""
         [info] = self.disk.fs_info(root, [path])
@@ -248,17 +264,18 @@ class TieredDisk:
         return sorted([*fast, *durable])
 
     # -- changes ------------------------------------------------------------------------
-    def fs_create_dir(self, root: str, path: str, recursive: bool) -> None:
+    def fs_create_dir(self, root: str, path: str, recursive: bool, op: str = "") -> None:
         self.disk.fs_create_dir(root, path, recursive)
-        self.touch(root)
 
-    def fs_delete_dir(self, root: str, path: str) -> None:
+    def fs_delete_dir(self, root: str, path: str, op: str = "") -> None:
         self._delete(root, path, lambda: self.disk.fs_delete_dir(root, path))
 
-    def fs_delete_file(self, root: str, path: str) -> None:
+    def fs_delete_file(self, root: str, path: str, op: str = "") -> None:
         self._delete(root, path, lambda: self.disk.fs_delete_file(root, path))
 
-    def fs_delete_dir_contents(self, root: str, path: str, missing_dir_ok: bool) -> None:
+    def fs_delete_dir_contents(
+        self, root: str, path: str, missing_dir_ok: bool, op: str = ""
+    ) -> None:
         tier = self._tiers.get(root)
         if tier is None:
             self.disk.fs_delete_dir_contents(root, path, missing_dir_ok)
@@ -267,15 +284,14 @@ class TieredDisk:
         with tier.lock:  # listed and noted with no other delete between
             children = {e[0].split("/", 1)[0] for e in self.fs_list(root, path, False, True)}
             for name in children:
-                tier.tombstones.add(f"{rel}/{name}" if rel else name)
+                tier.tombstones.add(child(rel, name))
             try:
                 self.disk.fs_delete_dir_contents(root, path, missing_dir_ok)
             except FileNotFoundError:
                 if not children:
                     raise
-        tier.drainer.touch()
 
-    def fs_move(self, root: str, src: str, dest: str) -> None:
+    def fs_move(self, root: str, src: str, dest: str, op: str = "") -> None:
         tier = self._tiers.get(root)
         if tier is None:
             self.disk.fs_move(root, src, dest)
@@ -297,7 +313,6 @@ class TieredDisk:
             except BaseException:
                 tier.tombstones.remove(key)
                 raise
-        tier.drainer.touch()
 
     def _delete(self, root: str, path: str, delete: Callable[[], None]) -> None:
         tier = self._tiers.get(root)
@@ -320,7 +335,6 @@ class TieredDisk:
             except BaseException:
                 tier.tombstones.remove(key)
                 raise
-        tier.drainer.touch()
 
 
 def _attachment_key(node_id: str, root: str) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from air_transfer.storage.durable.reads import TierReads
-from air_transfer.storage.durable.records import DirManifest, FileRecord, parent_and_name
+from air_transfer.storage.durable.records import DirManifest, FileRecord, child, parent_and_name
 
 
 class TierTree:
@@ -39,8 +39,8 @@ class TierTree:
             tree._dirs[rel_dir] = manifest
             tree._tags[rel_dir] = "loaded"
             for name, record in manifest.files.items():
-                tree._index(_join(rel_dir, name), record)
-            pending += [_join(rel_dir, name) for name in manifest.dirs]
+                tree._index(child(rel_dir, name), record)
+            pending += [child(rel_dir, name) for name in manifest.dirs]
         return tree
 
     # -- reading -------------------------------------------------------------------------
@@ -58,7 +58,7 @@ class TierTree:
     def files(self) -> Iterator[tuple[str, FileRecord]]:
         for rel_dir, manifest in self._dirs.items():
             for name, record in manifest.files.items():
-                yield _join(rel_dir, name), record
+                yield child(rel_dir, name), record
 
     def holding(self, digest: str) -> list[str]:
         """Paths whose recorded content is ``digest`` and not known lost."""
@@ -117,8 +117,8 @@ class TierTree:
             self._dirs[parent] = replace(self._dirs[parent], dirs=manifest.dirs - {name})
             for below in [d for d in self._dirs if d == rel or d.startswith(rel + "/")]:
                 for n, r in self._dirs.pop(below).files.items():
-                    self._unindex(_join(below, n), r)
-                    files.append(_join(below, n))
+                    self._unindex(child(below, n), r)
+                    files.append(child(below, n))
                 self._tags.pop(below, None)
                 self.dirty.discard(below)
                 dirs.append(below)
@@ -132,7 +132,7 @@ class TierTree:
         its subdirectories whose own manifest is in the tier (a directory appears
         in its parent once it is whole)."""
         manifest = self._dirs[rel_dir]
-        shown = frozenset(n for n in manifest.dirs if _join(rel_dir, n) in self._tags)
+        shown = frozenset(n for n in manifest.dirs if child(rel_dir, n) in self._tags)
         return replace(manifest, dirs=shown)
 
     def dirs(self) -> list[str]:
@@ -151,7 +151,3 @@ class TierTree:
             held.discard(rel)
             if not held:
                 del self._by_digest[record.digest]
-
-
-def _join(a: str, b: str) -> str:
-    return f"{a}/{b}" if a else b
