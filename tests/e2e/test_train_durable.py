@@ -6,11 +6,16 @@ bucket alone: Train finds its run state, ``get_checkpoint()`` restores the lates
 checkpoint byte for byte, and the run goes on where it stopped, its new checkpoints
 drained too. A torch DCP run into the same storage resumes the same way, each rank
 loading its state from the bucket bit-identical. A worker fails right after a report
-in the first run: the restart restores that report, as without a durable tier."""
+in the first run: the restart restores that report, as without a durable tier. The
+bucket lost an object of the latest checkpoint, and had a shard of the latest DCP
+checkpoint replaced, before the new cluster starts: each restart restores the newest
+checkpoint that is whole, never the broken one. A run started while the endpoint is
+down waits for it within the bound, then trains and drains."""
 
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,7 @@ from ray.cluster_utils import Cluster
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 import air_transfer
+from air_transfer import StorageConfig
 from air_transfer.core.internal_names import is_internal
 from tests.support import shared_ray
 from tests.support.checkpoints import MiB
@@ -89,6 +95,25 @@ def _checkpoint_dirs(files: dict[str, bytes]) -> list[str]:
     return sorted({p[2] for p in parts if len(p) > 3 and p[2].startswith("checkpoint_")})
 
 
+def _restored(metrics: dict[str, Any]) -> bool:
+    """Whether a report's metrics say it restored a checkpoint (a number, not NaN)."""
+    step = metrics.get("restored_step")
+    return isinstance(step, (int, float)) and step == step
+
+
+def _flip(s3: S3Server, key: str, data: bytes) -> None:
+    """The object ``key`` replaced by ``data`` with one bit flipped (same size)."""
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 1
+    client: Any = s3.client()
+    client.put_object(Bucket="runs", Key=key, Body=bytes(flipped))
+
+
+def _drop(s3: S3Server, key: str) -> None:
+    client: Any = s3.client()
+    client.delete_object(Bucket="runs", Key=key)
+
+
 def _disk_files(root: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes()
@@ -126,29 +151,57 @@ def test_a_new_cluster_resumes_the_run_from_the_durable_tier_alone(
     assert latest is not None
     assert air_transfer.storage_state(fs, latest.path).tier == "durable"
 
-    # The cluster goes, and its disks with it; a new one starts with the same settings.
+    # The cluster goes, and its disks with it; the bucket loses an object of the latest
+    # checkpoint and has a shard of the latest DCP one replaced (a bit flipped); a new
+    # cluster starts with the same settings: each restart restores the newest whole one.
     shared_ray.release()  # the whole cluster: its GCS, its agents, its drains
     shutil.rmtree(root)
     root.mkdir()
+    dcp_dirs = _checkpoint_dirs({k: v for k, v in kept.items() if "durable-dcp/" in k})
+    _drop(s3, f"resume/experiments/durable-run/{checkpoints[-1]}/model.bin")
+    shard = f"experiments/durable-dcp/{dcp_dirs[-1]}/__0_0.distcp"
+    _flip(s3, f"resume/{shard}", kept[shard])
     shared_cluster()
     fs = air_transfer.storage_filesystem(root=str(root), durable=uri)
     second = _fit(root, fs, steps=6)
     rows = second.metrics_dataframe.to_dict("records")
-    [resumed] = [m for m in rows if m["step"] == 4]  # the new cluster's first report
-    assert resumed["restored_step"] == 3
-    assert resumed["restored_digests"] == reported[3]  # byte for byte, from the bucket
+    [resumed] = [m for m in rows if _restored(m)]  # the new cluster's first report
+    assert resumed["step"] == 3 and resumed["restored_step"] == 2  # step 3's is not whole
+    assert resumed["restored_digests"] == reported[2]  # byte for byte, from the bucket
     assert second.metrics["step"] == 5
 
     dcp = _fit_dcp(root, fs, steps=3)  # each rank restores its shard from the bucket
-    [restart] = [m for _, m in dcp.best_checkpoints if m["step"] == 2]
-    assert restart["restored_step"] == 1
-    assert restart["restored_digests"] == [dcp_digests[1]] * 2  # bit-identical, both ranks
+    [restart] = [m for _, m in dcp.best_checkpoints if _restored(m)]
+    assert restart["step"] == 1 and restart["restored_step"] == 0  # step 1's was replaced
+    assert restart["restored_digests"] == [dcp_digests[0]] * 2  # bit-identical, both ranks
 
-    air_transfer.wait_durable(fs, timeout=120)
+    air_transfer.wait_durable(fs, timeout=60)
     bucket = _bucket_files(s3, "resume")
     steps = _checkpoint_dirs({k: v for k, v in bucket.items() if "durable-run/" in k})
-    # Steps 3 to 5 kept: 1 and 2, held only in the bucket, were deleted there.
-    assert len(steps) == 3 and set(steps) & set(checkpoints) == {checkpoints[-1]}
+    # Steps 3 to 5 of the new run kept: the old ones, held only in the bucket, went there.
+    assert len(steps) == 3 and not set(steps) & set(checkpoints)
     assert {rel: data for rel, data in bucket.items() if rel in _disk_files(root)} == (
         _disk_files(root)
     )
+
+
+def test_a_run_started_while_the_endpoint_is_down_waits_for_it_then_trains(
+    cluster: Cluster, s3: S3Server, tmp_path: Path
+) -> None:
+    """Train's controller asks for the run's state, which only the tier could hold on
+    a new cluster: the read waits for the endpoint (``durable_read_wait_s``) rather
+    than fail the run at once or take "no answer" for "no run"."""
+    root = tmp_path / "node-storage"
+    root.mkdir()
+    storage = StorageConfig(durable=s3.uri("runs", "start-down"), durable_read_wait_s=120.0)
+    fs = air_transfer.storage_filesystem(root=str(root), storage=storage)
+    s3.proxy.down()
+    back = threading.Timer(5.0, s3.proxy.up)
+    back.start()
+    try:
+        result = _fit(root, fs, steps=2)
+    finally:
+        back.join()
+    assert result.metrics["step"] == 1
+    air_transfer.wait_durable(fs, timeout=120)
+    assert _checkpoint_dirs(_bucket_files(s3, "start-down"))

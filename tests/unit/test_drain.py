@@ -229,3 +229,51 @@ def test_the_scan_sees_files_and_empty_dirs_but_no_link_and_no_internal_name(
     assert scanned.empty_dirs == {"run/empty/nested"}
     assert scanned.files["run/a.bin"].size == 1
     assert scan_storage(str(tmp_path / "gone")).files == {}
+
+
+def test_a_delete_waits_only_for_a_last_file_that_names_its_path(tmp_path: Path) -> None:
+    """A file uploaded last names what lies under its own directory, by the path
+    from there (Train's run state its checkpoints, DCP's ``.metadata`` its shards):
+    another checkpoint's ``.metadata`` naming a shard of the same name does not hold
+    back the delete of this checkpoint's shard."""
+    root, target = tmp_path / "root", local_target(tmp_path / "durable")
+    for name in ("ckpt_a", "ckpt_b"):
+        write_file(root / name / "__0_0.distcp", name.encode() * 100)
+        write_file(root / name / ".metadata", b"shards: __0_0.distcp")
+    with draining(root, target) as drainer:
+        drained(drainer)
+        drainer.tombstones.add("ckpt_b/__0_0.distcp")
+        (root / "ckpt_b" / "__0_0.distcp").unlink()
+        status = drained(drainer)
+        assert status.deletes_pending == 1  # its own .metadata still names it
+        (root / "ckpt_b" / ".metadata").write_bytes(b"shards: none")
+        status = drained(drainer)
+    assert status.deletes_pending == 0  # ckpt_a's .metadata never held it back
+    assert not (tmp_path / "durable" / "ckpt_b" / "__0_0.distcp").exists()
+    assert_same(root, target)
+
+
+def test_a_path_a_metric_recorded_or_a_longer_name_never_holds_a_delete_back(
+    tmp_path: Path,
+) -> None:
+    """Train's run state names the checkpoints it tracks by their directory's name; a
+    metric holding the absolute path a run restored from, or a checkpoint whose name
+    only starts with the deleted one's, is no mention of it: the delete goes."""
+    root, target = tmp_path / "root", local_target(tmp_path / "durable")
+    for name in ("checkpoint_1", "checkpoint_10"):
+        _checkpoint(root, f"run/{name}", 5)
+    snapshot = root / "run" / "checkpoint_manager_snapshot.json"
+    write_file(snapshot, b'{"dir": "checkpoint_1"}')
+    with draining(root, target) as drainer:
+        drained(drainer)
+        mentions = f'{{"dir": "checkpoint_10", "restored_path": "{root}/run/checkpoint_1"}}'
+        write_file(snapshot, mentions.encode())
+        drained(drainer)
+        drainer.tombstones.add("run/checkpoint_1")
+        for f in (root / "run" / "checkpoint_1").iterdir():
+            f.unlink()
+        (root / "run" / "checkpoint_1").rmdir()
+        status = drained(drainer)
+    assert status.deletes_pending == 0
+    assert not (tmp_path / "durable" / "run" / "checkpoint_1").exists()
+    assert_same(root, target)

@@ -7,6 +7,7 @@ and caught up with, its error logged once per kind."""
 from __future__ import annotations
 
 import logging
+import os
 import random
 import signal
 import subprocess
@@ -196,3 +197,23 @@ def test_an_upload_cut_off_mid_way_is_aborted_once_the_endpoint_is_back(
         drained(drainer, 90)
     assert open_uploads() == []
     assert_same(root, target)
+
+
+def test_a_deleted_file_leaves_the_bucket(s3: S3Server, tmp_path: Path) -> None:
+    """A delete of one file (a DCP writer's ``.metadata.tmp`` moved away, a file
+    deleted) removes its object: on an object store a listing of a file's key is
+    empty, so the file itself is looked at first."""
+    root = tmp_path / "root"
+    write_file(root / "ckpt" / ".metadata.tmp", b"m" * 1000)
+    write_file(root / "ckpt" / "shard.bin", b"s" * 2000)
+    target = DurableTarget.parse(s3.uri("ckpts", "file-delete"))
+    with draining(root, target) as drainer:
+        drained(drainer)
+        drainer.tombstones.add("ckpt/.metadata.tmp")
+        os.replace(root / "ckpt" / ".metadata.tmp", root / "ckpt" / ".metadata")
+        for _ in range(4):  # a delete may wait a few passes for a copy from what it deletes
+            status = drained(drainer)
+            if not status.deletes_pending:
+                break
+    assert status.deletes_pending == 0
+    assert_same(root, target)  # .metadata.tmp is not in the bucket any more

@@ -70,9 +70,10 @@ def wait_until_durable(
     where: Callable[[], DrainPoint], rel: str | None, uri: str, timeout: float | None
 ) -> None:
     """Return once a drain pass that started after this call confirmed everything in
-    the tier and ended well (or, for ``rel``, a path relative to the root, once every
-    file at or under it is confirmed there and no delete is pending); TimeoutError
-    after ``timeout`` seconds naming what is still missing."""
+    the tier and ended well, and no delete is pending (or, for ``rel``, a path
+    relative to the root, once every file at or under it is confirmed there and no
+    delete is pending); TimeoutError after ``timeout`` seconds naming what is still
+    missing."""
     deadline = None if timeout is None else time.monotonic() + timeout
     point: tuple[str, str] | None = None
     epoch, ticket = "", 0
@@ -89,7 +90,7 @@ def wait_until_durable(
                 if status.epoch != epoch:  # the drain started again: the ticket is void
                     epoch, ticket = link.call(NodeDurable.durable_request, root, True)
                     continue
-                if status.confirmed >= ticket:
+                if status.confirmed >= ticket and not status.deletes_pending:
                     return
                 if rel is not None and status.durable and not status.deletes_pending:
                     confirmed = link.call(NodeDurable.durable_status, root, _at(root, rel), True)
@@ -157,9 +158,10 @@ def _missing(uri: str, timeout: float | None, status: DrainStatus | None) -> str
         return f"the durable tier {uri}: no copy of node storage answered for {timeout} s"
     pending = ", ".join(status.pending) or "(files not yet scanned)"
     stuck = "; ".join(f"{p}: {why}" for p, why in status.stuck[:3]) or "none"
+    waiting = "; ".join(f"{p} ({why})" for p, why in status.deletes_waiting[:3])
     return (
         f"the durable tier {uri} does not hold everything node storage had acknowledged "
         f"after {timeout} s: {status.lag_bytes} bytes still to upload (first: {pending}), "
-        f"{status.deletes_pending} deletes pending; stuck: {stuck}; last error: "
-        f"{status.last_error or 'none'}"
+        f"{status.deletes_pending} deletes pending{f': {waiting}' if waiting else ''}; "
+        f"stuck: {stuck}; last error: {status.last_error or 'none'}"
     )

@@ -30,3 +30,5 @@ class DrainStatus:
     stuck: tuple[tuple[str, str], ...] = ()
     #: How fast the last pass that sent anything sent it (bytes per second).
     bytes_per_s: float = 0.0
+    #: Deletes that wait, and why (the first ones).
+    deletes_waiting: tuple[tuple[str, str], ...] = ()

@@ -34,13 +34,21 @@ def apply(drain: Drain) -> None:
         present = {key: exists(drain.root, rel) for key, rel in pending.items()}
     tree = drain.tree
     if not pending or tree is None:
+        with drain.lock:
+            drain.waiting_deletes = {}
         return
     sizes = _sizes_behind(drain)
     going: list[tuple[str, str, list[str]]] = []
+    waiting: dict[str, str] = {}
     for key, rel in sorted(pending.items(), key=lambda kv: kv[1]):
         if not rel:
             raise ValueError("the durable tier's base itself is never deleted")
-        if _named(drain, rel) or _source_of_pending(drain, key, rel, sizes):
+        named = _named(drain, rel)
+        if named:
+            waiting[rel] = f"{named} still names it"
+            continue
+        if _source_of_pending(drain, key, rel, sizes):
+            waiting[rel] = "a file not uploaded yet may be copied from it"
             continue
         with drain.lock:
             if present[key]:
@@ -54,29 +62,33 @@ def apply(drain: Drain) -> None:
                 drain.versions.pop(f, None)
                 drain.last_files.pop(f, None)
         going.append((key, rel, dirs))
-    if not going:
-        return
-    drain.write_manifests(tree, scan_storage(drain.root))
+    if going:
+        drain.write_manifests(tree, scan_storage(drain.root))
     for key, rel, dirs in going:
         with drain.lock:
-            if parent_and_name(rel)[0] in tree.dirty:
-                continue  # its directory's manifest still names it: a later pass
+            parent = parent_and_name(rel)[0]
+            if parent in tree.dirty:  # its directory's manifest still names it
+                waiting[rel] = f"the manifest of {parent or '(the base)'} waits for its files"
+                continue
         removed = _delete_objects(drain, rel)
         for rel_dir in dirs:
             drain.objects.delete(manifest_path(drain.target, rel_dir))
         drain.journal.remove(removed)
         drain.tombstones.remove(key)
         drain.deferred.pop(key, None)
+    with drain.lock:
+        drain.waiting_deletes = waiting
 
 
 def _delete_objects(drain: Drain, rel: str) -> list[str]:
     """Delete the tier's objects at and under ``rel`` that node storage does not hold
-    now; their relative paths."""
+    now; their relative paths. (On an object store a listing of a file's key is
+    empty: what ``rel`` itself is comes first.)"""
     fs, target = drain.target.filesystem, drain.target
-    try:
+    [top] = fs.get_file_info([target.path(rel)])
+    found = [top] if top.type == pafs.FileType.File else []
+    if top.type == pafs.FileType.Directory:
         found = [info for _, info in list_below(fs, target.path(rel), missing_ok=True)]
-    except NotADirectoryError:
-        found = fs.get_file_info([target.path(rel)])
     removed = []
     for info in found:
         if info.type != pafs.FileType.File:
@@ -85,7 +97,6 @@ def _delete_objects(drain: Drain, rel: str) -> list[str]:
         if not exists(drain.root, inner):
             drain.objects.delete(info.path)
             removed.append(inner)
-    [top] = fs.get_file_info([target.path(rel)])
     if top.type == pafs.FileType.Directory and not exists(drain.root, rel):
         fs.delete_dir(target.path(rel))
     return removed
@@ -117,9 +128,43 @@ def _source_of_pending(drain: Drain, key: str, rel: str, sizes: set[int]) -> boo
     return True
 
 
-def _named(drain: Drain, rel: str) -> bool:
-    """Whether a file uploaded last, outside ``rel``, still names it."""
-    name = posixpath.basename(rel).encode()
+def _named(drain: Drain, rel: str) -> str:
+    """Whether a file uploaded last, outside ``rel``, still names it: one in a
+    directory above ``rel`` whose bytes hold ``rel``'s path from that directory (Ray
+    Train's run state names its checkpoints' directories, DCP's ``.metadata`` its
+    shards, each relative to where it lies), as a name of its own: not the tail of a
+    longer path (a metric that recorded where a run restored from names no
+    checkpoint Train tracks) nor the head of a longer name (``ckpt_1`` in
+    ``ckpt_10``): its path, or ''."""
     with drain.lock:
         last = dict(drain.last_files)
-    return bool(name) and any(name in c for p, c in last.items() if not _under(p, rel))
+    for path, content in last.items():
+        if _under(path, rel):
+            continue
+        where = posixpath.dirname(path)
+        if where and not rel.startswith(where + "/"):
+            continue
+        inner = rel[len(where) + 1 :] if where else rel
+        if inner and _mentions(content, inner.encode()):
+            return path
+    return ""
+
+
+#: Bytes a name in a path is made of: one beside a mention makes it part of a longer one.
+_NAME_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def _mentions(content: bytes, name: bytes) -> bool:
+    """Whether ``content`` holds ``name`` as a path of its own: not preceded by a
+    name byte or ``/``, not followed by a name byte (``/`` may follow: a file in it)."""
+    start = content.find(name)
+    while start >= 0:
+        end = start + len(name)
+        before = content[start - 1] if start else None
+        after = content[end] if end < len(content) else None
+        if (before is None or (before not in _NAME_BYTES and before != ord("/"))) and (
+            after is None or after not in _NAME_BYTES
+        ):
+            return True
+        start = content.find(name, start + 1)
+    return False

@@ -189,10 +189,11 @@ class Drainer:
                 stuck = tuple(sorted(progress.stuck.items()))[:SHOWN]
                 uploaded, copied = progress.uploaded, progress.copied
                 rate = progress.bytes_per_s
+                waiting = tuple(sorted(self.work.waiting_deletes.items()))[:SHOWN]
             return DrainStatus(
                 self.epoch, self._requested, self._completed, lag + reserved, pending,
                 uploaded, copied, self._errors, self._last_error, self._passes, deletes,
-                durable, self._confirmed, stuck, rate,
+                durable, self._confirmed, stuck, rate, waiting,
             )  # fmt: skip
 
     # -- the loop -----------------------------------------------------------------------

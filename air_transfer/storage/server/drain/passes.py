@@ -97,6 +97,7 @@ class Drain:
         self.versions: dict[str, tuple[int, int, int, int]] = {}
         self.last_files: dict[str, bytes] = {}
         self.deferred: dict[str, int] = {}
+        self.waiting_deletes: dict[str, str] = {}
         #: Files the journal holds (confirmed, not yet named by a manifest written).
         self.journaled: set[str] = set()
         #: Whether a failed pass may have left a multipart upload open.

@@ -34,6 +34,8 @@ class DrainParts(Protocol):
     versions: dict[str, Version]
     last_files: dict[str, bytes]
     deferred: dict[str, int]
+    #: Deletes that wait, and why (the last pass's answer).
+    waiting_deletes: dict[str, str]
 
     def write_manifests(self, tree: TierTree, scanned: Scanned) -> None: ...
 
