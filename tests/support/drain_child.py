@@ -13,6 +13,7 @@ from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.tombstones import MemoryTombstones
 from air_transfer.storage.server.drain.loop import Drainer
+from air_transfer.storage.server.drain.passes import Drain
 
 
 def main() -> None:
@@ -20,7 +21,7 @@ def main() -> None:
     mib = 1024 * 1024  # parts of S3's smallest size: the upload shows from its first
     settings = DrainSettings(chunk_bytes=mib, bytes_per_s=rate, concurrency=1, part_bytes=5 * mib)
     target = DurableTarget.parse(uri)
-    drainer = Drainer(root, target, settings, MemoryTombstones(), threading.Lock())
+    drainer = Drainer(Drain(root, target, settings, MemoryTombstones(), threading.Lock()))
     drainer.start().request()
     print("draining", flush=True)
     threading.Event().wait()

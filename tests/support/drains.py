@@ -16,6 +16,7 @@ from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.tombstones import MemoryTombstones
 from air_transfer.storage.server.drain.loop import Drainer
+from air_transfer.storage.server.drain.passes import Drain
 from air_transfer.storage.server.drain.scan import scan_storage
 from tests.support.waiting import eventually
 
@@ -26,7 +27,8 @@ SMALL = DrainSettings(chunk_bytes=64 * 1024, rescan_s=60.0, backoff_s=(0.05, 0.5
 def draining(
     root: Path, target: DurableTarget, settings: DrainSettings = SMALL
 ) -> Iterator[Drainer]:
-    drainer = Drainer(str(root), target, settings, MemoryTombstones(), threading.Lock()).start()
+    work = Drain(str(root), target, settings, MemoryTombstones(), threading.Lock())
+    drainer = Drainer(work).start()
     try:
         yield drainer
     finally:

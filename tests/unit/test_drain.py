@@ -182,6 +182,7 @@ def test_a_copy_that_does_not_lead_never_drains_until_it_does(tmp_path: Path) ->
     from air_transfer.storage.durable.tombstones import MemoryTombstones
     from air_transfer.storage.replica_wire import drain_leader
     from air_transfer.storage.server.drain.loop import Drainer
+    from air_transfer.storage.server.drain.passes import Drain
 
     assert drain_leader({"b", "a"}, "b") == "b"  # the storage node's, while fresh
     assert drain_leader({"c", "a"}, "b") == "a"  # else the first fresh copy
@@ -194,7 +195,8 @@ def test_a_copy_that_does_not_lead_never_drains_until_it_does(tmp_path: Path) ->
         asked.append(leading.is_set())
         return leading.is_set()
 
-    drainer = Drainer(str(root), target, SMALL, MemoryTombstones(), threading.Lock(), leads)
+    work = Drain(str(root), target, SMALL, MemoryTombstones(), threading.Lock())
+    drainer = Drainer(work, leads)
     drainer.start()
     try:
         ticket = drainer.request()

@@ -21,6 +21,7 @@ from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.tombstones import MemoryTombstones
 from air_transfer.storage.server.drain.journal import MemoryJournal
 from air_transfer.storage.server.drain.loop import Drainer
+from air_transfer.storage.server.drain.passes import Drain
 from tests.support.drains import SMALL, assert_same, drained, draining
 from tests.support.s3 import S3Server, bucket_server
 from tests.support.trees import write_file
@@ -126,7 +127,7 @@ def test_a_drain_that_starts_again_over_a_missing_object_does_not_wedge(
     frozen = random.Random(13).randbytes(150_000)
     write_file(root / "ckpt_1" / "model.bin", frozen)
     stones, journal = MemoryTombstones(), MemoryJournal()
-    first = Drainer(str(root), target, SMALL, stones, threading.Lock(), None, journal).start()
+    first = Drainer(Drain(str(root), target, SMALL, stones, threading.Lock(), journal)).start()
     try:
         drained(first)
     finally:
@@ -135,7 +136,7 @@ def test_a_drain_that_starts_again_over_a_missing_object_does_not_wedge(
     client.delete_object(Bucket=BUCKET, Key="wedge/ckpt_1/model.bin")
     write_file(root / "ckpt_2" / "model.bin", frozen)
     write_file(root / "run_state.json", b'{"latest": "ckpt_2"}')
-    again = Drainer(str(root), target, SMALL, stones, threading.Lock(), None, journal).start()
+    again = Drainer(Drain(str(root), target, SMALL, stones, threading.Lock(), journal)).start()
     try:
         status = drained(again)
         assert status.errors == 0, status.last_error
@@ -212,7 +213,7 @@ def test_a_delete_waits_while_a_newer_file_may_be_copied_from_what_it_deletes(
                 (root / "ckpt_0" / "frozen.bin").unlink()
                 (root / "ckpt_0").rmdir()
 
-    drainer = Drainer(str(root), target, SMALL, stones, threading.Lock(), None, NextReport())
+    drainer = Drainer(Drain(str(root), target, SMALL, stones, threading.Lock(), NextReport()))
     drainer.start()
     try:
         drained(drainer)

@@ -19,6 +19,7 @@ import pyarrow.fs as pafs
 
 from air_transfer.core.fs_listing import list_below
 from air_transfer.storage.durable.records import manifest_path, parent_and_name
+from air_transfer.storage.server.drain import manifests
 from air_transfer.storage.server.drain.scan import exists, scan_storage
 from air_transfer.storage.server.drain.state import DrainParts as Drain
 from air_transfer.storage.server.drain.state import under as _under
@@ -63,7 +64,7 @@ def apply(drain: Drain) -> None:
                 drain.last_files.pop(f, None)
         going.append((key, rel, dirs))
     if going:
-        drain.write_manifests(tree, scan_storage(drain.root))
+        manifests.write(drain, tree, scan_storage(drain.root))
     for key, rel, dirs in going:
         with drain.lock:
             parent = parent_and_name(rel)[0]

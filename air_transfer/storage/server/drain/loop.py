@@ -26,10 +26,8 @@ from air_transfer.observe import durable_metrics
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget
-from air_transfer.storage.durable.tombstones import Tombstones
 from air_transfer.storage.server.drain import passes
 from air_transfer.storage.server.drain.confirm import SHOWN
-from air_transfer.storage.server.drain.journal import Journal, MemoryJournal
 from air_transfer.storage.server.drain.state import background
 
 logger = logging.getLogger(__name__)
@@ -75,23 +73,14 @@ def backoff_s(failures: int, settings: DrainSettings) -> float:
 
 
 class Drainer:
-    """Feeds the durable tier ``target`` from node storage ``root`` of this node."""
+    """Runs ``work``, the drain of a node storage root of this node into its durable
+    tier (which says the root, the tier, the settings and the tombstones), in a
+    thread of its own."""
 
-    def __init__(
-        self,
-        root: str,
-        target: DurableTarget,
-        settings: DrainSettings,
-        tombstones: Tombstones,
-        deletes: threading.Lock,
-        leads: Callable[[], bool] | None = None,
-        journal: Journal | None = None,
-    ) -> None:
-        self.root, self.target, self.settings = root, target, settings
-        self.tombstones = tombstones
-        self.work = passes.Drain(
-            root, target, settings, tombstones, deletes, journal or MemoryJournal()
-        )
+    def __init__(self, work: passes.Drain, leads: Callable[[], bool] | None = None) -> None:
+        self.work = work
+        self.root, self.target, self.settings = work.root, work.target, work.settings
+        self.tombstones = work.tombstones
         #: Whether this drain leads (a copy of a replicated storage); None: always.
         self.leads = leads
         self.epoch = uuid.uuid4().hex

@@ -15,7 +15,7 @@ In order (``Drain.run``):
    when the tier says no; each file confirmed goes into the journal at once. A file
    that fails does not stop the others.
 5. If none failed, the files uploaded last, as read in 3.
-6. Write the manifest of every changed directory whose files node storage holds are
+6. Write (``manifests``) the manifest of every changed directory whose files node storage holds are
    all confirmed, deepest first (a directory appears in its parent's manifest once
    its own is there), then let the journal forget what they name.
 7. Apply the pending deletes (``deletes``).
@@ -37,14 +37,14 @@ from air_transfer.core.threads import pool
 from air_transfer.observe import durable_metrics
 from air_transfer.storage.durable.objects import TierObjects
 from air_transfer.storage.durable.reads import TierReads
-from air_transfer.storage.durable.records import FileRecord, child, manifest_path
+from air_transfer.storage.durable.records import FileRecord
 from air_transfer.storage.durable.s3 import PartBudget
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.tombstones import Tombstones
-from air_transfer.storage.server.drain import confirm, deletes, files
-from air_transfer.storage.server.drain.journal import Journal
-from air_transfer.storage.server.drain.scan import Scanned, Seen, read_last, scan_storage
+from air_transfer.storage.server.drain import confirm, deletes, files, manifests
+from air_transfer.storage.server.drain.journal import Journal, MemoryJournal
+from air_transfer.storage.server.drain.scan import Seen, read_last, scan_storage
 from air_transfer.storage.server.drain.state import background
 from air_transfer.storage.server.drain.tree import TierTree
 
@@ -74,7 +74,8 @@ class Progress:
 
 class Drain:
     """The work of the drain of node storage ``root`` into ``target`` (no thread of
-    its own: ``loop.Drainer`` runs it)."""
+    its own: ``loop.Drainer`` runs it). ``journal``: where confirmed files wait for
+    their manifest (default: in memory only)."""
 
     def __init__(
         self,
@@ -83,10 +84,11 @@ class Drain:
         settings: DrainSettings,
         tombstones: Tombstones,
         deletes_lock: threading.Lock,
-        journal: Journal,
+        journal: Journal | None = None,
     ) -> None:
         self.root, self.target, self.settings = root, target, settings
-        self.tombstones, self.deletes_lock, self.journal = tombstones, deletes_lock, journal
+        self.tombstones, self.deletes_lock = tombstones, deletes_lock
+        self.journal = MemoryJournal() if journal is None else journal
         budget = PartBudget(settings.part_bytes_in_flight, max(4, settings.concurrency * 2))
         self.objects = TierObjects(target, settings.part_bytes, settings.max_parts, budget)
         self.reads = TierReads(target, settings.read_wait_s)
@@ -146,7 +148,7 @@ class Drain:
                 if not self._current(seen):
                     failed |= self._put_bytes(tree, seen, content)
             failed |= self._put_all(tree, [s for s in big if not self._current(s)])
-        self.write_manifests(tree, scan_storage(self.root))
+        manifests.write(self, tree, scan_storage(self.root))
         deletes.apply(self)
         if failed:
             path, why = next(iter(failed.items()))
@@ -294,27 +296,6 @@ class Drain:
             self.progress.copied += copied
         durable_metrics.uploaded(uploaded)
 
-    # -- manifests -----------------------------------------------------------------------
-    def write_manifests(self, tree: TierTree, scanned: Scanned) -> None:
-        """Write the manifest of each changed directory that is whole (every file
-        node storage holds under it confirmed at its version), deepest first."""
-        with self.lock:
-            behind = {r for r, s in scanned.files.items() if self.versions.get(r) != s.version}
-            order = [d for d in tree.dirty_deepest_first() if not _any_under(behind, d)]
-        for rel_dir in order:
-            with self.lock:
-                if not tree.has_dir(rel_dir):
-                    continue
-                manifest = tree.to_write(rel_dir)
-            tag = self.objects.put(manifest_path(self.target, rel_dir), manifest.to_bytes())
-            self.reads.remember(rel_dir, manifest)
-            with self.lock:
-                tree.written(rel_dir, tag)
-            named = {child(rel_dir, n) for n in manifest.files}
-            with self.lock:
-                done, self.journaled = self.journaled & named, self.journaled - named
-            self.journal.remove(sorted(done))
-
     # -- where it stands -----------------------------------------------------------------
     def lag_bytes(self) -> int:
         """Bytes of node storage whose version the tier does not hold now."""
@@ -351,10 +332,3 @@ class Drain:
             "node storage where node storage still holds it",
             self.target.uri, self.target.path(rel), why,
         )  # fmt: skip
-
-
-def _any_under(paths: set[str], rel_dir: str) -> bool:
-    if not rel_dir:
-        return bool(paths)
-    prefix = rel_dir + "/"
-    return any(p.startswith(prefix) for p in paths)

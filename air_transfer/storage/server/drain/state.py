@@ -1,5 +1,5 @@
 """What the parts of a pass read and change of a drain (``passes.Drain``), declared
-once so that ``deletes`` and ``confirm`` need not import the pass that calls them."""
+once so that ``deletes``, ``confirm`` and ``manifests`` need not import the pass that calls them."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import threading
 from typing import Protocol
 
 from air_transfer.storage.durable.objects import TierObjects
+from air_transfer.storage.durable.reads import TierReads
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.tombstones import Tombstones
 from air_transfer.storage.server.drain.journal import Journal
-from air_transfer.storage.server.drain.scan import Scanned
 from air_transfer.storage.server.drain.tree import TierTree
 
 Version = tuple[int, int, int, int]
@@ -29,15 +29,16 @@ class DrainParts(Protocol):
     lock: threading.Lock
     tree: TierTree | None
     objects: TierObjects
+    reads: TierReads
     journal: Journal
+    #: Files the journal holds (confirmed, not yet named by a manifest written).
+    journaled: set[str]
     #: Node storage's version of each file the tier holds (confirmed by this drain).
     versions: dict[str, Version]
     last_files: dict[str, bytes]
     deferred: dict[str, int]
     #: Deletes that wait, and why (the last pass's answer).
     waiting_deletes: dict[str, str]
-
-    def write_manifests(self, tree: TierTree, scanned: Scanned) -> None: ...
 
     def lost(self, rel: str, why: str) -> None: ...
 

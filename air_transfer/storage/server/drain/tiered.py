@@ -41,6 +41,7 @@ from air_transfer.storage.node_wire import Info, Listed
 from air_transfer.storage.server.drain.journal import ClusterJournal, Journal
 from air_transfer.storage.server.drain.leader import replica_leads
 from air_transfer.storage.server.drain.loop import Drainer
+from air_transfer.storage.server.drain.passes import Drain
 from air_transfer.storage.server.metadata import DiskStorage
 
 logger = logging.getLogger(__name__)
@@ -104,7 +105,8 @@ class TieredDisk(NodeMetadata, NodeDurable):
                 leads = replica_leads(replica[0], self.node_id, replica[1])
             if journal is None and self.node_id is not None:
                 journal = ClusterJournal(target.uri, target.base)
-            drainer = Drainer(root, target, settings, stones, lock, leads, journal).start()
+            work = Drain(root, target, settings, stones, lock, journal)
+            drainer = Drainer(work, leads).start()
             self._tiers[root] = Tier(target, settings, stones, lock, drainer, resumed)
         if not resumed and self.node_id is not None:
             self._save(root, target, settings, replica)
