@@ -111,24 +111,26 @@ def report(
     mode = _upload_mode(checkpoint_upload_mode, async_save)
     wait_for_pending_save()
     storage = ray.train.get_context().get_storage()
-    save = _Save(storage, ray.get_runtime_context().get_actor_id() or "", planner)
-    if mode == CheckpointUploadMode.SYNC:
-        _report_sync(metrics, state_dict, save, checkpoint_dir_name, validation)
-    else:
-        _report_async(metrics, state_dict, save, checkpoint_dir_name, validation)
+    worker = ray.get_runtime_context().get_actor_id() or ""
+    this = _Report(storage, worker, planner, metrics, checkpoint_dir_name, validation)
+    (_report_sync if mode == CheckpointUploadMode.SYNC else _report_async)(this, state_dict)
 
 
 @dataclass(frozen=True)
-class _Save:
-    """DCP-saves a state dict into a checkpoint directory of the run's ``storage``
-    (Train's ``StorageContext``), as Train worker ``worker``'s report, with
-    ``planner``."""
+class _Report:
+    """One report of Train worker ``worker``: what ``ray.train.report`` is given
+    (``metrics``, ``checkpoint_dir_name``, ``validation``) and how its state dict
+    is DCP-saved into a checkpoint directory of the run's ``storage`` (Train's
+    ``StorageContext``), with ``planner``; either mode reports it."""
 
     storage: Any
     worker: str
     planner: SavePlanner | None
+    metrics: dict[str, Any]
+    checkpoint_dir_name: str | None
+    validation: bool | ValidationTaskConfig
 
-    def __call__(
+    def save(
         self,
         name: str,
         state: dict[str, Any],
@@ -150,35 +152,23 @@ class _Save:
         return Checkpoint(path, filesystem=storage.storage_filesystem)
 
 
-def _report_sync(
-    metrics: dict[str, Any],
-    state_dict: dict[str, Any],
-    save: _Save,
-    checkpoint_dir_name: str | None,
-    validation: bool | ValidationTaskConfig,
-) -> None:
+def _report_sync(report: _Report, state_dict: dict[str, Any]) -> None:
     """``SYNC``: saved before Train's report is called, so that a save that fails (on
     every rank: DCP gathers the failures) leaves Train's report count as it was,
     and the loop may catch the error and report again."""
-    name = checkpoint_dir_name or ray.train.collective.broadcast_from_rank_zero(
-        save.storage.make_default_checkpoint_dir_name()
+    name = report.checkpoint_dir_name or ray.train.collective.broadcast_from_rank_zero(
+        report.storage.make_default_checkpoint_dir_name()
     )
     ray.train.report(
-        metrics,
-        checkpoint=save(name, state_dict),
+        report.metrics,
+        checkpoint=report.save(name, state_dict),
         checkpoint_dir_name=name,
         checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
-        validation=validation,
+        validation=report.validation,
     )
 
 
-def _report_async(
-    metrics: dict[str, Any],
-    state_dict: dict[str, Any],
-    save: _Save,
-    checkpoint_dir_name: str | None,
-    validation: bool | ValidationTaskConfig,
-) -> None:
+def _report_async(report: _Report, state_dict: dict[str, Any]) -> None:
     """``ASYNC``: Train's report runs on a thread of its own while this one stages:
     it agrees on the name with the other ranks (a barrier) and hands the save to
     Train's upload thread, where it starts once the staging is done. Returns when
@@ -198,26 +188,26 @@ def _report_async(
             # collective save is not made again by one rank alone
             raise done.exception() or RuntimeError("air-transfer: this save already ended")
         try:
-            saved = save(name, staged.result(), group, staged=True)
+            saved = report.save(name, staged.result(), group, staged=True)
         except BaseException as e:
             done.set_exception(e)
             raise
         done.set_result(None)
         return saved
 
-    storage = save.storage
+    storage = report.storage
     made = train_reports_made()
     reporting = _reporter().submit(
         ray.train.report,
-        metrics,
+        report.metrics,
         # Train hands this to save_staged, which writes the real one: a staged
         # state dict has no directory of its own to upload.
         checkpoint=Checkpoint(storage.experiment_fs_path, storage.storage_filesystem),
-        checkpoint_dir_name=checkpoint_dir_name,
+        checkpoint_dir_name=report.checkpoint_dir_name,
         checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
         checkpoint_upload_fn=save_staged,
         delete_local_checkpoint_after_upload=False,
-        validation=validation,
+        validation=report.validation,
     )
     try:
         staged.set_result(BlockingAsyncStager().stage(resolved))
