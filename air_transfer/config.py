@@ -14,6 +14,7 @@ from urllib.parse import unquote
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 #: A durable tier as given: a URI, or a ``(pyarrow.fs.FileSystem, path)`` pair.
 Durable = str | tuple["pafs.FileSystem", str]
@@ -34,8 +35,24 @@ DEFAULT_INLINE_MAX_BYTES = 8 * MiB
 OWNERS = ("caller", "node")
 
 
+class _Replaceable:
+    """``replace``, written once for the frozen configs below (each a dataclass that
+    validates itself in ``__post_init__``)."""
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` applied and validated again.
+
+        Returns:
+            The new settings (this object is frozen).
+
+        Raises:
+            ValueError: A changed field is out of its range (the message names it).
+        """
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
 @dataclass(frozen=True)
-class TransferConfig:
+class TransferConfig(_Replaceable):
     """How a checkpoint is cut, carried and checked.
 
     Attributes:
@@ -148,17 +165,6 @@ class TransferConfig:
             return self.inline_max_bytes
         return min(DEFAULT_INLINE_MAX_BYTES, self.window * self.chunk_bytes)
 
-    def replace(self, **changes: Any) -> TransferConfig:
-        """A copy with ``changes`` applied and validated again.
-
-        Returns:
-            The new settings (this object is frozen).
-
-        Raises:
-            ValueError: A changed field is out of its range (the message names it).
-        """
-        return dataclasses.replace(self, **changes)
-
 
 def _require_int(
     name: str,
@@ -203,7 +209,7 @@ DURABLE_LAST = (
 
 
 @dataclass(frozen=True)
-class StorageConfig:
+class StorageConfig(_Replaceable):
     """How node storage (``storage_filesystem``) keeps its files: on how many nodes,
     whether incrementally, how much it caches for readers, and the durable tier it
     feeds in the background. Frozen and validated like ``TransferConfig``.
@@ -298,14 +304,3 @@ class StorageConfig:
                 "StorageConfig.durable_last must be a tuple of name patterns, "
                 f"got {self.durable_last!r}"
             )
-
-    def replace(self, **changes: Any) -> StorageConfig:
-        """A copy with ``changes`` applied and validated again.
-
-        Returns:
-            The new settings (this object is frozen).
-
-        Raises:
-            ValueError: A changed field is out of its range (the message names it).
-        """
-        return dataclasses.replace(self, **changes)
