@@ -16,8 +16,8 @@ Call order, as a newcomer follows it:
 4. A pass scans node storage (``scan``, on ``core.dirtree``'s walker), puts each
    changed file (``files``: confirmed, copied inside the tier, or sent, each
    checked), records it in the journal (``journal``), writes the manifests of the
-   directories now whole (``tree``, the drain's picture of the tier), then applies
-   the deletes (``deletes``).
+   directories now whole (``manifests``, on ``tree``, the drain's picture of the
+   tier), then applies the deletes (``deletes``).
 
 Reads of the tier go by its manifests (``storage.durable.reads``); its format lives
 below both rooms (``storage.durable``), with the one writer of whole files
