@@ -18,9 +18,10 @@ use too. Every other command runs here at a small size (``SMALL``: the same comm
 with flags that shrink its work, never ones that skip a step), and a command that
 names output files (``--json``, ``--plot``) must have written them; a JSON report's
 every row must be measured and verified (or skipped, with its reason). Wherever an
-extra that needs torch is installed (``[torch]``, ``[test]``), a CPU build of torch is
-installed first (as a PyTorch user has one: a torch range would download a
-multi-GB CUDA build), and must still be there after the install. The bench's other
+extra whose torch is a range is installed (``[torch]``), a CPU build of torch is
+installed first (as a PyTorch user has one: the range would download a multi-GB CUDA
+build), and must still be there after the install; ``[test]`` pins that build itself,
+so its line installs it alone. The bench's other
 modes (``--dcp``, ``--train``, ...) are not README commands: the test suite runs them.
 
 The install block (``git clone`` of this project's repository, ``cd`` into it, then
@@ -67,6 +68,13 @@ TORCH_EXTRAS = sorted(
     for name, reqs in PROJECT["optional-dependencies"].items()
     if any(re.match(r"torch\b", r) for r in reqs)
 )
+#: The extras that bring torch as a range (a user's own torch stays): CI installs the
+#: CPU build first, as a PyTorch user has one.
+TORCH_RANGE_EXTRAS = sorted(
+    name
+    for name, reqs in PROJECT["optional-dependencies"].items()
+    if any(re.match(r"torch\b", r) and "==" not in r for r in reqs)
+)
 #: The project's repository, which the install block clones.
 REPOSITORY = PROJECT["urls"]["Source"]
 
@@ -101,10 +109,11 @@ def is_install(step: str) -> bool:
     return step.startswith("pip install") or step.startswith("python -m pip install")
 
 
-def needs_torch(step: str) -> bool:
-    """An install of an extra that brings torch (``[torch]``, ``[test]``)."""
-    extras = re.findall(r"\[([^\]]*)\]", step)
-    return any(e.strip() in TORCH_EXTRAS for group in extras for e in group.split(","))
+def needs_torch(step: str, extras: list[str] = TORCH_EXTRAS) -> bool:
+    """An install of one of ``extras`` (by default those that bring torch:
+    ``[torch]``, ``[test]``)."""
+    named = re.findall(r"\[([^\]]*)\]", step)
+    return any(e.strip() in extras for group in named for e in group.split(","))
 
 
 def is_where_ci_is(step: str) -> bool:
@@ -124,7 +133,7 @@ def is_where_ci_is(step: str) -> bool:
 
 def split(command: list[str], wheel: Path | None = None) -> tuple[list[str], list[str]]:
     installs = [local(s, wheel) for s in command if is_install(s)]
-    if any(needs_torch(s) for s in installs):
+    if any(needs_torch(s, TORCH_RANGE_EXTRAS) for s in installs):
         installs.insert(0, f"pip install -q {TORCH_CPU}")
     steps = [s for s in command if not is_install(s) and not is_where_ci_is(s)]
     return installs, steps

@@ -35,8 +35,14 @@ def test_the_install_block_installs_a_clone_and_the_quick_starts_follow() -> Non
     assert "pip install '.[torch]'" in installs
 
 
-def test_extras_that_bring_torch_get_the_cpu_build_first() -> None:
+def test_an_extra_with_a_torch_range_gets_the_cpu_build_first_and_test_pins_it() -> None:
+    """``[torch]`` keeps a user's own torch (a range): CI installs the CPU build first,
+    as a PyTorch user has one. ``[test]`` pins that build itself: its line alone
+    installs it, so nothing CI adds hides a missing step."""
     assert readme_commands.TORCH_EXTRAS == ["test", "torch"]
-    for step in ("pip install -e '.[test]'", "pip install 'air-transfer[bench,torch]'"):
-        assert readme_commands.split([step])[0][0] == f"pip install -q {readme_commands.TORCH_CPU}"
+    assert readme_commands.TORCH_RANGE_EXTRAS == ["torch"]
+    assert readme_commands.TORCH_CPU in readme_commands.PROJECT["optional-dependencies"]["test"]
+    step = "pip install 'air-transfer[bench,torch]'"
+    assert readme_commands.split([step])[0][0] == f"pip install -q {readme_commands.TORCH_CPU}"
+    assert readme_commands.split(["pip install -e '.[test]'"])[0] == ["pip install -e '.[test]'"]
     assert readme_commands.split(["pip install -e '.[bench]'"])[0] == ["pip install -e '.[bench]'"]
