@@ -12,16 +12,17 @@ silently.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
-import threading
 import uuid
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ray
 
 from air_transfer.core import environ
+from air_transfer.core.report_rounds import CommittedRound, ReportedRound
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -43,10 +44,25 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("ray.train.v2._internal.execution.context", "TrainContext.report_call_index"),
     ("ray.train.v2._internal.execution.context", "get_train_context"),
     ("ray.train.v2._internal.execution.context", "TrainContext.get_all_reported_checkpoints"),
+    ("ray.train.v2._internal.execution.context", "TrainContext.get_checkpoint"),
+    ("ray.train.v2._internal.execution.context", "TrainContext.get_world_rank"),
     (
         "ray.train.v2._internal.execution.checkpoint.checkpoint_manager",
         "CheckpointManager.before_worker_group_shutdown",
     ),
+    (
+        "ray.train.v2._internal.execution.checkpoint.checkpoint_manager",
+        "CheckpointManager.before_init_train_context",
+    ),
+    (
+        "ray.train.v2._internal.execution.checkpoint.checkpoint_manager",
+        "CheckpointManager.register_checkpoint",
+    ),
+    (
+        "ray.train.v2._internal.execution.checkpoint.checkpoint_manager",
+        "CheckpointManager.after_report",
+    ),
+    ("ray.train.v2._internal.execution.training_report", "_TrainingReport"),
     ("ray.train.v2._internal.execution.worker_group.worker_group", "WorkerGroup.get_workers"),
     ("ray.experimental.internal_kv", "_internal_kv_put"),
     ("ray.experimental.internal_kv", "_internal_kv_get"),
@@ -135,6 +151,21 @@ def kv_items(namespace: str, prefix: str) -> dict[str, bytes]:
         if value is not None:
             out[key] = value
     return out
+
+
+def kv_get(namespace: str, key: str) -> bytes | None:
+    """The value saved by ``kv_put`` under ``key`` in ``namespace``, or None."""
+    from ray.experimental import internal_kv
+
+    value: bytes | None = internal_kv._internal_kv_get(key, namespace=namespace)
+    return value
+
+
+def kv_delete_prefix(namespace: str, prefix: str) -> None:
+    """Remove every key saved by ``kv_put`` in ``namespace`` that starts with ``prefix``."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_del(prefix, del_by_prefix=True, namespace=namespace)
 
 
 def kv_keys(namespace: str, prefix: str) -> list[str]:
@@ -286,9 +317,6 @@ def propagate_to_train(names: Iterable[str]) -> bool:
 #: Set to 0 to keep Ray Train's own pyarrow copies for node storage (see below).
 TRAIN_HOOKS_ENV = environ.TRAIN_HOOKS
 _train_hooks_installed = False
-#: Whether this thread's last checkpoint persist went through ``upload`` (a ``SYNC``
-#: report persists in the thread that reports).
-_uploaded_here = threading.local()
 
 #: ``upload(filesystem, checkpoint_path, checkpoint, worker)``: the persisted
 #: checkpoint, or None to let Ray Train copy it itself. ``worker``: the reporting
@@ -302,10 +330,31 @@ Download = Callable[["pafs.FileSystem", str, str], bool]
 Reclaim = Callable[["pafs.FileSystem", list[str], list[str]], None]
 
 
-def install_train_hooks(upload: Upload, download: Download, reclaim: Reclaim) -> bool:
-    """Route Ray Train's checkpoint copies through ``upload`` and ``download``, and
-    tell ``reclaim`` when a worker group stops (once per process; True if installed
-    now or before).
+class Rounds(Protocol):
+    """How reports into a run's storage commit their rounds (``train.rounds``)."""
+
+    def ours(self, filesystem: pafs.FileSystem) -> bool:
+        """Whether a run storing into ``filesystem`` commits its rounds."""
+
+    def commit(self, report: ReportedRound, barrier: Callable[[], None]) -> bool:
+        """Once Train took ``report``: False to wait for Train's registration."""
+
+    def open_group(self, run: str, workers: list[str]) -> None:
+        """Train starts a group of ``workers`` (actor ids)."""
+
+    def processed(self, run: str, index: int) -> None:
+        """Train took every report of round ``index``."""
+
+    def close_group(self, run: str, workers: list[str]) -> CommittedRound | None:
+        """Train stops the group; the newest round it committed."""
+
+
+def install_train_hooks(
+    upload: Upload, download: Download, reclaim: Reclaim, rounds: Rounds
+) -> bool:
+    """Route Ray Train's checkpoint copies through ``upload`` and ``download``, commit
+    ``SYNC`` reports through ``rounds``, and tell ``reclaim`` when a worker group stops
+    (once per process; True if installed now or before).
 
     Ray Train reports a checkpoint by copying its directory with
     ``pyarrow.fs.copy_files`` into the run's storage filesystem
@@ -319,12 +368,17 @@ def install_train_hooks(upload: Upload, download: Download, reclaim: Reclaim) ->
     code for every other filesystem, every file, and whenever they decline.
 
     Train registers a checkpoint only once every worker's report of its round has
-    reached the controller, and a failure of one worker stops the group whatever the
-    others are still reporting (ray-project/ray#41700). So a ``SYNC`` report whose
-    checkpoint ``upload`` stored returns only once Train has registered it
-    (``get_all_reported_checkpoints(COMMITTED)``, at the controller's next poll),
-    and the controller calls ``reclaim`` before it stops a group
-    (``CheckpointManager.before_worker_group_shutdown``), knowing what it tracks.
+    reached the controller, at its next poll (``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``),
+    and a failure of one worker stops the group whatever the others are still
+    reporting (ray-project/ray#41700). So a ``SYNC`` (or ``NO_UPLOAD``) report into a
+    storage ``rounds.ours`` returns once ``rounds.commit`` committed its round (every
+    rank's report taken by Train: they meet at ``ray.train.collective.barrier``), and
+    the controller, before it stops a group (``CheckpointManager.
+    before_worker_group_shutdown``), registers the newest round the group committed
+    that Train has not, then calls ``reclaim`` knowing what it tracks; it opens each
+    group it starts (``before_init_train_context``). A report whose round is not
+    committed waits for Train's registration
+    (``get_all_reported_checkpoints(COMMITTED)``), as every report did before.
 
     Setting ``AIR_TRANSFER_TRAIN_HOOKS=0`` leaves Ray untouched. A Ray without these
     names (pinned by a test) keeps its own copies, and that is logged once.
@@ -336,12 +390,16 @@ def install_train_hooks(upload: Upload, download: Download, reclaim: Reclaim) ->
         return False
     try:
         from ray.train import _checkpoint as checkpoint_module
+        from ray.train.collective import barrier
         from ray.train.v2._internal.execution import context as context_module
         from ray.train.v2._internal.execution import storage as storage_module
         from ray.train.v2._internal.execution.checkpoint import (
             checkpoint_manager as manager_module,
         )
-        from ray.train.v2.api.report_config import CheckpointConsistencyMode
+        from ray.train.v2.api.report_config import (
+            CheckpointConsistencyMode,
+            CheckpointUploadMode,
+        )
 
         # Private names, untyped on purpose.
         storage: Any = storage_module
@@ -352,7 +410,11 @@ def install_train_hooks(upload: Upload, download: Download, reclaim: Reclaim) ->
         original_download = _checkpoint._download_from_fs_path
         original_report = context.TrainContext.report
         original_stop = manager.CheckpointManager.before_worker_group_shutdown
+        original_start = manager.CheckpointManager.before_init_train_context
+        report_signature = inspect.signature(original_report)
         committed = CheckpointConsistencyMode.COMMITTED
+        asynchronous = CheckpointUploadMode.ASYNC
+        original_after_report = manager.CheckpointManager.after_report
     except (ImportError, AttributeError) as e:
         logger.warning(
             "air-transfer: Ray Train's checkpoint copies cannot be routed through "
@@ -371,15 +433,30 @@ def install_train_hooks(upload: Upload, download: Download, reclaim: Reclaim) ->
         if persisted is None:
             by_ray: Checkpoint = original_persist(self, checkpoint, checkpoint_dir_name)
             return by_ray
-        _uploaded_here.value = True
         return persisted
 
     @functools.wraps(original_report)
     def report(self: Any, *args: Any, **kwargs: Any) -> None:
-        _uploaded_here.value = False
+        made = self.report_call_index
         original_report(self, *args, **kwargs)
-        if _uploaded_here.value:  # a SYNC report, stored by upload
-            _uploaded_here.value = False
+        storage = self.storage_context
+        if self.report_call_index == made or not rounds.ours(storage.storage_filesystem):
+            return  # skipped (a worker failed at Train's own barrier); not node storage
+        call = report_signature.bind(self, *args, **kwargs).arguments
+        in_background = call.get("checkpoint_upload_mode") == asynchronous
+        stored = call.get("checkpoint") is not None and not in_background
+        rank = self.get_world_rank()
+        reported = ReportedRound(
+            storage.experiment_fs_path,
+            ray.get_runtime_context().get_actor_id() or "",
+            rank,
+            self.report_call_index,
+            path=self.get_checkpoint().path if stored else None,
+            metrics=call["metrics"] if rank == 0 and not in_background else None,
+            validation=call.get("validation", False),
+            in_background=in_background,
+        )
+        if not rounds.commit(reported, barrier):
             self.get_all_reported_checkpoints(consistency_mode=committed)
 
     @functools.wraps(original_download)
@@ -389,19 +466,47 @@ def install_train_hooks(upload: Upload, download: Download, reclaim: Reclaim) ->
         if not download(fs, fs_path, local_path):
             original_download(fs, fs_path, local_path, filelock)
 
+    @functools.wraps(original_after_report)
+    def after_report(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_after_report(self, *args, **kwargs)
+        try:
+            storage = self._storage_context
+            if rounds.ours(storage.storage_filesystem):
+                rounds.processed(storage.experiment_fs_path, self._current_report_index)
+        except Exception as e:  # a cleanup: the notes go when the group stops
+            logger.debug("air-transfer: cannot drop the notes of a processed round (%s)", e)
+
+    @functools.wraps(original_start)
+    def before_init_train_context(self: Any, workers: list[Any]) -> dict[str, list[Any]]:
+        args: dict[str, list[Any]] = original_start(self, workers)
+        try:
+            storage = self._storage_context
+            ids = [w.actor._actor_id.hex() for w in workers]
+            if rounds.ours(storage.storage_filesystem):
+                rounds.open_group(storage.experiment_fs_path, ids)
+        except Exception as e:  # its reports then wait for Train's registration
+            logger.warning("air-transfer: cannot open the worker group's rounds (%s)", e)
+        return args
+
     @functools.wraps(original_stop)
     def before_worker_group_shutdown(self: Any, worker_group: Any) -> None:
         original_stop(self, worker_group)
         try:
+            workers = [w.actor._actor_id.hex() for w in worker_group.get_workers()]
+            storage = self._storage_context
+            filesystem = storage.storage_filesystem
+            if rounds.ours(filesystem):
+                newest = rounds.close_group(storage.experiment_fs_path, workers)
+                if newest is not None and newest.index > self._current_report_index:
+                    _register(self, newest, filesystem)
             results = [*self._checkpoint_results, self._latest_checkpoint_result]
             results += [result for result, _ in self._pending_training_results.values()]
             tracked = sorted({r.checkpoint.path for r in results if r is not None})
-            workers = [w.actor._actor_id.hex() for w in worker_group.get_workers()]
-            filesystem = self._storage_context.storage_filesystem
-        except AttributeError as e:  # instance attributes: not pinned by the test
+        except Exception as e:  # instance attributes, not pinned; the GCS unreachable
             logger.warning(
-                "air-transfer: cannot read what Ray Train tracks (%s); checkpoints of "
+                "air-transfer: cannot read what Ray Train tracks (%s: %s); checkpoints of "
                 "a stopped round are left in storage, as by Ray itself",
+                type(e).__name__,
                 e,
             )
             return
@@ -411,9 +516,32 @@ def install_train_hooks(upload: Upload, download: Download, reclaim: Reclaim) ->
     context.TrainContext.report = report
     _checkpoint._download_from_fs_path = download_from_fs_path
     manager.CheckpointManager.before_worker_group_shutdown = before_worker_group_shutdown
+    manager.CheckpointManager.before_init_train_context = before_init_train_context
+    manager.CheckpointManager.after_report = after_report
     _train_hooks_installed = True
     logger.debug("air-transfer: Ray Train's checkpoint copies go through node storage")
     return True
+
+
+def _register(manager: Any, newest: CommittedRound, filesystem: pafs.FileSystem) -> None:
+    """Register ``newest`` with Train's checkpoint ``manager`` as its poll would have
+    (it then tracks, keeps and restores it): as the report of index ``newest.index``."""
+    from ray.train import Checkpoint
+    from ray.train.v2._internal.execution.training_report import _TrainingReport
+
+    checkpoint = Checkpoint(newest.path, filesystem=filesystem)
+    manager._current_report_index = newest.index - 1  # register_checkpoint adds one
+    try:
+        manager.register_checkpoint(
+            _TrainingReport(checkpoint, metrics=newest.metrics, validation=newest.validation)
+        )
+    except RuntimeError as e:  # no event loop to notify waiters on: registered anyway
+        logger.debug("air-transfer: registered %s without notifying (%s)", newest.path, e)
+    logger.info(
+        "air-transfer: registered checkpoint %s, whose round the workers committed before "
+        "Ray Train's controller registered it",
+        newest.path,
+    )
 
 
 #: ``choose(filesystem, paths)``: which of a run's checkpoints (paths of

@@ -313,7 +313,9 @@ def _save_group() -> dist.ProcessGroup | None:
     if not (dist.is_available() and dist.is_initialized()):
         return None
     if _async_group is None:
-        _async_group = dist.new_group(backend="gloo")
+        group = dist.new_group(backend="gloo")
+        assert isinstance(group, dist.ProcessGroup)  # every rank is a member
+        _async_group = group
     return _async_group
 
 

@@ -56,6 +56,7 @@ def test_no_other_module_uses_rays_private_api() -> None:
 
 
 TRAIN_HOOKS = """
+import types
 from ray.train import _checkpoint
 from ray.train.v2._internal.execution import storage
 from air_transfer.cluster import _ray
@@ -68,12 +69,14 @@ def hooked():
         context.TrainContext.report,
         checkpoint_manager.CheckpointManager.before_worker_group_shutdown,
         checkpoint_manager.CheckpointManager.before_init_train_context,
+        checkpoint_manager.CheckpointManager.after_report,
     )
 before = hooked()
 installed = _ray.install_train_hooks(
     lambda fs, path, ckpt, worker: None,
     lambda fs, path, local: False,
     lambda fs, workers, tracked: None,
+    types.SimpleNamespace(ours=lambda fs: False),
 )
 installed = _ray.install_restore_choice(lambda fs, paths: paths[0]) and installed
 after = hooked()
