@@ -46,6 +46,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("ray.train.v2._internal.execution.context", "TrainContext.get_all_reported_checkpoints"),
     ("ray.train.v2._internal.execution.context", "TrainContext.get_checkpoint"),
     ("ray.train.v2._internal.execution.context", "TrainContext.get_world_rank"),
+    ("ray.train.v2._internal.execution.context", "TrainContext.get_world_size"),
     (
         "ray.train.v2._internal.execution.checkpoint.checkpoint_manager",
         "CheckpointManager.before_worker_group_shutdown",
@@ -450,6 +451,7 @@ def install_train_hooks(
             storage.experiment_fs_path,
             ray.get_runtime_context().get_actor_id() or "",
             rank,
+            self.get_world_size(),
             self.report_call_index,
             path=self.get_checkpoint().path if stored else None,
             metrics=call["metrics"] if rank == 0 and not in_background else None,

@@ -9,7 +9,8 @@ others at a barrier; a rank whose report stored a checkpoint then notes the roun
 ``done`` (a ``RoundRecord``) and returns. A round with an ``ASYNC`` report is never
 committed (that rank's upload may still run): its ``SYNC`` ranks wait for Train's
 registration instead. Rank 0 notes its metrics before the barrier (Train registers
-rank 0's), so they are there whenever a round is done.
+rank 0's), so they are there whenever a round is done. A group of one rank has no one
+to meet: its rank notes the round done, with its metrics, at once.
 
 Train takes one report per worker per poll from a queue of one (a worker's next put
 waits until its last report was taken), and registers a round in the poll that
@@ -35,6 +36,8 @@ class ReportedRound:
     #: The reporting worker's actor id.
     worker: str
     rank: int
+    #: The ranks of its group (1: nobody to meet, nobody else to commit the round).
+    world_size: int
     #: Train's report index (the group's first report is ``current_report_index + 1``).
     index: int
     #: The checkpoint this rank's report stored (None: metrics only, or not yet stored).
@@ -56,12 +59,13 @@ class ReportedRound:
 @dataclass(frozen=True)
 class RoundRecord:
     """A rank's note that round ``index`` is done: every rank's report of it reached
-    Train, and this rank's stored ``path``."""
+    Train, and this rank's stored ``path`` (rank 0 alone in its group: its metrics)."""
 
     index: int
     rank: int
     path: str
     validation: Any
+    metrics: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,9 +79,11 @@ class CommittedRound:
 
 
 def record_of(report: ReportedRound) -> RoundRecord:
-    """The note a rank whose report ``promises`` makes of its round, done."""
+    """The note a rank whose report ``promises`` makes of its round, done (with rank
+    0's metrics when it is alone: nobody else can note the round done before it)."""
     assert report.path is not None
-    return RoundRecord(report.index, report.rank, report.path, report.validation)
+    metrics = report.metrics if report.world_size == 1 else None
+    return RoundRecord(report.index, report.rank, report.path, report.validation, metrics)
 
 
 def newest_committed(
@@ -85,10 +91,12 @@ def newest_committed(
 ) -> CommittedRound | None:
     """The newest round of ``records`` (one group's), with the lowest rank's path (every
     rank's is the one directory Train named) and validation, and rank 0's metrics of it
-    (``metrics``: by round; none noted, empty); None without a record."""
+    (``metrics``: by round, else in its record; none noted, empty); None without a
+    record."""
     records = list(records)
     if not records:
         return None
     newest = max(r.index for r in records)
     first = min((r for r in records if r.index == newest), key=lambda r: r.rank)
-    return CommittedRound(newest, first.path, metrics.get(newest, {}), first.validation)
+    noted = metrics.get(newest, first.metrics if first.rank == 0 else None)
+    return CommittedRound(newest, first.path, noted or {}, first.validation)

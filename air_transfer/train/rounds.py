@@ -60,16 +60,21 @@ def commit(report: ReportedRound, barrier: Callable[[], None]) -> bool:
     its checkpoint, commit the round. True when the report may return; False when it
     waits for Train's own registration (a rank reported ``ASYNC``, or this worker's
     group is not open: stopped, or a controller without the hooks)."""
+    alone = report.world_size == 1
     if report.in_background:
+        if alone:
+            return True  # nobody else commits the round
         key = _note_key(report.run, report.index, IN_BACKGROUND, report.worker)
         _ray.kv_put(NAMESPACE, key, b"")
-    elif report.metrics is not None:  # rank 0's, which Train registers
+    elif report.metrics is not None and not (alone and report.promises):
         key = _note_key(report.run, report.index, METRICS, report.worker)
-        _ray.kv_put(NAMESPACE, key, ray.cloudpickle.dumps(report.metrics))
-    barrier()
+        _ray.kv_put(NAMESPACE, key, ray.cloudpickle.dumps(report.metrics))  # rank 0's
+    if not alone:
+        barrier()
     if not report.promises:
         return True
-    if _ray.kv_keys(NAMESPACE, f"{_round_prefix(report.run, report.index)}{IN_BACKGROUND}/"):
+    round_prefix = _round_prefix(report.run, report.index)
+    if not alone and _ray.kv_keys(NAMESPACE, f"{round_prefix}{IN_BACKGROUND}/"):
         return False
     key = _note_key(report.run, report.index, DONE, report.worker)
     _ray.kv_put(NAMESPACE, key, ray.cloudpickle.dumps(record_of(report)))

@@ -58,6 +58,19 @@ def test_a_rank_killed_right_after_its_report_resumes_from_the_committed_round(
     kept_alone(result, tmp_path / "storage" / "run")
 
 
+def test_a_worker_alone_killed_right_after_its_report_resumes_from_it(
+    tmp_path: Path, fs: pafs.FileSystem
+) -> None:
+    """One worker (no one to meet): its report of step 1 returns while the controller
+    is held, it is killed, and the restart restores step 1."""
+    result = fit(tmp_path, fs, str(tmp_path / "storage"), 0, workers=1, kill_rank=0, kill_after=1)
+    assert (tmp_path / "held").read_text() == "released"
+    step_1 = returned(tmp_path, 1, workers=1)
+    assert step_1 is not None and resumed_from(result) == (1, step_1)
+    assert {"step": 1, "rank": 0} in [m for _, m in result.best_checkpoints]
+    kept_alone(result, tmp_path / "storage" / "run")
+
+
 def test_a_rank_failing_mid_report_leaves_the_round_uncommitted(
     tmp_path: Path, fs: pafs.FileSystem
 ) -> None:

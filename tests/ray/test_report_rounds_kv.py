@@ -23,10 +23,17 @@ WORKERS = ["a0" * 8, "b1" * 8]
 
 
 def reported(
-    run: str, rank: int, index: int, path: str | None, in_background: bool = False
+    run: str,
+    rank: int,
+    index: int,
+    path: str | None,
+    in_background: bool = False,
+    world: int = 2,
 ) -> ReportedRound:
     metrics = {"step": index} if rank == 0 and not in_background else None
-    return ReportedRound(run, WORKERS[rank], rank, index, path, metrics, False, in_background)
+    return ReportedRound(
+        run, WORKERS[rank], rank, world, index, path, metrics, False, in_background
+    )
 
 
 def commit_all(reports: list[ReportedRound]) -> list[bool]:
@@ -107,14 +114,27 @@ def test_a_group_never_opened_waits_for_train(tmp_path: Path) -> None:
     """A controller without the hooks opens nothing: the commit says so (the report
     then waits for Train's own registration)."""
     run = str(tmp_path)
-    assert commit_all([reported(run, 0, 1, "/c/1")]) == [False]
+    assert commit_all([reported(run, 0, 1, "/c/1", world=1)]) == [False]
 
 
 def test_two_runs_keep_their_rounds_apart(tmp_path: Path) -> None:
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     rounds.open_group(one, WORKERS[:1])
     rounds.open_group(two, WORKERS[1:])
-    assert commit_all([reported(one, 0, 1, "/one/1")]) == [True]
+    assert commit_all([reported(one, 0, 1, "/one/1", world=1)]) == [True]
     assert rounds.close_group(two, WORKERS[1:]) is None
-    committed = rounds.close_group(one, WORKERS[:1])
-    assert committed is not None and committed.path == "/one/1"
+    assert rounds.close_group(one, WORKERS[:1]) == CommittedRound(1, "/one/1", {"step": 1}, False)
+
+
+def test_a_group_of_one_commits_without_a_barrier(tmp_path: Path) -> None:
+    """Alone in its group, a rank meets nobody (a barrier that fails here is never
+    called) and notes its metrics with the round; an ``ASYNC`` report notes nothing."""
+    run = str(tmp_path)
+    rounds.open_group(run, WORKERS[:1])
+
+    def nobody() -> None:
+        raise AssertionError("a group of one has no one to meet")
+
+    assert rounds.commit(reported(run, 0, 1, "/c/1", world=1), nobody)
+    assert rounds.commit(reported(run, 0, 2, "/c/2", in_background=True, world=1), nobody)
+    assert rounds.close_group(run, WORKERS[:1]) == CommittedRound(1, "/c/1", {"step": 1}, False)

@@ -117,18 +117,23 @@ def failing_upload(checkpoint: ray.train.Checkpoint, name: str) -> ray.train.Che
 
 
 def fit(
-    out: Path, fs: pafs.FileSystem, storage: str, hold_at: int | None, **loop: Any
+    out: Path,
+    fs: pafs.FileSystem,
+    storage: str,
+    hold_at: int | None,
+    workers: int = 2,
+    **loop: Any,
 ) -> ray.train.Result:
-    """``sharded_loop`` on two workers (the nodes offering ``trainer``), storing into
-    ``fs`` under ``storage`` (run ``run``), one failure allowed; the controller held
-    at step ``hold_at`` (None: never)."""
+    """``sharded_loop`` on ``workers`` workers (the nodes offering ``trainer``),
+    storing into ``fs`` under ``storage`` (run ``run``), one failure allowed; the
+    controller held at step ``hold_at`` (None: never)."""
     (out / "returned").mkdir(parents=True)
     callbacks = [] if hold_at is None else [HoldController(str(out), hold_at)]
     trainer = DataParallelTrainer(
         sharded_loop,
         train_loop_config={"out": str(out), **loop},
         scaling_config=ray.train.ScalingConfig(
-            num_workers=2, resources_per_worker={"CPU": 1, "trainer": 1}
+            num_workers=workers, resources_per_worker={"CPU": 1, "trainer": 1}
         ),
         run_config=ray.train.RunConfig(
             name="run",
@@ -142,10 +147,10 @@ def fit(
     return trainer.fit()
 
 
-def returned(out: Path, step: int) -> dict[str, str] | None:
+def returned(out: Path, step: int, workers: int = 2) -> dict[str, str] | None:
     """The digests of step ``step``'s checkpoint (every rank's shard), if every rank's
     report of it returned in the first attempt."""
-    notes = [out / "returned" / f"{step}-{rank}" for rank in (0, 1)]
+    notes = [out / "returned" / f"{step}-{rank}" for rank in range(workers)]
     if not all(n.exists() for n in notes):
         return None
     return {k: v for n in notes for k, v in json.loads(n.read_text()).items()}

@@ -38,8 +38,17 @@ def test_every_rank_stored_the_one_directory_the_lowest_rank_says_which() -> Non
 def test_only_a_sync_report_that_stored_a_checkpoint_promises_it() -> None:
     """A report promises its checkpoint from its return only if it stored one there:
     not a report of metrics, not an ``ASYNC`` one (stored later)."""
-    stored = ReportedRound("/run", "w0", 0, 4, PATH, {"step": 4}, False)
+    stored = ReportedRound("/run", "w0", 0, 2, 4, PATH, {"step": 4}, False)
     assert stored.promises
-    assert not ReportedRound("/run", "w0", 0, 4, None, {"step": 4}, False).promises
-    assert not ReportedRound("/run", "w0", 0, 4, PATH, None, False, in_background=True).promises
+    assert not ReportedRound("/run", "w0", 0, 2, 4, None, {"step": 4}, False).promises
+    in_background = ReportedRound("/run", "w0", 0, 2, 4, PATH, None, False, in_background=True)
+    assert not in_background.promises
     assert record_of(stored) == RoundRecord(4, 0, PATH, False)
+
+
+def test_rank_0_alone_notes_its_metrics_with_the_round() -> None:
+    """Alone in its group, rank 0 notes its metrics in its record of the round done
+    (nobody else could note the round done before it): they are the round's."""
+    alone = ReportedRound("/run", "w0", 0, 1, 4, PATH, {"step": 4}, False)
+    assert record_of(alone) == RoundRecord(4, 0, PATH, False, {"step": 4})
+    assert newest_committed([record_of(alone)], {}) == CommittedRound(4, PATH, {"step": 4}, False)
