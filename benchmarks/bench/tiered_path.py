@@ -119,16 +119,15 @@ def run_contender(
         durable_s = time.perf_counter() - ended
         seconds: list[float] = ray.get(log.get.remote())
         sent, copied = _sent(contender, fs, sources)
-        restores = _restores(contender, result, fs, root, sources[-1], opts.data_dir)
+        restores, failure = _restores(contender, result, fs, root, sources[-1], opts.data_dir)
     finally:
         ray.kill(log)
         for where in (root, root + "-copies"):
             shutil.rmtree(where, ignore_errors=True)
-    verified = all(r is not None for r in restores.values())
     return {
         "contender": contender,
-        "status": "ok" if verified else "failed",
-        "reason": None if verified else "a restored checkpoint differs from its source",
+        "status": "ok" if failure is None else "failed",
+        "reason": failure,
         "report_s": seconds,
         "report_median_s": statistics.median(seconds) if seconds else None,
         "durable_after_end_s": durable_s,
@@ -157,12 +156,13 @@ def _size(directory: str) -> int:
 
 def _restores(
     contender: str, result: Any, fs: pafs.FileSystem, root: str, source: str, data_dir: str
-) -> dict[str, float | None]:
+) -> tuple[dict[str, float | None], str | None]:
     """Seconds to restore the last checkpoint to a local directory (None: it came back
-    different): from the bucket for Ray's path; from node storage, then from the bucket
-    alone (node storage's copies gone) for ours."""
+    different, or failed): from the bucket for Ray's path; from node storage, then from
+    the bucket alone (node storage's copies gone) for ours; and the first failure."""
     last = result.checkpoint
     out: dict[str, float | None] = {}
+    failure = None
     tiers = ["node storage", "bucket"] if contender in OURS else ["bucket"]
     for tier in tiers:
         if tier == "bucket" and contender in OURS:  # as a new cluster's empty disks:
@@ -174,10 +174,15 @@ def _restores(
             start = time.perf_counter()
             ray.train.Checkpoint(last.path, filesystem=fs).to_directory(target)
             seconds = time.perf_counter() - start
-            out[tier] = seconds if tree_digest(target) == tree_digest(source) else None
+            same = tree_digest(target) == tree_digest(source)
+            out[tier] = seconds if same else None
+            failure = failure or (None if same else f"{tier}: the restore differs")
+        except Exception as e:  # a row that says why, not a run that stops
+            out[tier] = None
+            failure = failure or f"{tier}: {type(e).__name__}: {e}"
         finally:
             shutil.rmtree(target, ignore_errors=True)
-    return out
+    return out, failure
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
