@@ -79,10 +79,6 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("ray._private.services", "canonicalize_bootstrap_address"),
     ("ray._raylet", "InnerGcsClient.standalone"),
     ("ray._private.state", "GlobalState.get_draining_nodes"),
-    (
-        "ray.train.v2._internal.execution.checkpoint.checkpoint_manager",
-        "CheckpointManager.before_init_train_context",
-    ),
 )
 #: Keyword of ``.options()`` that bounds how far a streaming generator runs ahead of
 #: its consumer (Ray's own streaming ``DataIterator`` uses it); not in the public docs.

@@ -25,6 +25,7 @@ from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from tests.support.cluster import node_ids
 from tests.support.replicas import copies_identical
+from tests.support.s3 import S3Server, bucket_server
 from tests.support.train_commit import fit, kept_alone, resumed_from, returned
 from tests.support.train_failures import trainer_cluster
 
@@ -32,6 +33,11 @@ from tests.support.train_failures import trainer_cluster
 @pytest.fixture(scope="module", autouse=True)
 def cluster() -> Iterator[Cluster]:
     yield from trainer_cluster()
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    yield from bucket_server(tmp_path_factory.mktemp("moto"), "runs")
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +114,24 @@ def test_with_replicas_the_committed_round_is_kept_on_every_copy(tmp_path: Path)
         p.split("/")[2] for p, body in stored.items() if p.count("/") == 2 and body is None
     )
     assert on_copies == sorted(Path(c.path).name for c, _ in result.best_checkpoints)
+
+
+def test_with_a_durable_tier_the_registered_round_is_the_one_restored(
+    tmp_path: Path, s3: S3Server
+) -> None:
+    """The same kill into node storage with a durable tier: the restart's checkpoint
+    is chosen among the whole ones (``restore_choice``), and step 1's, registered by
+    the stopping controller and held by node storage whether drained yet or not, is
+    the one restored; the tier then holds it too."""
+    fs = air_transfer.storage_filesystem(
+        root=str(tmp_path / "node"), durable=s3.uri("runs", "commit")
+    )
+    result = fit(tmp_path, fs, str(tmp_path / "node" / "runs"), 0, kill_rank=1, kill_after=1)
+    assert (tmp_path / "held").read_text() == "released"
+    step_1 = returned(tmp_path, 1)
+    assert step_1 is not None and resumed_from(result) == (1, step_1)
+    kept_alone(result, tmp_path / "node" / "runs" / "run")
+    assert {"step": 1, "rank": 0} in [m for _, m in result.best_checkpoints]
+    air_transfer.wait_durable(fs, timeout=120)
+    kept = [air_transfer.storage_state(fs, c.path).tier for c, _ in result.best_checkpoints]
+    assert kept == ["durable"] * len(result.best_checkpoints)
