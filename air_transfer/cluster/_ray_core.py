@@ -108,6 +108,21 @@ def kv_items(namespace: str, prefix: str) -> dict[str, bytes]:
     return out
 
 
+def kv_get(namespace: str, key: str) -> bytes | None:
+    """The value saved by ``kv_put`` under ``key`` in ``namespace``, or None."""
+    from ray.experimental import internal_kv
+
+    value: bytes | None = internal_kv._internal_kv_get(key, namespace=namespace)
+    return value
+
+
+def kv_delete_prefix(namespace: str, prefix: str) -> None:
+    """Remove every key saved by ``kv_put`` in ``namespace`` that starts with ``prefix``."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_del(prefix, del_by_prefix=True, namespace=namespace)
+
+
 def kv_keys(namespace: str, prefix: str) -> list[str]:
     """The keys saved by ``kv_put`` in ``namespace`` that start with ``prefix``."""
     from ray.experimental import internal_kv

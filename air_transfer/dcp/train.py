@@ -296,15 +296,16 @@ def _stateful_to_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
 
 
 def _save_group() -> dist.ProcessGroup | None:
-    """A gloo group for async saves (None without a process group): DCP's
-    collectives on the training group, from another thread, could interleave with
-    the training loop's own and deadlock it. Made once; every rank makes it at its
-    first async report, in step."""
+    """A gloo group for async saves (None without a process group): DCP's collectives
+    on the training group, from another thread, could interleave with the training
+    loop's own and deadlock it. Made once, by every rank at its first async report."""
     global _async_group
     if not (dist.is_available() and dist.is_initialized()):
         return None
     if _async_group is None:
-        _async_group = dist.new_group(backend="gloo")
+        group = dist.new_group(backend="gloo")
+        assert isinstance(group, dist.ProcessGroup)  # every rank is a member
+        _async_group = group
     return _async_group
 
 

@@ -3,12 +3,14 @@
 Every process that makes or receives a ``storage_filesystem()`` (the driver, each
 Train worker, the controller) runs ``install`` once (the handler's ``setup``): Ray
 Train's uploads and restores then go through ``upload_directory`` and
-``download_directory`` (``_ray.install_train_hooks``) rather than pyarrow's
+``download_directory`` (``_ray_hooks.install_train_hooks``) rather than pyarrow's
 file-by-file copy: one chunked transfer, pipelined, written by the verified
-``O_DIRECT`` writer and published whole; ``reclaim_reports`` deletes what a stopped
-round stored; and a (re)started worker group restores the newest checkpoint that is
-whole (``restore_choice.newest_whole``: one the durable tier lost a file of is
-passed over).
+``O_DIRECT`` writer and published whole; a ``SYNC`` report returns once its round
+is committed (``rounds``), without waiting for Train's controller to register it;
+``reclaim_reports`` deletes what a stopped round stored that Train does not track;
+and a (re)started worker group restores the newest checkpoint that is whole
+(``restore_choice.newest_whole``: one the durable tier lost a file of is passed
+over).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import ray
 from ray.train import Checkpoint
 
 from air_transfer.checkpoint import ChunkedCheckpoint
-from air_transfer.cluster import _ray
+from air_transfer.cluster import _ray_hooks
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.core.confine import checked_path, storage_path
 from air_transfer.storage.client import replica_train
@@ -31,6 +33,7 @@ from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.client.restore_choice import newest_whole
 from air_transfer.storage.copy import copy_tree
 from air_transfer.storage.node_api import NodeCheckpoints, NodeDurable, NodeReads
+from air_transfer.train import rounds
 from air_transfer.train.upload import planned, store
 
 logger = logging.getLogger(__name__)
@@ -39,8 +42,8 @@ logger = logging.getLogger(__name__)
 def install() -> None:
     """Route Ray Train's checkpoint copies in this process through the functions
     below (once per process; ``AIR_TRANSFER_TRAIN_HOOKS=0`` leaves Ray untouched)."""
-    _ray.install_train_hooks(upload_directory, download_directory, reclaim_reports)
-    _ray.install_restore_choice(newest_whole)
+    _ray_hooks.install_train_hooks(upload_directory, download_directory, reclaim_reports, rounds)
+    _ray_hooks.install_restore_choice(newest_whole)
 
 
 def upload_directory(

@@ -86,7 +86,11 @@ def disk_used(root: str) -> int:
 
 def report_loop(config: dict[str, Any]) -> None:
     """The training worker: one timed report per source (``config["mode"]``: Ray's
-    upload mode, SYNC by default), each report's blocking time to ``config["log"]``."""
+    upload mode, SYNC by default), each report's blocking time to ``config["log"]``.
+    With ``config["spaced"]``, after each report (off the clock) it waits until Train
+    has registered it, as a loop whose steps between reports outlast the controller's
+    poll finds Train: otherwise a report made before the controller took the last one
+    waits for that poll in Train's queue of one, whatever the storage."""
     mode = ray.train.CheckpointUploadMode[config.get("mode", "SYNC")]
     for i, path in enumerate(config["sources"]):
         os.sync()  # the previous report's writes are not flushed on this one's clock
@@ -98,6 +102,9 @@ def report_loop(config: dict[str, Any]) -> None:
             delete_local_checkpoint_after_upload=False,
         )
         ray.get(config["log"].append.remote(time.perf_counter() - start))
+        if config.get("spaced"):
+            committed = ray.train.CheckpointConsistencyMode.COMMITTED
+            ray.train.get_all_reported_checkpoints(consistency_mode=committed)
 
 
 class TimeLog:

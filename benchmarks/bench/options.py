@@ -74,11 +74,11 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--replicas", type=positive_int, default=1, metavar="K",
-        help="--train: node storage keeps K copies (storage_filesystem(replicas=K); "
-        "at most the cluster's 2 nodes): run once with 1 and once with 2 to compare "
-        "a replicated report's and restore's cost. --readers: the checkpoint is "
-        "stored on K copies (the storage node and K-1 more nodes, no reader on them) "
-        "and read from them",
+        help="--train, --tiered: node storage keeps K copies "
+        "(storage_filesystem(replicas=K); at most the cluster's 2 nodes): run once with "
+        "1 and once with 2 to compare a replicated report's and restore's cost. "
+        "--readers: the checkpoint is stored on K copies (the storage node and K-1 more "
+        "nodes, no reader on them) and read from them",
     )  # fmt: skip
     parser.add_argument(
         "--readers", type=positive_int, default=None, metavar="N",
@@ -124,12 +124,19 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "--tiered", action="store_true",
         help="instead of the contenders, 5 Ray Train reports (90%% of the bytes unchanged) "
         "into S3 (moto's server on this machine) the way Ray does it, SYNC and ASYNC, "
-        "beside node storage with a durable tier on the same endpoint: report blocking "
-        "time, time until durable, bytes sent, restore time from each tier",
+        "beside node storage with a durable tier on the same endpoint, SYNC and ASYNC: "
+        "report blocking time, time until durable, bytes sent, restore time from each "
+        "tier",
     )  # fmt: skip
     parser.add_argument(
         "--tiered-mib", type=positive_int, default=1024, metavar="MiB",
         help="--tiered: the checkpoint's size in MiB (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tiered-back-to-back", action="store_true",
+        help="--tiered: report again at once, not once Train has registered the last "
+        "report (off the clock): a report then also waits for Train's next poll "
+        "to take the last one from its queue of one, on every path",
     )  # fmt: skip
     parser.add_argument(
         "--codec", action="store_true",

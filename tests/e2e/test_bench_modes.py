@@ -149,14 +149,16 @@ def test_dcp_mode_restores_each_rank_its_share_verified(tmp_path: Path) -> None:
 
 
 def test_tiered_mode_reports_into_s3_both_ways_every_restore_verified(tmp_path: Path) -> None:
-    """``--tiered``: Ray's S3 path (SYNC and ASYNC) and node storage with a durable
-    tier, on moto's server started by the bench; every restore verified (ours from
-    node storage and from the bucket alone); ours sends less than Ray's path (the
-    unchanged files are copied inside the bucket)."""
+    """``--tiered --replicas 2``: Ray's S3 path and replicated node storage with a
+    durable tier, each ``SYNC`` and ``ASYNC``, on moto's server started by the bench;
+    every restore verified (ours from node storage and from the bucket alone, every
+    copy emptied first); ours sends less than Ray's path (the unchanged files are
+    copied inside the bucket)."""
     out = tmp_path / "tiered.json"
     cmd = [
         sys.executable, "-m", "benchmarks", "bench", "--tiered", "--tiered-mib", "4",
-        "--json", str(out), "--data-dir", str(tmp_path / "data"), "--num-cpus", "2",
+        "--replicas", "2", "--json", str(out), "--data-dir", str(tmp_path / "data"),
+        "--num-cpus", "2",
     ]  # fmt: skip
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=300, env=child_env(), cwd=REPO_ROOT
@@ -164,13 +166,15 @@ def test_tiered_mode_reports_into_s3_both_ways_every_restore_verified(tmp_path: 
     assert proc.returncode == 0, f"bench failed:\n{proc.stdout}\n{proc.stderr}"
     report = json.loads(out.read_text())
     assert report["mode"] == "tiered"
+    assert report["config"]["replicas"] == 2 and report["config"]["spaced"]
     rows = {r["contender"]: r for r in report["results"]}
-    assert list(rows) == ["ray-s3-sync", "ray-s3-async", "air-tiered"]
+    assert list(rows) == ["ray-s3-sync", "ray-s3-async", "air-tiered", "air-tiered-async"]
     for r in rows.values():
         assert r["status"] == "ok", r
         assert len(r["report_s"]) == 5 and r["report_ratio_to_ray_sync"] is not None
-    assert set(rows["air-tiered"]["restore_s"]) == {"node storage", "bucket"}
-    assert 0 < rows["air-tiered"]["sent_bytes"] < rows["ray-s3-sync"]["sent_bytes"]
+    for ours in ("air-tiered", "air-tiered-async"):
+        assert set(rows[ours]["restore_s"]) == {"node storage", "bucket"}
+        assert 0 < rows[ours]["sent_bytes"] < rows["ray-s3-sync"]["sent_bytes"]
     drain = report["drain"]  # the drain's throughput beside copy_files with threads
     assert drain["drain_mb_s"] > 0 and drain["copy_files_threads_mb_s"] > 0
     assert "x sync" in proc.stdout

@@ -24,14 +24,14 @@ def requirements(extra: str | None = None) -> dict[str, Requirement]:
     return {Requirement(r).name: Requirement(r) for r in raw}
 
 
-def test_the_torch_and_test_extras_take_a_users_torch() -> None:
-    """An exact pin in ``[torch]`` replaced a user's torch (a multi-GB CUDA build); one
-    in ``[test]`` swapped the torch ``[torch]`` had kept. CI installs its CPU build
-    first (``.ci/readme_commands.py``), so that pip never picks the newest."""
-    for extra in ("torch", "test"):
-        torch = requirements(extra)["torch"].specifier
-        assert "2.9" in torch and "2.13.0" in torch and "2.99" in torch, extra
-        assert "3.0" not in torch and "2.8" not in torch, extra
+def test_the_torch_extra_takes_a_users_torch_and_the_test_extra_pins_the_cpu_build() -> None:
+    """An exact pin in ``[torch]`` replaced a user's torch (a multi-GB CUDA build);
+    ``[test]`` pins the one the suite is checked with, whose CPU build the package
+    registry holds: a range there would pull the newest (CUDA) torch."""
+    torch = requirements("torch")["torch"].specifier
+    assert "2.9" in torch and "2.13.0" in torch and "2.99" in torch
+    assert "3.0" not in torch and "2.8" not in torch
+    assert str(requirements("test")["torch"].specifier) == "==2.13.0"
 
 
 def test_ray_is_pinned_to_the_supported_minor_versions() -> None:

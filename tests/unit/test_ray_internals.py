@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import air_transfer
-from air_transfer.cluster import _ray, _ray_core
+from air_transfer.cluster import _ray, _ray_core, _ray_hooks
 from tests.support.procs import REPO_ROOT, child_env
 
 #: The whole package (``_ray``'s own folder, ``cluster/``, is only one of its layers).
@@ -31,9 +31,9 @@ PRIVATE_USE = re.compile(
 )
 
 
-PRIVATE_NAMES = (*_ray.PRIVATE_NAMES, *_ray_core.PRIVATE_NAMES)
+PRIVATE_NAMES = (*_ray.PRIVATE_NAMES, *_ray_core.PRIVATE_NAMES, *_ray_hooks.PRIVATE_NAMES)
 #: The modules that may use Ray's private API.
-OWNERS = ("_ray.py", "_ray_core.py")
+OWNERS = ("_ray.py", "_ray_core.py", "_ray_hooks.py")
 
 
 @pytest.mark.parametrize(
@@ -62,9 +62,10 @@ def test_no_other_module_uses_rays_private_api() -> None:
 
 
 TRAIN_HOOKS = """
+import types
 from ray.train import _checkpoint
 from ray.train.v2._internal.execution import storage
-from air_transfer.cluster import _ray, _ray_core
+from air_transfer.cluster import _ray_hooks
 from ray.train.v2._internal.execution import context
 from ray.train.v2._internal.execution.checkpoint import checkpoint_manager
 def hooked():
@@ -74,14 +75,16 @@ def hooked():
         context.TrainContext.report,
         checkpoint_manager.CheckpointManager.before_worker_group_shutdown,
         checkpoint_manager.CheckpointManager.before_init_train_context,
+        checkpoint_manager.CheckpointManager.after_report,
     )
 before = hooked()
-installed = _ray.install_train_hooks(
+installed = _ray_hooks.install_train_hooks(
     lambda fs, path, ckpt, worker: None,
     lambda fs, path, local: False,
     lambda fs, workers, tracked: None,
+    types.SimpleNamespace(ours=lambda fs: False),
 )
-installed = _ray.install_restore_choice(lambda fs, paths: paths[0]) and installed
+installed = _ray_hooks.install_restore_choice(lambda fs, paths: paths[0]) and installed
 after = hooked()
 changed = [b != a for b, a in zip(before, after)]
 assert all(changed) or not any(changed), changed
