@@ -59,9 +59,9 @@ def silent_port() -> Iterator[int]:
 def test_an_address_that_is_no_ray_gcs_fails_naming_it(silent_port: int) -> None:
     """Something listens there (a dashboard's port, say) but no GCS answers."""
     address = f"127.0.0.1:{silent_port}"
-    done = command("ls", "/mnt/runs", "--address", address, "--connect-timeout", "2")
+    done = command("ls", "/mnt/runs", "--address", address, "--connect-timeout", "1")
     assert done.returncode == 1
-    assert f"(--address 127.0.0.1:{silent_port}) answered as a Ray GCS within 2 s" in done.stderr
+    assert f"(--address 127.0.0.1:{silent_port}) answered as a Ray GCS within 1 s" in done.stderr
     assert "not the dashboard's (8265)" in done.stderr
 
 

@@ -46,11 +46,13 @@ def test_drained_into_s3_bit_identical(s3: S3Server, tmp_path: Path) -> None:
     assert_same(root, target)
 
 
-def _kill_mid_upload(tmp_path: Path, uri: str, started: object) -> Path:
+def _kill_mid_upload(tmp_path: Path, uri: str, started: object, rate: int = MiB) -> Path:
+    """A drain child uploading an 8 MiB file at ``rate`` bytes/s, killed once
+    ``started`` (an S3 multipart upload shows once its first 5 MiB part is full)."""
     root = tmp_path / "root"
     write_file(root / "big.bin", random.Random(2).randbytes(8 * MiB))
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.drain_child", str(root), uri, str(MiB)],
+        [sys.executable, "-m", "tests.support.drain_child", str(root), uri, str(rate)],
         cwd=REPO_ROOT, env=child_env(), stdout=subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -70,7 +72,7 @@ def test_a_drain_killed_mid_upload_leaves_no_object(s3: S3Server, tmp_path: Path
         found = client.list_multipart_uploads(Bucket="ckpts")  # type: ignore[attr-defined]
         return any(u["Key"] == "killed/big.bin" for u in found.get("Uploads", []))
 
-    _kill_mid_upload(tmp_path, s3.uri("ckpts", "killed"), uploading)
+    _kill_mid_upload(tmp_path, s3.uri("ckpts", "killed"), uploading, rate=2 * MiB)
     [info] = target.filesystem.get_file_info([target.path("big.bin")])
     assert info.type == pafs.FileType.NotFound
     assert TierReads(target).listing("", True, set()) is None  # no manifest: nothing
@@ -176,7 +178,7 @@ def test_an_upload_cut_off_mid_way_is_aborted_once_the_endpoint_is_back(
     write_file(root / "big.bin", random.Random(3).randbytes(16 * mib))
     target = DurableTarget.parse((s3.filesystem(attempts=1), "ckpts/cut"))
     settings = DrainSettings(
-        chunk_bytes=mib, bytes_per_s=4 * mib, part_bytes=5 * mib, concurrency=1,
+        chunk_bytes=mib, bytes_per_s=8 * mib, part_bytes=5 * mib, concurrency=1,
         rescan_s=60.0, backoff_s=(0.05, 0.5),
     )  # fmt: skip
     client = s3.client()
