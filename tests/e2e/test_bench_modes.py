@@ -184,10 +184,10 @@ def test_scale_mode_counts_each_nodes_shards_per_round_and_restores_verified(
     tmp_path: Path,
 ) -> None:
     """``--scale --ranks 2``, today's layout: per report round the storage node and
-    the replica node each receive every rank's shard and each rank's node sends its
-    shard twice; after the run both hold the two kept checkpoints' shards and the
-    ranks' nodes none; each rank's restore of its own shard is verified and received
-    once."""
+    the replica node each receive every rank's shard, and each rank's node sends its
+    shard once or twice (the rest is pushed between the copies); after the run both
+    hold the two kept checkpoints' shards and the ranks' nodes none; each rank's
+    restore of its own shard is verified and received once."""
     out = tmp_path / "scale.json"
     cmd = [
         sys.executable, "-m", "benchmarks", "bench", "--scale", "--ranks", "2",
@@ -212,9 +212,14 @@ def test_scale_mode_counts_each_nodes_shards_per_round_and_restores_verified(
         assert nodes[name]["disk_shards"] == approx(4.0, rel=0.02)
         assert nodes[name]["restore_received"] == 0.0
     for name in ("rank0", "rank1"):
-        assert nodes[name]["sent"] == approx([2.0] * 3, rel=0.02), nodes[name]
+        # A rank's shard leaves its node once or twice: the second copy's agent may
+        # pull it from the first copy's node instead (Ray pulls from any holder).
+        assert all(0.98 <= sent <= 2.02 for sent in nodes[name]["sent"]), nodes[name]
         assert (nodes[name]["disk_shards"], nodes[name]["own_shard_files"]) == (0.0, 0)
         assert nodes[name]["restore_received"] == approx(1.0, rel=0.02)
+    for r in range(3):  # every byte received was pushed by some node in the same round
+        sent = sum(n["sent"][r] for n in nodes.values())
+        assert sent == approx(4.0, rel=0.02), nodes
     assert row["copies_x"] == approx(2.0, rel=0.02) and len(row["round_s"]) == 3
     assert len(row["restore_s"]) == 2 and row["round_median_s"] > 0
     assert "recv/round" in proc.stdout and "copies_x" in proc.stdout
