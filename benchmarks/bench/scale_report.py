@@ -18,6 +18,7 @@ SCALE_METRICS = {
     "own_shard_files": "per rank's node: copies of that rank's shard under its own root",
     "restore_received": "per node: bytes its raylet received while every rank restored "
     "its own shard of the latest checkpoint at once, in shards",
+    "restore_sent": "per node: bytes its raylet pushed meanwhile, in shards",
     "round_s": "per round: from the first rank's ray.train.report call to the last "
     "rank's return (SYNC: stored on every copy and committed)",
     "copies_x": "all nodes' disk bytes / the kept shards' bytes (num_to_keep x ranks)",
@@ -102,7 +103,7 @@ def format_scale_table(results: list[dict[str, Any]]) -> str:
     median round, every copy against the kept shards, verified or why not."""
     header = [
         "placement", "ranks", "node", "recv/round", "sent/round", "disk", "own_shards",
-        "restore_recv", "round_s", "restore_s", "copies_x", "verified",
+        "restore_recv", "restore_sent", "round_s", "restore_s", "copies_x", "verified",
     ]  # fmt: skip
     rows: list[list[str]] = []
     notes: list[str] = []
@@ -113,13 +114,14 @@ def format_scale_table(results: list[dict[str, Any]]) -> str:
             rows.append([
                 *where, name, num(n["received_per_round"], 2), num(n["sent_per_round"], 2),
                 num(n["disk_shards"], 2), own, num(n["restore_received"], 2),
-                "", "", "", "",
+                num(n["restore_sent"], 2), "", "", "", "",
             ])  # fmt: skip
         nodes = r["nodes"].values()
         rows.append([
             *where, "all", num(sum(n["received_per_round"] for n in nodes), 2),
             num(sum(n["sent_per_round"] for n in nodes), 2), num(r["disk_shards"], 2), "",
-            num(sum(n["restore_received"] for n in nodes), 2), num(r["round_median_s"]),
+            num(sum(n["restore_received"] for n in nodes), 2),
+            num(sum(n["restore_sent"] for n in nodes), 2), num(r["round_median_s"]),
             num(r["restore_max_s"]), num(r["copies_x"], 2), "yes" if r["verified"] else "no",
         ])  # fmt: skip
         if r["reason"]:

@@ -73,7 +73,7 @@ def test_a_runs_figures_are_shards_per_round_and_copies_against_the_kept_shards(
     assert lines[0].split()[:3] == ["placement", "ranks", "node"]
     assert [line.split()[2] for line in lines[2:]] == ["storage", "replica", "rank0", "all"]
     assert lines[-1].split()[3:] == [
-        "8.00", "2.00", "16.00", "1.00", "2.000", "0.700", "2.00", "yes",
+        "8.00", "2.00", "16.00", "1.00", "2.00", "2.000", "0.700", "2.00", "yes",
     ]  # fmt: skip
 
 
