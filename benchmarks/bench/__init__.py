@@ -63,7 +63,9 @@ incremental node storage; see ``bench.incremental_path``) and ``--call``
 (``to_object_ref_async``'s call alone, at sizes a round trip here cannot reach: a
 sparse file of each ``--sizes`` and 20,000 small files; see ``bench.call_path``) and
 ``--codec`` (the durable tier's codec on real trained weights, no Ray; see
-``bench.codec_path``).
+``bench.codec_path``) and ``--scale`` (N ranks on N nodes storing one shard each per
+Train report round into replicated node storage: bytes per node per round, disks,
+restore; see ``bench.scale_path``).
 """
 
 from __future__ import annotations
