@@ -63,7 +63,9 @@ incremental node storage; see ``bench.incremental_path``) and ``--call``
 (``to_object_ref_async``'s call alone, at sizes a round trip here cannot reach: a
 sparse file of each ``--sizes`` and 20,000 small files; see ``bench.call_path``) and
 ``--codec`` (the durable tier's codec on real trained weights, no Ray; see
-``bench.codec_path``).
+``bench.codec_path``) and ``--scale`` (N ranks on N nodes storing one shard each per
+Train report round into replicated node storage: bytes per node per round, disks,
+restore; see ``bench.scale_path``).
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ from benchmarks.bench.report import (
     write_plot,
 )
 from benchmarks.bench.runner import prepare, progress, run_layout
+from benchmarks.bench.scale_path import run_scale
+from benchmarks.bench.scale_report import format_scale_table
 from benchmarks.bench.session import drop_caches, machine_info, ray_session
 from benchmarks.bench.tiered_path import format_tiered_table, run_tiered
 from benchmarks.bench.train_path import run_train
@@ -130,6 +134,7 @@ __all__ = [
     "run_dcp",
     "run_incremental",
     "run_readers",
+    "run_scale",
     "run_tiered",
     "run_train",
     "skip_reason",
@@ -188,22 +193,27 @@ def main(opts: argparse.Namespace) -> int:
             progress(str(e))
             return 2
     separate = (opts.train, opts.readers, opts.dcp, opts.incremental, opts.call, opts.tiered,
-                opts.codec)  # fmt: skip
+                opts.codec, opts.scale)  # fmt: skip
     if sum(map(bool, separate)) > 1:
-        progress("--train, --readers, --dcp, --incremental, --call, --tiered and --codec are "
-                 "separate runs: give one")  # fmt: skip
+        progress("--train, --readers, --dcp, --incremental, --call, --tiered, --codec and "
+                 "--scale are separate runs: give one")  # fmt: skip
         return 2
     if any(separate) and (opts.contenders or opts.cross_node):
         progress("--contenders and --cross-node do not apply to --train, --readers, --dcp, "
-                 "--incremental, --call, --tiered or --codec")  # fmt: skip
+                 "--incremental, --call, --tiered, --codec or --scale")  # fmt: skip
         return 2
-    if (opts.dcp or opts.incremental or opts.call or opts.tiered or opts.codec) and opts.plot:
-        progress("--plot does not apply to --dcp, --incremental, --call, --tiered or --codec")
+    plotless = opts.dcp or opts.incremental or opts.call or opts.tiered or opts.codec or opts.scale
+    if plotless and opts.plot:
+        progress("--plot does not apply to --dcp, --incremental, --call, --tiered, --codec "
+                 "or --scale")  # fmt: skip
         return 2
     if (opts.codec_model or opts.codec_level != 1) and not opts.codec:
         progress("--codec-model and --codec-level apply only to --codec")
         return 2
-    if opts.codec:
+    if opts.scale:
+        report = run_scale(opts)
+        print(format_scale_table(report["results"]))
+    elif opts.codec:
         report = run_codec(opts)
         print(format_codec_table(report["results"]))
     elif opts.tiered:

@@ -139,6 +139,34 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "to take the last one from its queue of one, on every path",
     )  # fmt: skip
     parser.add_argument(
+        "--scale", action="store_true",
+        help="instead of the contenders, N ranks on N worker nodes (plus a storage node "
+        "and a replica node; one mock cluster per N) each storing one shard per Ray "
+        "Train report round into node storage with replicas=2, num_to_keep=2: bytes "
+        "each node's raylet received and sent per round and each node's disk after, "
+        "in shards, time per round, and the bytes per node of a restore of the latest "
+        "checkpoint (each rank its own shard)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ranks", nargs="+", type=positive_int, default=[2, 4, 6], metavar="N",
+        help="--scale: the rank counts, one cluster each (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--placement", nargs="+", choices=["storage", "writer"], default=["storage", "writer"],
+        help="--scale: where the copies go: 'storage' today's layout (the storage node "
+        "and the replica node), 'writer' storage_filesystem(placement='writer'), "
+        "measured only where the installed storage_filesystem has it "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--scale-mib", type=positive_int, default=48, metavar="MiB",
+        help="--scale: each rank's shard in MiB (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--scale-rounds", type=positive_int, default=3, metavar="R",
+        help="--scale: report rounds per run (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
         "--codec", action="store_true",
         help="instead of the contenders, the durable tier's codec (bytegroup-zstd) "
         "beside plain zstd on real trained weights in fp32, bf16 and fp16, chunk by "

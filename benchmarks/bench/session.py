@@ -12,7 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import psutil
@@ -46,6 +46,7 @@ def ray_session(
     log_to_driver: bool = False,
     retry_store_bytes: int | None = None,
     system_config: dict[str, Any] | None = None,
+    node_resources: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Iterator[str]:
     """An embedded Ray for the run: one local node, or with ``cross_node`` a
     ``ray.cluster_utils.Cluster`` on this machine with one node per name in
@@ -54,7 +55,9 @@ def ray_session(
     already initialized Ray (single node only) is reused and left running. The
     workers' output reaches the driver only with ``log_to_driver`` (``--progress``:
     their bars travel in it). ``system_config``: Ray system settings of the cluster
-    (with ``cross_node``), beside ``PLASMA_CONFIG``.
+    (with ``cross_node``), beside ``PLASMA_CONFIG``. ``node_resources``: more custom
+    resources of a node, by its name (one several nodes share, to place one Train
+    worker on each of them).
 
     Should Ray fail to start, what the failed start left running is stopped and Ray
     is started once more with a smaller store (``retry_store_bytes``, by default
@@ -69,7 +72,9 @@ def ray_session(
     how = f"{len(nodes)}-node cluster" if cross_node else "local Ray"
     retry = retry_store_bytes or retry_store_size(store_bytes)
     try:
-        cluster = _start_ray(cross_node, num_cpus, store_bytes, nodes, log_to_driver, system_config)
+        cluster = _start_ray(
+            cross_node, num_cpus, store_bytes, nodes, log_to_driver, system_config, node_resources
+        )
     except Exception as e:
         if retry is None:
             raise
@@ -79,7 +84,9 @@ def ray_session(
             file=sys.stderr,
             flush=True,
         )
-        cluster = _start_ray(cross_node, num_cpus, retry, nodes, log_to_driver, system_config)
+        cluster = _start_ray(
+            cross_node, num_cpus, retry, nodes, log_to_driver, system_config, node_resources
+        )
         how += f", started again with a {retry / GB:.2f} GB store after a failed start"
     try:
         yield how
@@ -103,13 +110,14 @@ def _start_ray(
     nodes: Sequence[str],
     log_to_driver: bool,
     system_config: dict[str, Any] | None = None,
+    node_resources: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Any:
     """Start Ray (see ``ray_session``) and connect to it; returns the cluster, if any.
     A start that fails leaves nothing running."""
     started = _children()
     try:
         return _start_and_connect(
-            cross_node, num_cpus, store_bytes, nodes, log_to_driver, system_config
+            cross_node, num_cpus, store_bytes, nodes, log_to_driver, system_config, node_resources
         )
     except BaseException:
         _stop_failed_start(started)
@@ -123,6 +131,7 @@ def _start_and_connect(
     nodes: Sequence[str],
     log_to_driver: bool,
     system_config: dict[str, Any] | None = None,
+    node_resources: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Any:
     quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": log_to_driver}
     if not cross_node:
@@ -139,18 +148,19 @@ def _start_and_connect(
     from ray.cluster_utils import Cluster
 
     node: dict[str, Any] = {"num_cpus": num_cpus, "object_store_memory": store_bytes}
+    extra = node_resources or {}
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
             **node,
-            "resources": {nodes[0]: 1},
+            "resources": {nodes[0]: 1, **extra.get(nodes[0], {})},
             "include_dashboard": False,
             "_system_config": {**PLASMA_CONFIG, **(system_config or {})},
         },
     )
     try:
         for name in nodes[1:]:
-            cluster.add_node(**node, resources={name: 1})
+            cluster.add_node(**node, resources={name: 1, **extra.get(name, {})})
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, **quiet)
     except BaseException:

@@ -1,6 +1,6 @@
 """The bench's other modes as smoke runs (each in a subprocess, with its own Ray):
-``--train``, ``--readers``, ``--dcp`` and ``--tiered``, every transfer verified, no
-timing asserted."""
+``--train``, ``--readers``, ``--dcp``, ``--tiered`` and ``--scale``, every transfer
+verified, no timing asserted."""
 
 from __future__ import annotations
 
@@ -178,3 +178,48 @@ def test_tiered_mode_reports_into_s3_both_ways_every_restore_verified(tmp_path: 
     drain = report["drain"]  # the drain's throughput beside copy_files with threads
     assert drain["drain_mb_s"] > 0 and drain["copy_files_threads_mb_s"] > 0
     assert "x sync" in proc.stdout
+
+
+def test_scale_mode_counts_each_nodes_shards_per_round_and_restores_verified(
+    tmp_path: Path,
+) -> None:
+    """``--scale --ranks 2``, today's layout: per report round the storage node and
+    the replica node each receive every rank's shard, and each rank's node sends its
+    shard once or twice (the rest is pushed between the copies); after the run both
+    hold the two kept checkpoints' shards and the ranks' nodes none; each rank's
+    restore of its own shard is verified and received once."""
+    out = tmp_path / "scale.json"
+    cmd = [
+        sys.executable, "-m", "benchmarks", "bench", "--scale", "--ranks", "2",
+        "--placement", "storage", "--scale-mib", "2", "--scale-rounds", "3",
+        "--json", str(out), "--data-dir", str(tmp_path / "data"), "--num-cpus", "2",
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env=child_env(), cwd=REPO_ROOT
+    )
+    assert proc.returncode == 0, f"bench failed:\n{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    assert report["mode"] == "scale" and report["config"]["num_to_keep"] == 2
+    [row] = report["results"]
+    assert (row["placement"], row["ranks"], row["status"], row["verified"]) == (
+        "storage", 2, "ok", True,
+    )  # fmt: skip
+    nodes = row["nodes"]
+    assert list(nodes) == ["storage", "replica", "rank0", "rank1"]
+    approx = pytest.approx
+    for name in ("storage", "replica"):
+        assert nodes[name]["received"] == approx([2.0] * 3, rel=0.02), nodes[name]
+        assert nodes[name]["disk_shards"] == approx(4.0, rel=0.02)
+        assert nodes[name]["restore_received"] == 0.0
+    for name in ("rank0", "rank1"):
+        # A rank's shard leaves its node once or twice: the second copy's agent may
+        # pull it from the first copy's node instead (Ray pulls from any holder).
+        assert all(0.98 <= sent <= 2.02 for sent in nodes[name]["sent"]), nodes[name]
+        assert (nodes[name]["disk_shards"], nodes[name]["own_shard_files"]) == (0.0, 0)
+        assert nodes[name]["restore_received"] == approx(1.0, rel=0.02)
+    for r in range(3):  # every byte received was pushed by some node in the same round
+        sent = sum(n["sent"][r] for n in nodes.values())
+        assert sent == approx(4.0, rel=0.02), nodes
+    assert row["copies_x"] == approx(2.0, rel=0.02) and len(row["round_s"]) == 3
+    assert len(row["restore_s"]) == 2 and row["round_median_s"] > 0
+    assert "recv/round" in proc.stdout and "copies_x" in proc.stdout

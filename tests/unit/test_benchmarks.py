@@ -132,7 +132,8 @@ def test_help_explains_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
         "--contenders", "--chunk-mib", "--window", "--cross-node", "--data-dir", "--clean",
         "--json", "--plot", "--no-warmup", "--drop-caches", "--num-cpus", "--object-store-mb",
         "--no-prefault", "--memory-margin-gb", "--no-direct-io", "--train", "--readers",
-        "--dcp", "--dcp-mib",
+        "--dcp", "--dcp-mib", "--scale", "--ranks", "--placement", "--scale-mib",
+        "--scale-rounds",
     ):  # fmt: skip
         assert flag in text
 
