@@ -8,6 +8,7 @@ invariant fails at import, not deep inside a transfer. Plain Python.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 MiB = 1024 * 1024
@@ -93,18 +94,7 @@ class Knobs:
     upload_reap_s: float = 2.0
 
     def __post_init__(self) -> None:
-        for name in (
-            "read_buffer_bytes",
-            "max_fetch_threads",
-            "agent_max_concurrency",
-            "pack_threads",
-            "relay_threads",
-            "single_chunk_tasks",
-            "pack_task_bytes",
-            "mapped_chunk_min_bytes",
-            "storage_read_chunk_bytes",
-            "pack_ring_buffers",
-        ):
+        for name in _COUNTS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"knob {name} must be a positive int, got {value!r}")
@@ -113,30 +103,42 @@ class Knobs:
                 "knob pack_ring_buffers must be >= 3: the reader fills one buffer while "
                 "one waits in the hand-off and the caller holds one"
             )
-        if not 0 < self.lease_poll_s <= 60:
-            raise ValueError(f"knob lease_poll_s must be in (0, 60], got {self.lease_poll_s!r}")
-        if not 0 < self.upload_reap_s <= 600:
-            raise ValueError(f"knob upload_reap_s must be in (0, 600], got {self.upload_reap_s!r}")
-        if not 0 < self.relay_poll_s <= 60:
-            raise ValueError(f"knob relay_poll_s must be in (0, 60], got {self.relay_poll_s!r}")
-        if not 0 < self.lease_break_poll_s <= 5:
-            raise ValueError(
-                f"knob lease_break_poll_s must be in (0, 5], got {self.lease_break_poll_s!r}"
-            )
-        if not 0 < self.session_poll_s <= 10:
-            raise ValueError(f"knob session_poll_s must be in (0, 10], got {self.session_poll_s!r}")
-        for name in ("read_cache_idle_s", "read_lease_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"knob {name} must be > 0, got {getattr(self, name)!r}")
-        if not 0 < self.stream_above_store_fraction <= 1:
-            raise ValueError(
-                "knob stream_above_store_fraction must be in (0, 1], got "
-                f"{self.stream_above_store_fraction!r}"
-            )
+        for name, high in _POSITIVE_UP_TO.items():
+            value = getattr(self, name)
+            if not 0 < value <= high:
+                within = "> 0" if high == math.inf else f"in (0, {high:g}]"
+                raise ValueError(f"knob {name} must be {within}, got {value!r}")
         if not 0 <= self.progress_delay_s < 3600:
             raise ValueError(
                 f"knob progress_delay_s must be in [0, 3600), got {self.progress_delay_s!r}"
             )
+
+
+#: The knobs that count (threads, bytes, chunks, buffers): positive ints.
+_COUNTS = (
+    "read_buffer_bytes",
+    "max_fetch_threads",
+    "agent_max_concurrency",
+    "pack_threads",
+    "relay_threads",
+    "single_chunk_tasks",
+    "pack_task_bytes",
+    "mapped_chunk_min_bytes",
+    "storage_read_chunk_bytes",
+    "pack_ring_buffers",
+)
+#: The knobs of time and share, each above 0 and at most its bound: a poll or a wait
+#: an edit stretched to hours would look like a hang.
+_POSITIVE_UP_TO = {
+    "lease_poll_s": 60.0,
+    "upload_reap_s": 600.0,
+    "relay_poll_s": 60.0,
+    "lease_break_poll_s": 5.0,
+    "session_poll_s": 10.0,
+    "read_cache_idle_s": math.inf,
+    "read_lease_s": math.inf,
+    "stream_above_store_fraction": 1.0,
+}
 
 
 KNOBS = Knobs()
