@@ -14,7 +14,7 @@ import inspect
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol
 
 import ray
 
@@ -61,7 +61,24 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
 
 #: Set to 0 to keep Ray Train's own pyarrow copies for node storage (see below).
 TRAIN_HOOKS_ENV = environ.TRAIN_HOOKS
-_train_hooks_installed = False
+P = ParamSpec("P")
+
+
+def _install_once(install: Callable[P, bool]) -> Callable[P, bool]:
+    """Run the hook installer ``install`` once per process: True if it installed its
+    hooks now or before; False, without running it, with ``AIR_TRANSFER_TRAIN_HOOKS=0``
+    (Ray left untouched), or if it did not install them (a Ray without its names)."""
+    installed = False
+
+    @functools.wraps(install)
+    def once(*args: P.args, **kwargs: P.kwargs) -> bool:
+        nonlocal installed
+        if not installed and os.environ.get(TRAIN_HOOKS_ENV, "1") != "0":
+            installed = install(*args, **kwargs)
+        return installed
+
+    return once
+
 
 #: ``upload(filesystem, checkpoint_path, checkpoint, worker)``: the persisted
 #: checkpoint, or None to let Ray Train copy it itself. ``worker``: the reporting
@@ -94,6 +111,7 @@ class Rounds(Protocol):
         """Train stops the group; the newest round it committed."""
 
 
+@_install_once
 def install_train_hooks(
     upload: Upload, download: Download, reclaim: Reclaim, rounds: Rounds
 ) -> bool:
@@ -128,11 +146,6 @@ def install_train_hooks(
     Setting ``AIR_TRANSFER_TRAIN_HOOKS=0`` leaves Ray untouched. A Ray without these
     names (pinned by a test) keeps its own copies, and that is logged once.
     """
-    global _train_hooks_installed
-    if _train_hooks_installed:
-        return True
-    if os.environ.get(TRAIN_HOOKS_ENV, "1") == "0":
-        return False
     try:
         from ray.train import _checkpoint as checkpoint_module
         from ray.train.collective import barrier
@@ -264,7 +277,6 @@ def install_train_hooks(
     manager.CheckpointManager.before_worker_group_shutdown = before_worker_group_shutdown
     manager.CheckpointManager.before_init_train_context = before_init_train_context
     manager.CheckpointManager.after_report = after_report
-    _train_hooks_installed = True
     logger.debug("air-transfer: Ray Train's checkpoint copies go through node storage")
     return True
 
@@ -293,9 +305,9 @@ def _register(manager: Any, newest: CommittedRound, filesystem: pafs.FileSystem)
 #: ``choose(filesystem, paths)``: which of a run's checkpoints (paths of
 #: ``filesystem``, newest first) a restart restores.
 Choose = Callable[["pafs.FileSystem", list[str]], "str | None"]
-_restore_choice_installed = False
 
 
+@_install_once
 def install_restore_choice(choose: Choose) -> bool:
     """Have Ray Train's controller ask ``choose`` which checkpoint a (re)started worker
     group restores, rather than take the latest one it registered (once per process;
@@ -304,11 +316,6 @@ def install_restore_choice(choose: Choose) -> bool:
     offering the run's checkpoints newest first (by report). Off with
     ``AIR_TRANSFER_TRAIN_HOOKS=0``, like the other hooks; a Ray without these names
     keeps its own choice, and that is logged once."""
-    global _restore_choice_installed
-    if _restore_choice_installed:
-        return True
-    if os.environ.get(TRAIN_HOOKS_ENV, "1") == "0":
-        return False
     try:
         from ray.train.v2._internal.execution.checkpoint import (
             checkpoint_manager as manager_module,
@@ -345,5 +352,4 @@ def install_restore_choice(choose: Choose) -> bool:
         return args
 
     manager.CheckpointManager.before_init_train_context = before_init_train_context
-    _restore_choice_installed = True
     return True
