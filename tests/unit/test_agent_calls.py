@@ -18,6 +18,7 @@ from air_transfer.cluster.rpc import Services, declared_calls, group_of, in_grou
 from air_transfer.cluster.transfer_leases import HeldTransfers
 from air_transfer.storage.node_api import (
     NodeCheckpoints,
+    NodeCopies,
     NodeDurable,
     NodeFiles,
     NodeIndexedUploads,
@@ -29,6 +30,7 @@ from air_transfer.storage.server.drain.tiered import TieredDisk
 from air_transfer.storage.server.node_service import NodeStorageService
 from air_transfer.storage.server.replica_registry import ReplicaRegistry
 from air_transfer.storage.server.stream_uploads import StreamUploads
+from air_transfer.storage.server.uploads import DiskUploads
 from air_transfer.transfer.node_owned import NodeOwnedCalls, NodeOwnedTransfers
 from air_transfer.transfer.packing_service import PackingCalls, PackingService
 from air_transfer.transfer.relay import RelayCalls, Relays
@@ -40,7 +42,8 @@ WRITTEN_BY = [
     (NodeOwnedCalls, NodeOwnedTransfers),
     (PackingCalls, PackingService),
     (RelayCalls, Relays),
-    (NodeFiles, NodeStorageService),
+    (NodeFiles, DiskUploads),
+    (NodeCopies, NodeStorageService),
     (NodeReads, NodeStorageService),
     (NodeCheckpoints, NodeStorageService),
     (NodeMetadata, TieredDisk),
@@ -126,7 +129,7 @@ def test_a_method_no_protocol_declares_is_not_served() -> None:
 def test_the_agent_serves_only_what_its_protocols_declare() -> None:
     """Node storage's counters and cache, the agent's own plumbing: not calls."""
     hosted = [NodeAgent, PackingService, Relays, NodeOwnedTransfers, NodeStorageService]
-    hosted += [TieredDisk, StreamUploads]
+    hosted += [DiskUploads, TieredDisk, StreamUploads]
     served = {name for cls in hosted for name, _ in declared_calls(cls)}
     assert {"counters", "clear_cache", "call", "call_streaming", "touch"}.isdisjoint(served)
     assert {"read_counters", "waiting", "leases", "fs_info", "fs_commit_indexed"} <= served
