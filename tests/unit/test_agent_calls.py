@@ -14,7 +14,7 @@ import pytest
 from air_transfer.agent import NodeAgent
 from air_transfer.cluster.agent_client import AgentSelf
 from air_transfer.cluster.nodes import HANDOVER_GROUP, PACK_GROUP, RELAY_GROUP
-from air_transfer.cluster.rpc import Services, declared_calls, group_of, in_group
+from air_transfer.cluster.rpc import Services, declared_calls, group_of, in_group, served
 from air_transfer.cluster.transfer_leases import HeldTransfers
 from air_transfer.storage.node_api import (
     NodeCheckpoints,
@@ -31,17 +31,14 @@ from air_transfer.storage.server.node_service import NodeStorageService
 from air_transfer.storage.server.replica_registry import ReplicaRegistry
 from air_transfer.storage.server.stream_uploads import StreamUploads
 from air_transfer.storage.server.uploads import DiskUploads
-from air_transfer.transfer.node_owned import NodeOwnedCalls, NodeOwnedTransfers
-from air_transfer.transfer.packing_service import PackingCalls, PackingService
-from air_transfer.transfer.relay import RelayCalls, Relays
+from air_transfer.transfer.node_owned import NodeOwnedTransfers
+from air_transfer.transfer.packing_service import PackingService
+from air_transfer.transfer.relay import Relays
 
 #: Each Protocol callers name, and the class that answers it in the actor.
 WRITTEN_BY = [
     (AgentSelf, NodeAgent),
     (HeldTransfers, NodeOwnedTransfers),
-    (NodeOwnedCalls, NodeOwnedTransfers),
-    (PackingCalls, PackingService),
-    (RelayCalls, Relays),
     (NodeFiles, DiskUploads),
     (NodeCopies, NodeStorageService),
     (NodeReads, NodeStorageService),
@@ -78,10 +75,10 @@ def test_the_packing_and_relay_calls_run_in_their_groups() -> None:
         "checksum_stored",
         "pack_stream",
     ):
-        assert group_of(getattr(PackingCalls, name)) == PACK_GROUP, name
-    assert group_of(PackingCalls.packed) is None
-    assert group_of(RelayCalls.take) == RELAY_GROUP
-    assert group_of(RelayCalls.give) == HANDOVER_GROUP
+        assert group_of(getattr(PackingService, name)) == PACK_GROUP, name
+    assert group_of(PackingService.packed) is None
+    assert group_of(Relays.take) == RELAY_GROUP
+    assert group_of(Relays.give) == HANDOVER_GROUP
 
 
 class _Api(Protocol):
@@ -117,6 +114,25 @@ def test_a_call_runs_on_the_service_whose_protocol_declares_it() -> None:
     assert services.call(_OtherApi.double, 4) == 4  # same name, another service
     assert list(services.stream(_Api.lines, 2)) == ["line", "line"]
     assert group_of(_Api.lines) == "g"
+
+
+class _Counter:
+    """A service whose callers may import it: its calls are its methods marked served."""
+
+    @served
+    def next(self, n: int) -> int:
+        return n + 1
+
+    def undeclared(self) -> int:
+        return 0
+
+
+def test_a_services_own_method_marked_served_is_a_call() -> None:
+    services = Services(_Counter())
+    assert services.call(_Counter.next, 1) == 2
+    assert [name for name, _ in declared_calls(_Counter)] == ["next"]
+    with pytest.raises(TypeError, match="serves"):
+        services.call(_Counter.undeclared)
 
 
 def test_a_method_no_protocol_declares_is_not_served() -> None:
