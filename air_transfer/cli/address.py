@@ -16,7 +16,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from air_transfer.core.node_names import is_node_name
+from air_transfer.core.node_names import check_node_name
 
 SCHEME = "node://"
 NODE_FORMS = "'head', a Ray node id (56 hex digits, from `ray list nodes`) or a node's IP address"
@@ -46,13 +46,6 @@ class OtherPath:
 
     def __str__(self) -> str:
         return self.text
-
-
-def check_node(node: str) -> str:
-    """``node`` if it is written as a node can be named, else ValueError."""
-    if is_node_name(node):
-        return node
-    raise ValueError(f"a node is {NODE_FORMS}; got {node!r}")
 
 
 def parse_location(text: str) -> NodePath | OtherPath:
@@ -85,7 +78,7 @@ def parse_node_path(text: str) -> NodePath:
         node, path = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
     if not path.startswith("/"):
         raise ValueError(f"{text!r}: node storage is node://NODE/ABSOLUTE/PATH")
-    return NodePath(check_node(node) if node else None, _normal(path))
+    return NodePath(check_node_name(node, NODE_FORMS) if node else None, _normal(path))
 
 
 def _normal(path: str) -> str:

@@ -14,7 +14,7 @@ import inspect
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol
 
 import ray
 
@@ -61,7 +61,35 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
 
 #: Set to 0 to keep Ray Train's own pyarrow copies for node storage (see below).
 TRAIN_HOOKS_ENV = environ.TRAIN_HOOKS
-_train_hooks_installed = False
+P = ParamSpec("P")
+
+
+def _install_once(without: str) -> Callable[[Callable[P, None]], Callable[P, bool]]:
+    """Run the decorated hook installer once per process: True if it installed its
+    hooks now or before; False, without running it, with ``AIR_TRANSFER_TRAIN_HOOKS=0``
+    (Ray left untouched), or where this Ray lacks a private name it takes (an
+    ImportError or AttributeError: logged, with ``without``, what Ray does then)."""
+
+    def guard(install: Callable[P, None]) -> Callable[P, bool]:
+        installed = False
+
+        @functools.wraps(install)
+        def once(*args: P.args, **kwargs: P.kwargs) -> bool:
+            nonlocal installed
+            if installed or os.environ.get(TRAIN_HOOKS_ENV, "1") == "0":
+                return installed
+            try:
+                install(*args, **kwargs)
+            except (ImportError, AttributeError) as e:
+                logger.warning("air-transfer: %s (%s)", without, e)
+                return False
+            installed = True
+            return True
+
+        return once
+
+    return guard
+
 
 #: ``upload(filesystem, checkpoint_path, checkpoint, worker)``: the persisted
 #: checkpoint, or None to let Ray Train copy it itself. ``worker``: the reporting
@@ -94,9 +122,13 @@ class Rounds(Protocol):
         """Train stops the group; the newest round it committed."""
 
 
+@_install_once(
+    "Ray Train's checkpoint copies cannot be routed through node storage's chunked "
+    "transfers; Ray's own copies are used"
+)
 def install_train_hooks(
     upload: Upload, download: Download, reclaim: Reclaim, rounds: Rounds
-) -> bool:
+) -> None:
     """Route Ray Train's checkpoint copies through ``upload`` and ``download``, commit
     ``SYNC`` reports through ``rounds``, and tell ``reclaim`` when a worker group stops
     (once per process; True if installed now or before).
@@ -128,45 +160,27 @@ def install_train_hooks(
     Setting ``AIR_TRANSFER_TRAIN_HOOKS=0`` leaves Ray untouched. A Ray without these
     names (pinned by a test) keeps its own copies, and that is logged once.
     """
-    global _train_hooks_installed
-    if _train_hooks_installed:
-        return True
-    if os.environ.get(TRAIN_HOOKS_ENV, "1") == "0":
-        return False
-    try:
-        from ray.train import _checkpoint as checkpoint_module
-        from ray.train.collective import barrier
-        from ray.train.v2._internal.execution import context as context_module
-        from ray.train.v2._internal.execution import storage as storage_module
-        from ray.train.v2._internal.execution.checkpoint import (
-            checkpoint_manager as manager_module,
-        )
-        from ray.train.v2.api.report_config import (
-            CheckpointConsistencyMode,
-            CheckpointUploadMode,
-        )
+    from ray.train import _checkpoint as checkpoint_module
+    from ray.train.collective import barrier
+    from ray.train.v2._internal.execution import context as context_module
+    from ray.train.v2._internal.execution import storage as storage_module
+    from ray.train.v2._internal.execution.checkpoint import checkpoint_manager as manager_module
+    from ray.train.v2.api.report_config import CheckpointConsistencyMode, CheckpointUploadMode
 
-        # Private names, untyped on purpose.
-        storage: Any = storage_module
-        _checkpoint: Any = checkpoint_module
-        context: Any = context_module
-        manager: Any = manager_module
-        original_persist = storage.StorageContext.persist_current_checkpoint
-        original_download = _checkpoint._download_from_fs_path
-        original_report = context.TrainContext.report
-        original_stop = manager.CheckpointManager.before_worker_group_shutdown
-        original_start = manager.CheckpointManager.before_init_train_context
-        report_signature = inspect.signature(original_report)
-        committed = CheckpointConsistencyMode.COMMITTED
-        asynchronous = CheckpointUploadMode.ASYNC
-        original_after_report = manager.CheckpointManager.after_report
-    except (ImportError, AttributeError) as e:
-        logger.warning(
-            "air-transfer: Ray Train's checkpoint copies cannot be routed through "
-            "node storage's chunked transfers (%s); Ray's own copies are used",
-            e,
-        )
-        return False
+    # Private names, untyped on purpose.
+    storage: Any = storage_module
+    _checkpoint: Any = checkpoint_module
+    context: Any = context_module
+    manager: Any = manager_module
+    original_persist = storage.StorageContext.persist_current_checkpoint
+    original_download = _checkpoint._download_from_fs_path
+    original_report = context.TrainContext.report
+    original_stop = manager.CheckpointManager.before_worker_group_shutdown
+    original_start = manager.CheckpointManager.before_init_train_context
+    report_signature = inspect.signature(original_report)
+    committed = CheckpointConsistencyMode.COMMITTED
+    asynchronous = CheckpointUploadMode.ASYNC
+    original_after_report = manager.CheckpointManager.after_report
 
     @functools.wraps(original_persist)
     def persist_current_checkpoint(
@@ -264,9 +278,7 @@ def install_train_hooks(
     manager.CheckpointManager.before_worker_group_shutdown = before_worker_group_shutdown
     manager.CheckpointManager.before_init_train_context = before_init_train_context
     manager.CheckpointManager.after_report = after_report
-    _train_hooks_installed = True
     logger.debug("air-transfer: Ray Train's checkpoint copies go through node storage")
-    return True
 
 
 def _register(manager: Any, newest: CommittedRound, filesystem: pafs.FileSystem) -> None:
@@ -293,10 +305,13 @@ def _register(manager: Any, newest: CommittedRound, filesystem: pafs.FileSystem)
 #: ``choose(filesystem, paths)``: which of a run's checkpoints (paths of
 #: ``filesystem``, newest first) a restart restores.
 Choose = Callable[["pafs.FileSystem", list[str]], "str | None"]
-_restore_choice_installed = False
 
 
-def install_restore_choice(choose: Choose) -> bool:
+@_install_once(
+    "Ray Train's restore cannot skip a checkpoint that is not whole in the durable tier; "
+    "it restores the latest it registered"
+)
+def install_restore_choice(choose: Choose) -> None:
     """Have Ray Train's controller ask ``choose`` which checkpoint a (re)started worker
     group restores, rather than take the latest one it registered (once per process;
     True if installed now or before). Train hands every worker of a new group the
@@ -304,25 +319,10 @@ def install_restore_choice(choose: Choose) -> bool:
     offering the run's checkpoints newest first (by report). Off with
     ``AIR_TRANSFER_TRAIN_HOOKS=0``, like the other hooks; a Ray without these names
     keeps its own choice, and that is logged once."""
-    global _restore_choice_installed
-    if _restore_choice_installed:
-        return True
-    if os.environ.get(TRAIN_HOOKS_ENV, "1") == "0":
-        return False
-    try:
-        from ray.train.v2._internal.execution.checkpoint import (
-            checkpoint_manager as manager_module,
-        )
+    from ray.train.v2._internal.execution.checkpoint import checkpoint_manager as manager_module
 
-        manager: Any = manager_module  # private, untyped on purpose
-        original = manager.CheckpointManager.before_init_train_context
-    except (ImportError, AttributeError) as e:
-        logger.warning(
-            "air-transfer: Ray Train's restore cannot skip a checkpoint that is not whole "
-            "in the durable tier (%s); it restores the latest it registered",
-            e,
-        )
-        return False
+    manager: Any = manager_module  # private, untyped on purpose
+    original = manager.CheckpointManager.before_init_train_context
 
     @functools.wraps(original)
     def before_init_train_context(self: Any, workers: list[Any]) -> dict[str, list[Any]]:
@@ -345,5 +345,3 @@ def install_restore_choice(choose: Choose) -> bool:
         return args
 
     manager.CheckpointManager.before_init_train_context = before_init_train_context
-    _restore_choice_installed = True
-    return True

@@ -1,7 +1,7 @@
 """``AgentClient``: the one typed door to a node's agent.
 
 A call names a method a Protocol declares, and its arguments
-(``AgentClient(node).call(PackingCalls.pack_stream, source, plans)``): mypy checks
+(``AgentClient(node).call(PackingService.pack_stream, source, plans)``): mypy checks
 them against that one signature (``cluster.rpc``), and the agent runs it on the
 service it hosts that writes it. Nothing about a call is written here: adding one is
 declaring it in a Protocol and writing it in the service. A call returns what Ray's

@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from air_transfer.cluster import identity
 from air_transfer.core.knobs import KNOBS
-from air_transfer.core.node_names import NODE_ID, is_ip, is_node_name
+from air_transfer.core.node_names import NODE_ID, check_node_name, is_ip
 from air_transfer.core.provided import Provided
 
 logger = logging.getLogger(__name__)
@@ -91,12 +91,12 @@ def names_a_node_by_role_or_address(text: str) -> bool:
 def check_node_spec(node: object) -> str:
     """``node`` if it is written as a node can be named (a node id, an IP address or
     ``"head"``), else ValueError; Ray need not run (nothing is looked up)."""
-    if isinstance(node, str) and is_node_name(node):
-        return node
-    hint = ""
     if isinstance(node, str) and node.startswith("/"):
-        hint = "; a storage path goes in RunConfig(storage_path=...) or root="
-    raise ValueError(f"node must be {NODE_FORMS}, got {node!r}{hint}")
+        raise ValueError(
+            f"node must be {NODE_FORMS}, got {node!r}; a storage path goes in "
+            "RunConfig(storage_path=...) or root="
+        )
+    return check_node_name(node, NODE_FORMS)
 
 
 def resolve_node(node: str) -> str:

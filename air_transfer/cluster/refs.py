@@ -21,7 +21,7 @@ PendingChecksum = str | ChecksumRef
 #: taken of the stored copy, or the packing error.
 Status = str | BaseException | None
 StatusRef = ray.ObjectRef[Status]
-#: The completion of a transfer's packing (``PackingCalls.packed``): resolves to
+#: The completion of a transfer's packing (``PackingService.packed``): resolves to
 #: every checksum and status once every chunk is packed, or raises the first
 #: packing error.
 DoneRef = ray.ObjectRef[tuple[Status, ...]]

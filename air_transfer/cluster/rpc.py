@@ -1,15 +1,14 @@
-"""Typed calls to an actor's services: each call declared once, in a Protocol.
+"""Typed calls to an actor's services: each call declared once, where callers can see it.
 
 An actor that hosts services (the node agent, the replica registry) has one Ray
-method, ``call(method, *args)``: the caller passes the method a Protocol declares
-(``agent.call(PackingCalls.pack_chunks, source, plans)``), so mypy checks the
-arguments against that one signature (``Callable[Concatenate[S, P], R]`` -> ``P``),
-and the actor runs the method of that name on the service it hosts that derives
-from the Protocol (``Services``). The Protocols are the list of an actor's calls:
-a public method no Protocol declares is not served. A Protocol sits beside its
-service, or below both rooms where the caller's cannot import the service (node
-storage's server side, from its client side). Adding a call is declaring it in a
-Protocol and writing it in the service. Ray pickles the method by reference (its
+method, ``call(method, *args)``: the caller passes a declared method
+(``agent.call(PackingService.pack_chunks, source, plans)``), so mypy checks the
+arguments against its one signature (``Callable[Concatenate[S, P], R]`` -> ``P``),
+and the actor runs the method of that name on the service it hosts that declares
+it (``Services``). A call is declared once: by the service's own method, marked
+``served``, where its callers may import the service; else by a Protocol below both
+rooms, which the service derives from (node storage's server side, from its client
+side). Only declared methods are served. Ray pickles the method by reference (its
 module and name).
 """
 
@@ -25,6 +24,7 @@ R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _GROUP = "__air_transfer_concurrency_group__"
+_SERVED = "__air_transfer_served__"
 
 
 def in_group(group: str) -> Callable[[F], F]:
@@ -36,6 +36,13 @@ def in_group(group: str) -> Callable[[F], F]:
         return method
 
     return mark
+
+
+def served(method: F) -> F:
+    """Declare the decorated method of a service a call its actor serves: callers
+    name it (``Service.method``), its signature the one they are checked against."""
+    setattr(method, _SERVED, True)
+    return method
 
 
 def group_of(method: Callable[..., Any]) -> str | None:
@@ -96,13 +103,14 @@ def _late(service: object, name: str) -> Callable[..., Any]:
 
 
 def declared_calls(cls: type) -> Iterator[tuple[str, Callable[..., Any]]]:
-    """``(name, method)`` of each public method the Protocols ``cls`` derives from
-    declare: the calls a service of class ``cls`` answers."""
+    """``(name, method)`` of each call a service of class ``cls`` answers: the public
+    methods the Protocols it derives from declare, and its methods marked ``served``."""
     for base in cls.__mro__:
-        if base is not cls and _is_protocol(base):
-            for name, method in vars(base).items():
-                if not name.startswith("_") and inspect.isfunction(method):
-                    yield name, method
+        for name, method in vars(base).items():
+            if name.startswith("_") or not inspect.isfunction(method):
+                continue
+            if (base is not cls and _is_protocol(base)) or getattr(method, _SERVED, False):
+                yield name, method
 
 
 def _owner(cls: type, name: str) -> type:

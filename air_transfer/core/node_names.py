@@ -23,3 +23,11 @@ def is_ip(text: str) -> bool:
 def is_node_name(text: str) -> bool:
     """Whether ``text`` names a node as a user may: ``"head"``, a node id or an IP."""
     return text == "head" or NODE_ID.fullmatch(text) is not None or is_ip(text)
+
+
+def check_node_name(node: object, forms: str) -> str:
+    """``node`` if it names a node as a user may (``is_node_name``), else ValueError
+    saying that a node is one of ``forms`` (worded for where it was given)."""
+    if isinstance(node, str) and is_node_name(node):
+        return node
+    raise ValueError(f"node must be {forms}, got {node!r}")

@@ -112,8 +112,7 @@ class NodeMetadata(Protocol):
 
 
 class NodeFiles(Protocol):
-    """Uploads (staged, then committed whole), copies, and what makes a directory a
-    replicated storage's copy."""
+    """Uploads (staged, then committed whole) and copies of files."""
 
     @change
     def fs_copy_file(self, root: str, src: str, dest: str, op: str = "") -> None: ...
@@ -142,6 +141,11 @@ class NodeFiles(Protocol):
     def fs_commit(self, root: str, commit: Commit, op: str = "") -> None: ...
 
     def fs_abort(self, root: str, staging: str) -> None: ...
+
+
+class NodeCopies(Protocol):
+    """What makes a directory a replicated storage's copy, and the fence of the
+    changes of an operation resolved without its caller."""
 
     def claim_copy(
         self, root: str, storage: str, node: str, members: list[str], taken: list[str], adopt: bool

@@ -23,7 +23,7 @@ from air_transfer.cluster.refs import ChecksumRef, ChunkRef
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.core.scan import Source
-from air_transfer.transfer.packing_service import PackingCalls
+from air_transfer.transfer.packing_service import PackingService
 from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest
 from air_transfer.transfer.strategies.streamed import StreamSource
 
@@ -41,7 +41,7 @@ def pack_in_agent(layout: Layout, request: PackRequest) -> Packed:
     if layout is Layout.OBJECT:
         plans = list(request.plans())
         returns = AgentClient().calls(
-            1 + len(plans), PackingCalls.pack_stream, request.source, plans
+            1 + len(plans), PackingService.pack_stream, request.source, plans
         )
         return Packed(returns[0], tuple(returns[1:]))
     if layout is Layout.STREAMED:
@@ -84,7 +84,7 @@ def submit_plans(
     checksums: list[ChecksumRef] = []
     for group in task_groups(plans):
         k = len(group)
-        refs = agent.calls(2 * k, PackingCalls.pack_chunks, source, group)
+        refs = agent.calls(2 * k, PackingService.pack_chunks, source, group)
         data += refs[:k]
         checksums += refs[k:]
     return data, checksums
@@ -96,5 +96,5 @@ def _checksum_plans(source: Source, plans: Iterable[ChunkPlan]) -> list[Checksum
     agent = AgentClient()
     checksums: list[ChecksumRef] = []
     for group in task_groups(plans):
-        checksums += agent.calls(len(group), PackingCalls.checksum_chunks, source, group)
+        checksums += agent.calls(len(group), PackingService.checksum_chunks, source, group)
     return checksums

@@ -4,15 +4,16 @@ chunks of those transfers for later ones to reuse (``reuse_chunks``,
 ``transfer.live_chunks``).
 
 The agent hosts one ``NodeOwnedTransfers``; callers name its methods
-(``NodeOwnedCalls``; ``transfer.route`` asks for ``submit_transfer``). It packs
+(``transfer.route`` asks for ``submit_transfer``). It packs
 with ``transfer.start`` (``prepare`` then ``start``), below ``transfer.route``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from air_transfer.cluster.refs import CheckpointRef
+from air_transfer.cluster.rpc import served
 from air_transfer.cluster.transfer_leases import HeldTransfers
 from air_transfer.config import TransferConfig
 from air_transfer.core.scan import Source
@@ -21,10 +22,16 @@ from air_transfer.transfer.start import prepare, start
 from air_transfer.transfer.strategies import Registrations
 
 
-class NodeOwnedCalls(HeldTransfers, Protocol):
-    """What a node agent answers of the transfers it packs and holds for other
-    processes (callers name these methods)."""
+class NodeOwnedTransfers(HeldTransfers):
+    """The transfers held for other processes, by lease key (the checkpoint ref's hex)."""
 
+    def __init__(self) -> None:
+        #: Lease key -> (checkpoint ref, requester (pid, node), transfer id).
+        self._leases: dict[str, tuple[CheckpointRef, tuple[int, str] | None, str]] = {}
+        #: The chunks of those transfers, for later ones (``reuse_chunks``).
+        self.live = LiveChunks()
+
+    @served
     def submit_transfer(
         self,
         source: Source,
@@ -37,25 +44,6 @@ class NodeOwnedCalls(HeldTransfers, Protocol):
         the checkpoint until ``requester`` (pid, node) says it references none of its
         refs. ``[checkpoint ref, completion ref, strategy, hex ids of the refs nested
         in it]``, nested so the caller borrows."""
-        ...
-
-
-class NodeOwnedTransfers(NodeOwnedCalls):
-    """The transfers held for other processes, by lease key (the checkpoint ref's hex)."""
-
-    def __init__(self) -> None:
-        #: Lease key -> (checkpoint ref, requester (pid, node), transfer id).
-        self._leases: dict[str, tuple[CheckpointRef, tuple[int, str] | None, str]] = {}
-        #: The chunks of those transfers, for later ones (``reuse_chunks``).
-        self.live = LiveChunks()
-
-    def submit_transfer(
-        self,
-        source: Source,
-        config: TransferConfig,
-        registered: Registrations | None = None,
-        requester: tuple[int, str] | None = None,
-    ) -> list[Any]:
         live = self.live if config.reuse_chunks else None
         started = start(prepare(source, config, registered), live)
         ref, handle = started.put(), started.handle

@@ -1,24 +1,22 @@
 """What a node agent runs for packing: the chunks of a transfer's tasks filled into
 the agent's buffers, their checksums, the completion a ``TransferFuture`` waits for,
 and the ``streamed`` strategy's reads at transfer time. The agent hosts one
-``PackingService``; callers name the methods of ``PackingCalls``, which it writes
-(``AgentClient.call``), the packing ones run in the agent's packing threads
-(``PACK_GROUP``).
+``PackingService``; callers name its methods (``AgentClient.call``), the packing
+ones run in the agent's packing threads (``PACK_GROUP``).
 """
 
 from __future__ import annotations
 
 import errno
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from air_transfer.cluster.fetch import fresh, get
 from air_transfer.cluster.nodes import PACK_GROUP
 from air_transfer.cluster.refs import PendingChecksum, Status
-from air_transfer.cluster.rpc import in_group
+from air_transfer.cluster.rpc import in_group, served
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.entry import Entry
 from air_transfer.core.packer import ChunkPacker
@@ -29,63 +27,13 @@ from air_transfer.core.scan import Source, Stamp
 from air_transfer.errors import SourceChangedError
 from air_transfer.observe import metrics
 
-
-class PackingCalls(Protocol):
-    """What a node agent answers for packing: callers name these methods
-    (``AgentClient.call``); the packing ones run in its packing threads."""
-
-    def stream(
-        self,
-        source: Source,
-        files: Sequence[Entry],
-        chunk_bytes: int,
-        checksums: Sequence[PendingChecksum],
-        start: int,
-        stop: int | None,
-        verify: bool = True,
-        stamps: Sequence[Stamp] | None = None,
-    ) -> Iterator[np.ndarray]:
-        """Chunks ``start``..``stop - 1`` of ``source`` read now, each proven against
-        ``stamps`` (and its checksum at packing, with ``verify``): the ``streamed``
-        strategy's reads."""
-        ...
-
-    @in_group(PACK_GROUP)
-    def pack_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
-        """The chunks of ``plans`` and then their checksums: ``2 * len(plans)``
-        objects (the caller sets ``num_returns``), owned by whoever submitted this."""
-        ...
-
-    @in_group(PACK_GROUP)
-    def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
-        """Only the checksums of ``plans``' chunks (``streamed``), one object each."""
-        ...
-
-    @in_group(PACK_GROUP)
-    def store_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
-        """The chunks of ``plans``, those mapped left unhashed, and a status per
-        chunk: ``2 * len(plans)`` objects, as ``pack_chunks``."""
-        ...
-
-    @in_group(PACK_GROUP)
-    def checksum_stored(self, *chunks: np.ndarray) -> object:
-        """The checksums of chunks already in the object store, one object each."""
-        ...
-
-    @in_group(PACK_GROUP)
-    def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
-        """The whole (small, ``inline``) stream as one array, then the checksum of
-        each chunk: ``1 + len(plans)`` objects."""
-        ...
-
-    def packed(self, *checksums: Status) -> tuple[Status, ...]:
-        """The completion a ``TransferFuture`` waits for, once every chunk of a
-        transfer is packed."""
-        ...
+#: How a packing task fills one object per chunk: ``(chunks, their statuses)``.
+PackChunks = Callable[[Source, Sequence[ChunkPlan]], tuple[list[np.ndarray], Sequence[Status]]]
 
 
-class PackingService(PackingCalls):
-    """Packing as the agent's tasks do it (one ``ChunkPacker`` buffer per thread)."""
+class PackingService:
+    """Packing as the agent's tasks do it (one ``ChunkPacker`` buffer per thread):
+    callers name its ``served`` methods; the packing ones run in its packing threads."""
 
     def __init__(self) -> None:
         self._packer = ChunkPacker()
@@ -93,6 +41,7 @@ class PackingService(PackingCalls):
         #: Source bytes put into chunk objects by ``pack_chunks`` and ``pack_stream``.
         self.bytes_packed = 0
 
+    @served
     def stream(
         self,
         source: Source,
@@ -140,17 +89,16 @@ class PackingService(PackingCalls):
             # resumes, so the reader thread may reuse this buffer afterwards.
             yield np.frombuffer(view, dtype=np.uint8)
 
+    @served
+    @in_group(PACK_GROUP)
     def pack_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
         """The chunks of ``plans`` and then their checksums: ``2 * len(plans)``
         objects (the caller sets ``num_returns``), owned by whoever submitted this.
         A packing error is returned in place of each checksum (see ``_failed``)."""
-        try:
-            chunks, checksums = self._packer.pack(source, plans)
-        except Exception as e:
-            return _failed(e, len(plans), len(plans))
-        self._count(plans, "chunked")
-        return _returns([*chunks, *checksums])
+        return self._chunks(self._packer.pack, source, plans)
 
+    @served
+    @in_group(PACK_GROUP)
     def checksum_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
         """Only the checksums of ``plans``' chunks (``streamed``), one object each."""
         try:
@@ -160,23 +108,24 @@ class PackingService(PackingCalls):
         metrics.add_bytes("packed", sum(plan.length for plan in plans), "streamed")
         return _returns(checksums)
 
+    @served
+    @in_group(PACK_GROUP)
     def store_chunks(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
         """The chunks of ``plans``, those mapped left unhashed, and a status per chunk
         (its checksum, None where it is to be taken of the stored copy, or the
         packing error): ``2 * len(plans)`` objects, as ``pack_chunks``."""
-        try:
-            chunks, checksums = self._packer.pack_unhashed(source, plans)
-        except Exception as e:
-            return _failed(e, len(plans), len(plans))
-        self._count(plans, "chunked")
-        return _returns([*chunks, *checksums])
+        return self._chunks(self._packer.pack_unhashed, source, plans)
 
+    @served
+    @in_group(PACK_GROUP)
     def checksum_stored(self, *chunks: np.ndarray) -> object:
         """The checksums of chunks already in the object store (Ray hands each over
         as a zero-copy view of the stored bytes), one object each: a blocking
         caller stored them straight from their mapped files (``shared_pack``)."""
         return _returns([chunk_checksum(chunk) for chunk in chunks])
 
+    @served
+    @in_group(PACK_GROUP)
     def pack_stream(self, source: Source, plans: Sequence[ChunkPlan]) -> object:
         """The whole (small, ``inline``) stream as one array, then the checksum of each
         chunk: ``1 + len(plans)`` objects (the caller sets ``num_returns``)."""
@@ -187,6 +136,7 @@ class PackingService(PackingCalls):
         self._count(plans, "inline")
         return _returns([stream, *checksums])
 
+    @served
     def packed(self, *checksums: Status) -> tuple[Status, ...]:
         """Runs once every chunk of a transfer is packed (its arguments are the
         checksums' refs, resolved first): the completion a ``TransferFuture`` waits
@@ -195,6 +145,16 @@ class PackingService(PackingCalls):
             if isinstance(checksum, BaseException):
                 raise fresh(checksum)
         return checksums
+
+    def _chunks(self, pack: PackChunks, source: Source, plans: Sequence[ChunkPlan]) -> object:
+        """The returns of a task packing ``plans`` into one object each with ``pack``:
+        the chunks, then their statuses; empty chunks and the error if it fails."""
+        try:
+            chunks, statuses = pack(source, plans)
+        except Exception as e:
+            return _failed(e, len(plans), len(plans))
+        self._count(plans, "chunked")
+        return _returns([*chunks, *statuses])
 
     def _count(self, plans: Sequence[ChunkPlan], strategy: str) -> None:
         """Count the bytes of ``plans`` as packed into objects, here and in the

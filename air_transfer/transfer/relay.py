@@ -2,8 +2,8 @@
 
 ``to_object_ref_async`` returns the checkpoint's ref before its packing tasks are
 submitted (that runs on a background thread of the caller: docs/performance.md). The
-ref is the return of an agent call, ``RelayCalls.take(key)``, which waits here until the
-caller's thread hands over the checkpoint (``RelayCalls.give(key, value)``) and returns
+ref is the return of an agent call, ``Relays.take(key)``, which waits here until the
+caller's thread hands over the checkpoint (``Relays.give(key, value)``) and returns
 it; each runs in its own concurrency group of the agent (waits cannot hold up the
 hand-overs that end them).
 Ray creates a task's return ref at submission, owned by the submitter, so the ref is
@@ -16,48 +16,37 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Protocol
 
 from air_transfer.cluster.fetch import fresh
 from air_transfer.cluster.nodes import HANDOVER_GROUP, RELAY_GROUP
-from air_transfer.cluster.rpc import in_group
+from air_transfer.cluster.rpc import in_group, served
 from air_transfer.core.knobs import KNOBS
 from air_transfer.errors import CheckpointLostError
 
 
-class RelayCalls(Protocol):
-    """What a node agent answers for relays (callers name these methods), each in
-    its own concurrency group: waits cannot hold up the hand-overs that end them."""
-
-    @in_group(HANDOVER_GROUP)
-    def give(self, key: str, value: object) -> None:
-        """Hand over the value of ``key`` (before or after its ``take`` started)."""
-
-    @in_group(RELAY_GROUP)
-    def take(self, key: str, pid: int, poll_s: float | None = None) -> object:
-        """The value of ``key`` once given (raised if it is an exception), checking
-        every ``poll_s`` (default ``KNOBS.relay_poll_s``) that the giver, process
-        ``pid`` of this node, still runs."""
-        ...
-
-    def waiting(self) -> int:
-        """How many keys have a value or a wait pending (0 when idle)."""
-        ...
-
-
-class Relays(RelayCalls):
-    """The values handed over and the waits for them, by key (each key used once)."""
+class Relays:
+    """The values handed over and the waits for them, by key (each key used once):
+    what a node agent answers for relays (callers name these methods), each in its
+    own concurrency group, so that waits cannot hold up the hand-overs that end them."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._slots: dict[str, tuple[threading.Event, list[object]]] = {}
 
+    @served
+    @in_group(HANDOVER_GROUP)
     def give(self, key: str, value: object) -> None:
+        """Hand over the value of ``key`` (before or after its ``take`` started)."""
         ready, box = self._slot(key)
         box.append(value)
         ready.set()
 
+    @served
+    @in_group(RELAY_GROUP)
     def take(self, key: str, pid: int, poll_s: float | None = None) -> object:
+        """The value of ``key`` once given (raised if it is an exception), checking
+        every ``poll_s`` (default ``KNOBS.relay_poll_s``) that the giver, process
+        ``pid`` of this node, still runs."""
         ready, box = self._slot(key)
         try:
             while not ready.wait(KNOBS.relay_poll_s if poll_s is None else poll_s):
@@ -74,7 +63,9 @@ class Relays(RelayCalls):
             raise fresh(value)
         return value
 
+    @served
     def waiting(self) -> int:
+        """How many keys have a value or a wait pending (0 when idle)."""
         with self._lock:
             return len(self._slots)
 

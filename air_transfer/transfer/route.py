@@ -31,8 +31,8 @@ from air_transfer.core.scan import Source
 from air_transfer.core.threads import start_daemon
 from air_transfer.observe.telemetry import packing
 from air_transfer.transfer.handle import RAY_ERRORS, raise_transfer_error
-from air_transfer.transfer.node_owned import NodeOwnedCalls
-from air_transfer.transfer.relay import RelayCalls
+from air_transfer.transfer.node_owned import NodeOwnedTransfers
+from air_transfer.transfer.relay import Relays
 from air_transfer.transfer.start import Prepared, prepare, start
 from air_transfer.transfer.strategies import registrations
 
@@ -63,7 +63,7 @@ def start_transfer(
         prepared = prepare(source, config)
         agent = AgentClient()
         key = uuid.uuid4().hex
-        ref = agent.call(RelayCalls.take, key, os.getpid())
+        ref = agent.call(Relays.take, key, os.getpid())
         _in_background(lambda: _hand_over(agent, key, prepared, started), submitted)
         return ref, submitted
     ref, done, strategy = start_on_this_thread(source, config, blocking and not background)
@@ -93,11 +93,11 @@ def _hand_over(agent: AgentClient, key: str, prepared: Prepared, started: float)
         checkpoint = here.checkpoint()
     except Exception as e:
         try:
-            agent.call(RelayCalls.give, key, e)
+            agent.call(Relays.give, key, e)
         except Exception:  # an error that does not pickle: its text, then
-            agent.call(RelayCalls.give, key, RuntimeError(f"submitting the packing failed: {e!r}"))
+            agent.call(Relays.give, key, RuntimeError(f"submitting the packing failed: {e!r}"))
         raise
-    agent.call(RelayCalls.give, key, checkpoint)
+    agent.call(Relays.give, key, checkpoint)
     packing(here.handle.strategy.name, here.done, started)
     return here.done
 
@@ -144,7 +144,7 @@ def _in_agent(source: Source, config: TransferConfig) -> tuple[CheckpointRef, Do
     the ref of its completion (None if packing is done); the strategy's name."""
     agent = AgentClient()
     call = agent.call(
-        NodeOwnedCalls.submit_transfer, source, config, registrations(config), requester()
+        NodeOwnedTransfers.submit_transfer, source, config, registrations(config), requester()
     )
     try:
         ref, done, strategy, ids = ray.get(call)

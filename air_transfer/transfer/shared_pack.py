@@ -32,7 +32,7 @@ from air_transfer.core.packer import ChunkPacker
 from air_transfer.core.plan import ChunkPlan
 from air_transfer.observe import metrics
 from air_transfer.transfer.agent_tasks import task_groups
-from air_transfer.transfer.packing_service import PackingCalls
+from air_transfer.transfer.packing_service import PackingService
 from air_transfer.transfer.strategies.base import Packed, PackRequest
 
 #: Which chunks the caller stores itself (the agent stores the rest): every other
@@ -58,7 +58,7 @@ def pack_shared(request: PackRequest, here: Split = every_other) -> Packed:
     statuses: list[StatusRef] = []
     for group in task_groups(plan for plan in plans if not here(plan)):
         k = len(group)
-        returns = agent.calls(2 * k, PackingCalls.store_chunks, request.source, group)
+        returns = agent.calls(2 * k, PackingService.store_chunks, request.source, group)
         data += returns[:k]
         statuses += returns[k:]
     their_sums = iter(_checksums_of_stored(data, request.chunk_bytes))
@@ -91,5 +91,5 @@ def _checksums_of_stored(refs: list[ChunkRef], chunk_bytes: int) -> list[Checksu
     for start in range(0, len(refs), per_task):
         chunks = refs[start : start + per_task]
         stored = cast(list[np.ndarray], chunks)  # Ray resolves refs passed as arguments
-        sums += agent.calls(len(chunks), PackingCalls.checksum_stored, *stored)
+        sums += agent.calls(len(chunks), PackingService.checksum_stored, *stored)
     return sums

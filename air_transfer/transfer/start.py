@@ -31,7 +31,7 @@ from air_transfer.core.scan import Scan, Source, scan
 from air_transfer.transfer.handle import TransferHandle, describe_current_process
 from air_transfer.transfer.live_chunks import LiveChunks
 from air_transfer.transfer.packers import Packer, agent_can_read, pack, select_packer
-from air_transfer.transfer.packing_service import PackingCalls
+from air_transfer.transfer.packing_service import PackingService
 from air_transfer.transfer.strategies import (
     PackRequest,
     Registrations,
@@ -145,7 +145,7 @@ def start(prepared: Prepared, live: LiveChunks | None = None, blocking: bool = F
         # returns, nothing of the checkpoint depends on this node's agent.
         waits = (*(packed.stored or ()), *packed.checksums)
         args = cast(tuple[Status, ...], waits)  # Ray resolves refs passed as arguments
-        done = AgentClient(here).call(PackingCalls.packed, *args) if pending and waits else None
+        done = AgentClient(here).call(PackingService.packed, *args) if pending and waits else None
     except BaseException:
         if live is not None:  # no transfer: nothing of it to offer again
             live.drop([transfer_id])

@@ -21,7 +21,7 @@ from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import NAMESPACE, agent_name
 from air_transfer.core import environ
 from air_transfer.storage.server.node_service import NodeStorageService
-from air_transfer.transfer.relay import RelayCalls
+from air_transfer.transfer.relay import Relays
 from tests.support.agents import OTHER_VERSION, OtherVersionAgent, PreIdentityAgent, start_as_agent
 from tests.support.checkpoints import MiB, Producer, kill_and_wait, make_checkpoint
 from tests.support.waiting import eventually
@@ -118,7 +118,7 @@ def test_the_agent_serves_only_the_calls_its_protocols_declare(here: str) -> Non
     """Defect: every public method of every service the agent hosts was callable,
     node storage's counters and cache included, though no Protocol declared them."""
     agent = AgentClient(here)
-    assert ray.get(agent.call(RelayCalls.waiting)) == 0  # declared: served
+    assert ray.get(agent.call(Relays.waiting)) == 0  # declared: served
     for undeclared in (NodeStorageService.counters, NodeStorageService.clear_cache):
         with pytest.raises(TypeError, match="no service of this actor serves"):
             ray.get(agent.call(undeclared))

@@ -26,7 +26,7 @@ from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.config import KiB
 from air_transfer.core.scan import Source, scan
 from air_transfer.extend import Manifest, PackRequest, get_strategy, register_strategy, strategies
-from air_transfer.transfer.relay import RelayCalls
+from air_transfer.transfer.relay import Relays
 from air_transfer.transfer.strategies.base import Layout, Packed
 from air_transfer.transfer.strategies.chunked import ChunkedStrategy
 from tests.support.trees import assert_same_tree, rich_tree
@@ -238,7 +238,7 @@ def test_bad_input_raises_at_the_async_call(tmp_path: Path, case: str) -> None:
     make_bad(src)
     with pytest.raises(error, match=match):
         ChunkedCheckpoint.from_directory(src).to_object_ref_async(config=config)
-    assert ray.get(AgentClient().call(RelayCalls.waiting)) == 0
+    assert ray.get(AgentClient().call(Relays.waiting)) == 0
 
 
 class FailingSubmit(ChunkedStrategy):
@@ -282,7 +282,7 @@ def test_a_failing_background_submission_fails_the_future_and_the_ref(tmp_path: 
     with pytest.raises(OSError, match="cannot submit the packing of"):
         ChunkedCheckpoint.from_object_ref(future.ref)
     eventually(
-        lambda: ray.get(AgentClient().call(RelayCalls.waiting)) == 0,
+        lambda: ray.get(AgentClient().call(Relays.waiting)) == 0,
         "the relay let go",
         timeout_s=60,
     )

@@ -14,10 +14,11 @@ import pytest
 from air_transfer.agent import NodeAgent
 from air_transfer.cluster.agent_client import AgentSelf
 from air_transfer.cluster.nodes import HANDOVER_GROUP, PACK_GROUP, RELAY_GROUP
-from air_transfer.cluster.rpc import Services, declared_calls, group_of, in_group
+from air_transfer.cluster.rpc import Services, declared_calls, group_of, in_group, served
 from air_transfer.cluster.transfer_leases import HeldTransfers
 from air_transfer.storage.node_api import (
     NodeCheckpoints,
+    NodeCopies,
     NodeDurable,
     NodeFiles,
     NodeIndexedUploads,
@@ -29,18 +30,17 @@ from air_transfer.storage.server.drain.tiered import TieredDisk
 from air_transfer.storage.server.node_service import NodeStorageService
 from air_transfer.storage.server.replica_registry import ReplicaRegistry
 from air_transfer.storage.server.stream_uploads import StreamUploads
-from air_transfer.transfer.node_owned import NodeOwnedCalls, NodeOwnedTransfers
-from air_transfer.transfer.packing_service import PackingCalls, PackingService
-from air_transfer.transfer.relay import RelayCalls, Relays
+from air_transfer.storage.server.uploads import DiskUploads
+from air_transfer.transfer.node_owned import NodeOwnedTransfers
+from air_transfer.transfer.packing_service import PackingService
+from air_transfer.transfer.relay import Relays
 
 #: Each Protocol callers name, and the class that answers it in the actor.
 WRITTEN_BY = [
     (AgentSelf, NodeAgent),
     (HeldTransfers, NodeOwnedTransfers),
-    (NodeOwnedCalls, NodeOwnedTransfers),
-    (PackingCalls, PackingService),
-    (RelayCalls, Relays),
-    (NodeFiles, NodeStorageService),
+    (NodeFiles, DiskUploads),
+    (NodeCopies, NodeStorageService),
     (NodeReads, NodeStorageService),
     (NodeCheckpoints, NodeStorageService),
     (NodeMetadata, TieredDisk),
@@ -75,10 +75,10 @@ def test_the_packing_and_relay_calls_run_in_their_groups() -> None:
         "checksum_stored",
         "pack_stream",
     ):
-        assert group_of(getattr(PackingCalls, name)) == PACK_GROUP, name
-    assert group_of(PackingCalls.packed) is None
-    assert group_of(RelayCalls.take) == RELAY_GROUP
-    assert group_of(RelayCalls.give) == HANDOVER_GROUP
+        assert group_of(getattr(PackingService, name)) == PACK_GROUP, name
+    assert group_of(PackingService.packed) is None
+    assert group_of(Relays.take) == RELAY_GROUP
+    assert group_of(Relays.give) == HANDOVER_GROUP
 
 
 class _Api(Protocol):
@@ -116,6 +116,25 @@ def test_a_call_runs_on_the_service_whose_protocol_declares_it() -> None:
     assert group_of(_Api.lines) == "g"
 
 
+class _Counter:
+    """A service whose callers may import it: its calls are its methods marked served."""
+
+    @served
+    def next(self, n: int) -> int:
+        return n + 1
+
+    def undeclared(self) -> int:
+        return 0
+
+
+def test_a_services_own_method_marked_served_is_a_call() -> None:
+    services = Services(_Counter())
+    assert services.call(_Counter.next, 1) == 2
+    assert [name for name, _ in declared_calls(_Counter)] == ["next"]
+    with pytest.raises(TypeError, match="serves"):
+        services.call(_Counter.undeclared)
+
+
 def test_a_method_no_protocol_declares_is_not_served() -> None:
     services = Services(_Doubler())
     for method in (_Doubler.undeclared, _Doubler.double, _OtherApi.double, print):
@@ -126,7 +145,7 @@ def test_a_method_no_protocol_declares_is_not_served() -> None:
 def test_the_agent_serves_only_what_its_protocols_declare() -> None:
     """Node storage's counters and cache, the agent's own plumbing: not calls."""
     hosted = [NodeAgent, PackingService, Relays, NodeOwnedTransfers, NodeStorageService]
-    hosted += [TieredDisk, StreamUploads]
+    hosted += [DiskUploads, TieredDisk, StreamUploads]
     served = {name for cls in hosted for name, _ in declared_calls(cls)}
     assert {"counters", "clear_cache", "call", "call_streaming", "touch"}.isdisjoint(served)
     assert {"read_counters", "waiting", "leases", "fs_info", "fs_commit_indexed"} <= served

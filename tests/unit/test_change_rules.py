@@ -21,6 +21,7 @@ from air_transfer.storage.server.metadata import DiskStorage
 from air_transfer.storage.server.node_service import NodeStorageService
 from air_transfer.storage.server.op_fence import OpFence
 from air_transfer.storage.server.stream_uploads import StreamUploads
+from air_transfer.storage.server.uploads import DiskUploads
 from tests.support.drains import SMALL, drained, local_target
 from tests.support.waiting import eventually
 
@@ -94,7 +95,7 @@ def test_node_storage_declares_its_changes() -> None:
     the rules' checks); none that only reads is."""
     declared = [
         (name, method)
-        for cls in (NodeStorageService, TieredDisk, StreamUploads)
+        for cls in (NodeStorageService, DiskUploads, TieredDisk, StreamUploads)
         for name, method in declared_calls(cls)
     ]
     rules = ChangeRules(OpFence(), lambda root: None)

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -44,9 +45,9 @@ def test_node_paths(text: str, expected: NodePath) -> None:
         ("runs/exp", "absolute path"),
         ("node://head", "ABSOLUTE/PATH"),
         ("node://head/", None),
-        ("node://mynode/a", "a node is 'head', a Ray node id"),
+        ("node://mynode/a", "node must be 'head', a Ray node id"),
         ("node://[::1/a", "closed by ']'"),
-        ("node://abcd/a", "a node is"),
+        ("node://abcd/a", "node must be"),
     ],
 )
 def test_bad_node_paths_name_the_form(text: str, says: str | None) -> None:
@@ -61,19 +62,21 @@ def test_bad_node_paths_name_the_form(text: str, says: str | None) -> None:
     "name", ["head", NODE_ID, "10.0.0.5", "fe80::1", "mynode", "abcd", NODE_ID.upper(), ""]
 )
 def test_the_command_line_and_node_take_the_same_node_names(name: str) -> None:
-    """``node://NODE/...`` and ``storage_filesystem(node=...)`` check one grammar."""
-    from air_transfer.cli.address import check_node
+    """``node://NODE/...`` and ``storage_filesystem(node=...)`` check one grammar
+    (``core.node_names``); an empty NODE on the command line is the default node."""
     from air_transfer.cluster.nodes import check_node_spec
 
-    def accepts(check: object) -> bool:
+    def accepts(check: Callable[[str], object], text: str) -> bool:
         try:
-            check(name)  # type: ignore[operator]
+            check(text)
         except ValueError:
             return False
         return True
 
-    assert accepts(check_node) == accepts(check_node_spec)
-    assert accepts(check_node) == (name in ("head", NODE_ID, "10.0.0.5", "fe80::1"))
+    named = name in ("head", NODE_ID, "10.0.0.5", "fe80::1")
+    typed = f"node://[{name}]/a" if ":" in name else f"node://{name}/a"
+    assert accepts(parse_node_path, typed) == (named or name == "")
+    assert accepts(check_node_spec, name) == named
 
 
 def test_other_locations() -> None:

@@ -24,7 +24,7 @@ from air_transfer.errors import CheckpointLostError
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.node_api import NodeCheckpoints
 from air_transfer.transfer.agent_tasks import task_groups
-from air_transfer.transfer.packing_service import PackingCalls
+from air_transfer.transfer.packing_service import PackingService
 
 
 def chunked_files(directory: str, chunk_bytes: int) -> tuple[Source, ChunkedFiles] | None:
@@ -39,7 +39,7 @@ def chunked_files(directory: str, chunk_bytes: int) -> tuple[Source, ChunkedFile
     refs = [
         ref
         for group in task_groups(plans)
-        for ref in agent.calls(len(group), PackingCalls.checksum_chunks, source, group)
+        for ref in agent.calls(len(group), PackingService.checksum_chunks, source, group)
     ]
     checksums = []
     for ref in refs:

@@ -32,7 +32,7 @@ from air_transfer.storage.client.replica_set import full, is_lost
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.target import DurableTarget
-from air_transfer.storage.node_api import NodeDurable, NodeFiles, NodeMetadata
+from air_transfer.storage.node_api import NodeCopies, NodeDurable, NodeMetadata
 from air_transfer.storage.replica_wire import (
     Copy,
     CopyState,
@@ -116,7 +116,7 @@ class ReplicaCopies(NodeStorageHandler):
             for i, (node, root) in enumerate(copies):
                 link, adopt = self.link_to(node, root), i == 0
                 claimed = link.call(
-                    NodeFiles.claim_copy, root, self.key, node, members, taken, adopt
+                    NodeCopies.claim_copy, root, self.key, node, members, taken, adopt
                 )
                 empty[node] = not claimed
             fresh = replica_set.fresh_at_start(copies, empty)

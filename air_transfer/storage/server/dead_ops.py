@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 from air_transfer.cluster.agent_client import AgentClient
-from air_transfer.storage.node_api import NodeFiles
+from air_transfer.storage.node_api import NodeCopies, NodeFiles
 from air_transfer.storage.replica_wire import key_parts
 from air_transfer.storage.server.repair import Copier, Pace, get, repair_rate
 from air_transfer.storage.server.replica_record import BUSY_S, Op
@@ -85,7 +85,7 @@ def resolve(registry: ReplicaRegistry, key: str, op_id: str, op: Op, live: set[s
     settled = []
     for node in targets:
         try:
-            if not get(AgentClient(node).call(NodeFiles.fence_ops, [op_id], FENCE_S)):
+            if not get(AgentClient(node).call(NodeCopies.fence_ops, [op_id], FENCE_S)):
                 settled.append(node)
         except Exception as e:  # its agent is gone: the copy is too
             logger.debug("air-transfer: could not fence %s on %s: %r", op_id, node, e)

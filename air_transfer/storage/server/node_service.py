@@ -1,8 +1,9 @@
 """Node storage, what the storage node's agent runs: ``NodeStorageService`` and the
 services it is made of (``services``), behind the Protocols of ``storage.node_api``
-(their subclasses, so mypy holds them to their signatures): itself for files,
-reads and checkpoints, ``drain.tiered.TieredDisk`` for metadata and the durable
-tier, ``stream_uploads.StreamUploads`` for incremental uploads.
+(their subclasses, so mypy holds them to their signatures): itself for copies,
+reads and checkpoints, ``uploads.DiskUploads`` for uploads,
+``drain.tiered.TieredDisk`` for metadata and the durable tier,
+``stream_uploads.StreamUploads`` for incremental uploads.
 
 Each method hands its call to the module that does the work (``uploads``,
 ``chunk_cache``, ``sink``, ``incremental``...). What every change needs, its fence
@@ -15,7 +16,7 @@ transfers), which sit above this layer.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -25,15 +26,8 @@ from air_transfer.cluster.refs import ChecksumRef, ChunkRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.knobs import KNOBS
-from air_transfer.core.process_locks import Process
 from air_transfer.core.scan import Source
-from air_transfer.storage.node_api import (
-    Commit,
-    NodeCheckpoints,
-    NodeFiles,
-    NodeReads,
-)
-from air_transfer.storage.node_wire import Expect
+from air_transfer.storage.node_api import NodeCheckpoints, NodeCopies, NodeReads
 from air_transfer.storage.server.changes import ChangeRules
 from air_transfer.storage.server.chunk_cache import FileChunks, Submit, cache_cap
 from air_transfer.storage.server.directory_transfers import DirectoryTransfers, StartTransfer
@@ -52,10 +46,10 @@ from air_transfer.storage.server.uploads import DiskUploads
 from air_transfer.transfer.handle import TransferHandle
 
 if TYPE_CHECKING:
-    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+    pass  # collections.abc.Buffer from Python 3.12
 
 
-class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints):
+class NodeStorageService(NodeCopies, NodeReads, NodeCheckpoints):
     """Node storage on this node's disk, for the agent of node ``node_id``, whose
     object store holds ``store_bytes`` (None: unknown), which bounds its read caches."""
 
@@ -93,7 +87,7 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints):
     @property
     def services(self) -> tuple[object, ...]:
         """What the agent hosts for node storage, each behind its Protocols."""
-        return (self, self._disk, self.streams)
+        return (self, self._uploads, self._disk, self.streams)
 
     def counters(self) -> dict[str, int]:
         """What node storage cost this node: bytes read from disk, served and held
@@ -188,30 +182,3 @@ class NodeStorageService(NodeFiles, NodeReads, NodeCheckpoints):
 
     def fence_ops(self, ops: list[str], timeout_s: float) -> list[str]:
         return self._ops.fence(ops, timeout_s)
-
-    # -- uploads -----------------------------------------------------------------------
-    def fs_copy_file(self, root: str, src: str, dest: str, op: str = "") -> None:
-        self._uploads.fs_copy_file(root, src, dest)
-
-    def fs_open_write(
-        self, root: str, path: str, append: bool, writer: Process | None = None
-    ) -> tuple[str, int, Expect]:
-        return self._uploads.fs_open_write(root, path, append, writer)
-
-    def fs_write(
-        self,
-        root: str,
-        staging: str,
-        offset: int,
-        data: Buffer | ChunkRef,
-        checksum: str,
-        direct_io: bool = False,
-    ) -> None:
-        chunk = cast("Buffer", data)  # a ref argument arrives resolved by Ray
-        self._uploads.fs_write(root, staging, offset, chunk, checksum, direct_io)
-
-    def fs_commit(self, root: str, commit: Commit, op: str = "") -> None:
-        self._uploads.fs_commit(root, commit)
-
-    def fs_abort(self, root: str, staging: str) -> None:
-        self._uploads.fs_abort(root, staging)

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import threading
-import time
-from collections import Counter
 from collections.abc import Iterator
+
+from air_transfer.core.fence import Fence
 
 #: How long an operation's id stays fenced (its caller's calls are long gone).
 KEEP_S = 3600.0
@@ -28,9 +27,7 @@ class OpFence:
     """The operations whose calls this agent runs now, and those fenced off."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._running: Counter[str] = Counter()
-        self._fenced: dict[str, float] = {}  # op -> when (monotonic)
+        self._fence = Fence(keep_s=KEEP_S)
 
     @contextlib.contextmanager
     def running(self, op: str) -> Iterator[None]:
@@ -39,35 +36,18 @@ class OpFence:
         if not op:
             yield
             return
-        with self._cond:
-            if op in self._fenced:
-                raise PermissionError(
-                    errno.EACCES,
-                    f"operation {op} was resolved after its caller died; this call of it "
-                    "arrived late and was refused",
-                )
-            self._running[op] += 1
-        try:
+        with self._fence.running(op, lambda: _refused(op)):
             yield
-        finally:
-            with self._cond:
-                self._running[op] -= 1
-                if not self._running[op]:
-                    del self._running[op]
-                self._cond.notify_all()
 
     def fence(self, ops: list[str], timeout_s: float) -> list[str]:
         """Refuse every later call of ``ops``; wait up to ``timeout_s`` for their
         calls running now. Returns those still running (none: fenced whole)."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            now = time.monotonic()
-            for old in [o for o, t in self._fenced.items() if now - t > KEEP_S]:
-                del self._fenced[old]
-            self._fenced.update(dict.fromkeys(ops, now))
-            while True:
-                left = [o for o in ops if self._running[o]]
-                wait = deadline - time.monotonic()
-                if not left or wait <= 0:
-                    return left
-                self._cond.wait(wait)
+        return self._fence.fence(ops, timeout_s)
+
+
+def _refused(op: str) -> PermissionError:
+    return PermissionError(
+        errno.EACCES,
+        f"operation {op} was resolved after its caller died; this call of it arrived late "
+        "and was refused",
+    )

@@ -33,7 +33,7 @@ from air_transfer.config import TransferConfig
 from air_transfer.core import environ
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.observe import replica_metrics
-from air_transfer.storage.node_api import Commit, NodeFiles, NodeMetadata, NodeReads
+from air_transfer.storage.node_api import Commit, NodeCopies, NodeFiles, NodeMetadata, NodeReads
 from air_transfer.storage.replica_wire import on_copy
 from air_transfer.storage.server.replica_record import MAX_ATTEMPTS
 from air_transfer.storage.server.replica_registry import Copy, ReplicaRegistry
@@ -195,7 +195,7 @@ def repair_one(
         view = registry.view(key)
         members = [n for n, _ in view[0]] if view else []
         claim = copier.t.call(
-            NodeFiles.claim_copy, target[1], key, target[0], members, registry.keys(), False
+            NodeCopies.claim_copy, target[1], key, target[0], members, registry.keys(), False
         )
         get(claim)
         copier.empty_target()

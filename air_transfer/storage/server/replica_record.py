@@ -21,7 +21,7 @@ a default, so that records saved before it still load.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from air_transfer.storage.replica_wire import Owner
@@ -55,14 +55,7 @@ class Op:
         return self.owner is None and now - self.started > BUSY_S
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "targets": self.targets,
-            "fresh": self.fresh,
-            "paths": self.paths,
-            "started": self.started,
-            "owner": None if self.owner is None else self.owner.to_dict(),
-            "staging": self.staging,
-        }
+        return asdict(self)  # the owner's too
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Op:
@@ -94,7 +87,7 @@ class Failure:
         return self.last + min(60.0, 2.0**self.attempts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"attempts": self.attempts, "error": self.error, "last": self.last}
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Failure:

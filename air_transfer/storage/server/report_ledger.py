@@ -20,9 +20,10 @@ Python: unit-tested without Ray.
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from collections.abc import Callable, Collection
 from typing import TypeVar
+
+from air_transfer.core.fence import Fence
 
 T = TypeVar("T")
 
@@ -33,13 +34,12 @@ class GroupStoppedError(RuntimeError):
 
 class ReportLedger:
     """Which checkpoint paths each worker's reports stored, and which workers'
-    groups have been stopped."""
+    groups have been stopped (fenced: ``core.fence``)."""
 
     def __init__(self) -> None:
-        self._changed = threading.Condition()
+        self._workers = Fence()  # a worker's stores running, and workers stopped
+        self._lock = threading.Lock()
         self._stored: dict[str, set[str]] = {}  # worker -> paths stored or being stored
-        self._running: Counter[str] = Counter()  # worker -> stores in flight
-        self._fenced: set[str] = set()
 
     def store(self, worker: str, path: str, write: Callable[[Callable[[], None]], T]) -> T:
         """Run ``write(check)`` for ``worker``'s report into ``path``, noted first (a
@@ -48,38 +48,25 @@ class ReportLedger:
         it between chunks. Raises GroupStoppedError at once if it already is."""
 
         def check() -> None:
-            if worker in self._fenced:
-                raise GroupStoppedError(
-                    f"Ray Train stopped the worker group of {worker}; its report into "
-                    f"{path!r} is not stored"
-                )
+            if self._workers.is_fenced(worker):
+                raise _stopped(worker, path)
 
-        with self._changed:
-            check()
-            self._stored.setdefault(worker, set()).add(path)
-            self._running[worker] += 1
-        try:
+        with self._workers.running(worker, lambda: _stopped(worker, path)):
+            self._note(worker, path)
             return write(check)
-        finally:
-            with self._changed:
-                self._running[worker] -= 1
-                if not self._running[worker]:
-                    del self._running[worker]
-                self._changed.notify_all()
 
     def note(self, worker: str, path: str, make: Callable[[], None]) -> None:
         """Note ``path`` as a report of ``worker`` that the worker writes itself (torch
         DCP: each rank streams its files into it) and ``make()`` it, unless the
         worker's group is stopped (GroupStoppedError: then nothing is made, so no
         directory appears after ``reclaim`` deleted what it found)."""
-        with self._changed:
-            if worker in self._fenced:
-                raise GroupStoppedError(
-                    f"Ray Train stopped the worker group of {worker}; its report into "
-                    f"{path!r} is not stored"
-                )
-            self._stored.setdefault(worker, set()).add(path)
+        with self._workers.running(worker, lambda: _stopped(worker, path)):
+            self._note(worker, path)
             make()
+
+    def _note(self, worker: str, path: str) -> None:
+        with self._lock:
+            self._stored.setdefault(worker, set()).add(path)
 
     def reclaim(
         self,
@@ -91,10 +78,9 @@ class ReportLedger:
         they stored that is not in ``tracked``; returns the paths deleted, sorted
         (one already gone, pruned by Train or never published, is skipped). Their
         notes are dropped."""
-        with self._changed:
-            self._fenced.update(workers)
-            self._changed.wait_for(lambda: not any(self._running[w] for w in workers))
-            stored: set[str] = set()
+        self._workers.fence(workers)
+        stored: set[str] = set()
+        with self._lock:
             for w in workers:
                 stored |= self._stored.pop(w, set())
         deleted = []
@@ -105,3 +91,9 @@ class ReportLedger:
                 continue
             deleted.append(path)
         return deleted
+
+
+def _stopped(worker: str, path: str) -> GroupStoppedError:
+    return GroupStoppedError(
+        f"Ray Train stopped the worker group of {worker}; its report into {path!r} is not stored"
+    )

@@ -28,7 +28,7 @@ from air_transfer.core.proven_read import FileCursor, fill_chunk
 from air_transfer.core.scan import Source
 from air_transfer.errors import CheckpointLostError, ChecksumError
 from air_transfer.transfer.agent_tasks import task_groups
-from air_transfer.transfer.packing_service import PackingCalls
+from air_transfer.transfer.packing_service import PackingService
 
 Sent = Iterator[tuple[ChunkPlan, memoryview]]
 
@@ -56,7 +56,7 @@ def remote_chunks(node_id: str, source: Source, plans: Sequence[ChunkPlan], wind
         group = next(groups, None)
         if group is not None:
             k = len(group)
-            refs = agent.calls(2 * k, PackingCalls.pack_chunks, source, group)
+            refs = agent.calls(2 * k, PackingService.pack_chunks, source, group)
             pending.append((group, refs[:k], refs[k:]))
 
     for _ in range(window):

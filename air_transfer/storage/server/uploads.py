@@ -1,12 +1,13 @@
 """Node storage, the storage-node side: file bodies arriving in chunks.
 
-Runs in the agent of the storage node (``node_service.NodeStorageService`` hands its calls to
-these methods). A write to ``path`` creates a hidden staging file next to it; each chunk,
-checked against the checksum it was sent with, is written at its offset
-(``os.pwrite``), so the agent's threads may write chunks in any order; the commit
-checks the size and renames the staging file over ``path``. Readers see the old file
-or the new one, never half of it. A staging file stays hidden from listings; one
-whose writer died is removed once that is known (``upload_writers``).
+Runs in the agent of the storage node, which serves ``DiskUploads`` behind
+``node_api.NodeFiles`` (``node_service.NodeStorageService.services``). A write to
+``path`` creates a hidden staging file next to it; each chunk, checked against the
+checksum it was sent with, is written at its offset (``os.pwrite``), so the agent's
+threads may write chunks in any order; the commit checks the size and renames the
+staging file over ``path``. Readers see the old file or the new one, never half of
+it. A staging file stays hidden from listings; one whose writer died is removed once
+that is known (``upload_writers``).
 
 Concurrent writes to one path: each has its own staging file and the last commit
 wins, whole. An append copies the file as it is when the append opens; if another
@@ -26,8 +27,9 @@ import shutil
 import stat
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from air_transfer.cluster.refs import ChunkRef
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import (
     Raced,
@@ -43,7 +45,7 @@ from air_transfer.core.direct_io import pwrite_direct, should_write_direct
 from air_transfer.core.process_locks import Process
 from air_transfer.core.reuse import link_at
 from air_transfer.errors import ChecksumError
-from air_transfer.storage.node_api import Commit
+from air_transfer.storage.node_api import Commit, NodeFiles
 from air_transfer.storage.node_wire import Expect
 from air_transfer.storage.server.tree import STAGING_MARK, hidden_name
 from air_transfer.storage.server.upload_writers import UploadWriters
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 
-class DiskUploads:
+class DiskUploads(NodeFiles):
     """The node-side half of writes through ``storage_filesystem``."""
 
     def __init__(self, writers: UploadWriters[Process] | None = None) -> None:
@@ -62,7 +64,7 @@ class DiskUploads:
         #: Who writes each upload in progress (None: nobody watches the writers).
         self.writers = writers
 
-    def fs_copy_file(self, root: str, src: str, dest: str) -> None:
+    def fs_copy_file(self, root: str, src: str, dest: str, op: str = "") -> None:
         source, _ = open_regular(root, src, "copy")
         try:
             staging, _, _ = self.fs_open_write(root, dest, append=False)
@@ -115,14 +117,14 @@ class DiskUploads:
         root: str,
         staging: str,
         offset: int,
-        data: Buffer,
+        data: Buffer | ChunkRef,
         checksum: str,
         direct_io: bool = False,
     ) -> None:
         """Write one chunk at ``offset`` of a staging file, after checking it; with
         ``direct_io``, a large block-aligned chunk goes around the page cache (as
         ``TransferConfig.direct_io`` has the writer of ``to_directory`` do)."""
-        view = memoryview(data).cast("B")
+        view = memoryview(cast("Buffer", data)).cast("B")  # a ref arrives resolved by Ray
         if chunk_checksum(view) != checksum:
             raise ChecksumError(
                 errno.EIO,
@@ -154,7 +156,7 @@ class DiskUploads:
 
         at(root, staging, write, follow=False)
 
-    def fs_commit(self, root: str, commit: Commit) -> None:
+    def fs_commit(self, root: str, commit: Commit, op: str = "") -> None:
         """Write the last bytes, check the staging file holds ``commit.size`` bytes,
         and rename it over ``commit.path``; on any error the staging file is removed."""
         c = commit

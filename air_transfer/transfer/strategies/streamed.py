@@ -26,7 +26,7 @@ from air_transfer.cluster.refs import ChecksumRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.scan import Source, Stamp
-from air_transfer.transfer.packing_service import PackingCalls
+from air_transfer.transfer.packing_service import PackingService
 from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest, TransferStrategy
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class StreamedStrategy(TransferStrategy):
             return
         refs = AgentClient(payload.node_id, payload.agent).stream(
             config.window,
-            PackingCalls.stream,
+            PackingService.stream,
             payload.source,
             list(manifest.files()),
             manifest.chunk_bytes,
