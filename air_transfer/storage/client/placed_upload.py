@@ -180,8 +180,8 @@ class PlacedUpload(io.RawIOBase):
             raise self._explained(e) from e
         finally:
             super().close()
-            if self.failed and self.upload is not None and not self.upload.closed:
-                self.upload.close()  # its write failed: it aborts
+            if self.failed and self.upload is not None:  # nothing of it is committed
+                self.upload.abort(OSError(errno.EIO, "the placed write did not finish", self.path))
 
     def _publish(self) -> None:
         handler = self.handler

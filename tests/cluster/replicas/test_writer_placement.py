@@ -6,6 +6,7 @@ one path leave one whole version that every copy names."""
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from tests.support.checkpoints import MiB, on
 from tests.support.cluster import node_ids
 from tests.support.node_storage import CONFIG, read
 from tests.support.replicas import remove, top_up, workers
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the order)
 
@@ -115,6 +117,13 @@ def test_small_files_stay_with_the_storage(replica_cluster: Cluster, tmp_path: P
     assert blobs(tmp_path) == {}
     with pytest.raises(OSError, match=r"appending is not supported.*placement='writer'"):
         fs.open_append_stream(f"{h.root}/state.json")
+    # A large file dropped unclosed is not published, and its holders keep nothing.
+    out = fs.open_output_stream(f"{h.root}/dropped")
+    out.write(os.urandom(2 * MiB))
+    del out
+    gc.collect()
+    eventually(lambda: blobs(tmp_path) == {}, "the dropped write's staging files removed")
+    assert fs.get_file_info(f"{h.root}/dropped").type == pafs.FileType.NotFound
 
 
 def test_holder_lost_mid_write_publishes_nothing(replica_cluster: Cluster, tmp_path: Path) -> None:
