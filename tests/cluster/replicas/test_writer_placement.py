@@ -7,7 +7,9 @@ one path leave one whole version that every copy names."""
 from __future__ import annotations
 
 import gc
+import logging
 import os
+import zlib
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -17,7 +19,7 @@ from ray.cluster_utils import Cluster
 
 from air_transfer import storage_filesystem
 from air_transfer.storage.client.handler import node_storage_handler
-from air_transfer.storage.client.placed_record import placed_root
+from air_transfer.storage.client.placed_record import choose_holders, placed_root
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
 from tests.support.checkpoints import MiB, on
 from tests.support.cluster import node_ids
@@ -159,6 +161,30 @@ def test_holder_lost_after_the_write_is_read_around(
     remove(replica_cluster, writer)
     assert read(fs, f"{h.root}/f") == data
     assert fs.get_file_info(f"{h.root}/f").size == SHARD
+
+
+def test_holder_lost_mid_read_hands_over_to_another(
+    replica_cluster: Cluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    top_up(replica_cluster, 4)
+    ids, here = node_ids(), ray.get_runtime_context().get_node_id()
+    live = sorted(ids.values())
+    # A writer whose file this node does not hold: the read crosses the network.
+    writer = next(n for n in workers() if here not in choose_holders(ids[n], live, 2))
+    h = placed(tmp_path, "head", named=(next(n for n in workers() if n != writer),))
+    fs = fs_of(h)
+    data = os.urandom(12 * MiB + 7)  # 7 read chunks of 2 MiB: more than a window ahead
+    ray.get(write.options(**on(writer)).remote(fs, f"{h.root}/f", data))
+    record = h.record_of(f"{h.root}/f")
+    assert record is not None
+    turn = zlib.crc32(f"{here}:{record.blob}".encode()) % 2
+    first = sorted(record.holders)[turn][0]  # the holder this node reads first
+    with caplog.at_level(logging.WARNING), fs.open_input_stream(f"{h.root}/f") as stream:
+        head = stream.read(2 * MiB)
+        remove(replica_cluster, first)
+        rest = stream.read()
+    assert head + rest == data
+    assert f"on node {first[:12]} failed mid-read" in caplog.text
 
 
 def test_racing_writers_leave_one_whole_version(replica_cluster: Cluster, tmp_path: Path) -> None:
