@@ -220,6 +220,14 @@ class StorageConfig(_Replaceable):
             "head", as ``storage_filesystem(node=)`` takes them).
         replica_root: each copy's root, ``{node_id}`` formatted in (nodes sharing one
             disk); default: ``root`` on every node.
+        placement: where a file's bytes live: ``"storage"`` (on the storage node and
+            its copies, as every other file) or ``"writer"`` (on the node of the
+            process that wrote it and ``replicas - 1`` other nodes, under
+            ``replica_root`` formatted with ``"<node id>.placed"``; the storage node
+            and its copies keep the names, directories, small files and where each
+            large file's bytes live). ``"writer"`` needs ``replicas >= 2``, a
+            ``replica_root`` with ``{node_id}``, no durable tier and no
+            ``incremental``.
         incremental: a checkpoint stored there sends and stores only the chunks that
             earlier checkpoints under the root lack.
         cache_bytes: chunks of files read from node storage kept for N readers
@@ -250,6 +258,7 @@ class StorageConfig(_Replaceable):
     replicas: int = 1
     replica_nodes: tuple[str, ...] = ()
     replica_root: str | None = None
+    placement: str = "storage"
     incremental: bool = False
     cache_bytes: int = 1 * GiB
     durable: Durable | None = None
@@ -292,6 +301,7 @@ class StorageConfig(_Replaceable):
             )
         if self.replica_root is not None and not isinstance(self.replica_root, str):
             raise TypeError(f"StorageConfig.replica_root must be a str, got {self.replica_root!r}")
+        self._check_placement()
         if self.durable is not None and not isinstance(self.durable, (str, tuple)):
             raise TypeError(
                 "StorageConfig.durable must be a URI or a (pyarrow.fs.FileSystem, path) "
@@ -304,3 +314,32 @@ class StorageConfig(_Replaceable):
                 "StorageConfig.durable_last must be a tuple of name patterns, "
                 f"got {self.durable_last!r}"
             )
+
+    def _check_placement(self) -> None:
+        """``placement`` one of ``PLACEMENTS``, and ``"writer"`` only with what it is
+        built for (the rest refused here, by name, rather than done wrong)."""
+        if self.placement not in PLACEMENTS:
+            raise ValueError(
+                f"StorageConfig.placement must be one of {PLACEMENTS}, got {self.placement!r}"
+            )
+        if self.placement != "writer":
+            return
+        refused = [
+            (self.replicas < 2, f"replicas >= 2 (got replicas={self.replicas}): a file's "
+             "bytes on its writer's node alone would be lost with that node"),
+            (self.replica_root is None or "{node_id}" not in self.replica_root,
+             f"a replica_root with '{{node_id}}' in it (got {self.replica_root!r}): each "
+             "node keeps the bytes it holds under replica_root formatted with "
+             "'<node id>.placed'"),
+            (self.durable is not None, "no durable tier (durable=None): the drain from "
+             "every holder of a file's bytes is not built yet"),
+            (self.incremental, "incremental=False: saves reusing a holder's chunks are "
+             "not built yet"),
+        ]  # fmt: skip
+        for wrong, needs in refused:
+            if wrong:
+                raise ValueError(f"StorageConfig.placement='writer' needs {needs}")
+
+
+#: Where node storage keeps a file's bytes (``StorageConfig.placement``).
+PLACEMENTS = ("storage", "writer")

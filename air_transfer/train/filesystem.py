@@ -23,6 +23,7 @@ from air_transfer.core.keywords import positional_at_most
 from air_transfer.storage.client.handler import NodeStorageHandler
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.client.streams import AgentLink
+from air_transfer.storage.client.writer_placed import WriterPlacedHandler
 from air_transfer.storage.node_api import NodeMetadata
 from air_transfer.train.hooks import install
 from air_transfer.train.settings import StorageSettings, storage_settings
@@ -42,6 +43,7 @@ def storage_filesystem(
     replicas: int = 1,
     replica_nodes: tuple[str, ...] = (),
     replica_root: str | None = None,
+    placement: str = "storage",
     durable: Durable | None = None,
     storage: StorageConfig | None = None,
     expose_system_dirs: bool = False,
@@ -66,6 +68,16 @@ def storage_filesystem(
             fail over to a live copy.
         replica_nodes: nodes to hold the copies first, in ``node``'s forms.
         replica_root: each copy's root, ``{node_id}`` formatted in (default: ``root``).
+        placement: ``"storage"`` (the default: every file's bytes on the storage node
+            and its copies) or ``"writer"``: a file's bytes stay on the node of the
+            process that wrote it and go to ``replicas - 1`` other nodes (each under
+            ``replica_root`` formatted with ``"<node id>.placed"``), published only
+            once every holder has them; the storage node and its copies keep the
+            names, directories, files under 1 MiB and, for each larger file, a sparse
+            stub of its size that records its holders. Reads go to the reader's own
+            node first, then fail over between holders. Needs ``replicas >= 2`` and a
+            ``replica_root`` with ``{node_id}``; refused with ``durable`` or
+            ``incremental`` (not built yet). Appends to a file are refused.
         durable: a durable tier beyond the cluster (a URI
             ``pyarrow.fs.FileSystem.from_uri`` accepts, or a ``(filesystem, path)``
             pair), fed in the background, that reads fall through to where node
@@ -88,6 +100,7 @@ def storage_filesystem(
         replicas=replicas,
         replica_nodes=tuple(replica_nodes),
         replica_root=replica_root,
+        placement=placement,
         durable=durable,
     )
     chosen = storage_settings(node, config, root, keywords, storage, expose_system_dirs)
@@ -107,7 +120,8 @@ def _handler(chosen: StorageSettings) -> NodeStorageHandler:
     if not chosen.replicated:
         return NodeStorageHandler(node, root, config, durable, drain, install)
     storage = chosen.storage
-    return ReplicatedHandler(
+    kind = WriterPlacedHandler if storage.placement == "writer" else ReplicatedHandler
+    return kind(
         node, root, config, storage.replicas, storage.replica_nodes, storage.replica_root,
         durable, drain, install,
     )  # fmt: skip

@@ -61,6 +61,8 @@ class NodeStorage:
     node: str
     replicated: bool
     config: TransferConfig
+    #: Its large files' bytes stay on their writer's node (``placement="writer"``).
+    placed: bool = False
 
 
 def plan_upload(
@@ -89,9 +91,19 @@ def plan_upload(
        keeps every copy) unless ``node`` names another, into node storage by the
        storage node's, else by ``node``'s (None: the head node's).
 
+    Into node storage with ``placement="writer"``, whose bytes must leave from the
+    writing process's node: ``RAY`` for a report (Ray Train copies it through the
+    filesystem, in the worker), else ``THROUGH_FS`` by this node's agent unless
+    ``node`` names another.
+
     ``config`` unset is the storage's for node storage's own routes, else the default.
     Pure: it reads its arguments only.
     """
+    if storage is not None and storage.placed:
+        if worker is not None:
+            return UploadPlan(Route.RAY, dest, config or storage.config)
+        by = here if node in (None, storage.node) else node
+        return UploadPlan(Route.THROUGH_FS, dest, config or storage.config, None, by, None)
     if worker is not None and (storage is None or source is None):
         return UploadPlan(Route.RAY, dest, config or TransferConfig())
     if storage is not None and source is not None and node in (None, storage.node):

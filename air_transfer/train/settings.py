@@ -99,7 +99,7 @@ def _one_storage_config(keywords: StorageConfig, storage: object) -> StorageConf
         raise TypeError(f"storage must be a StorageConfig, got {type(storage).__name__}")
     if keywords != StorageConfig():
         raise ValueError(
-            "pass replicas, replica_nodes, replica_root and durable either as keywords "
+            "pass replicas, replica_nodes, replica_root, placement and durable either as keywords "
             "or in storage=StorageConfig(...), not both"
         )
     return storage

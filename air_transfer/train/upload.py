@@ -26,6 +26,7 @@ from air_transfer.storage.client.handler import NodeStorageHandler, node_storage
 from air_transfer.storage.client.incremental import store_incremental
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.client.streams import AgentLink
+from air_transfer.storage.client.writer_placed import WriterPlacedHandler
 from air_transfer.storage.node_api import NodeCheckpoints
 from air_transfer.train.plan import NodeStorage, Route, UploadPlan, local_directory, plan_upload
 
@@ -101,7 +102,8 @@ def planned(
     storage = None
     if handler is not None:
         replicated = isinstance(handler, ReplicatedHandler)
-        storage = NodeStorage(handler.node_id, replicated, handler.config)
+        placed = isinstance(handler, WriterPlacedHandler)
+        storage = NodeStorage(handler.node_id, replicated, handler.config, placed)
     source = local_directory(checkpoint) if storage is not None else None
     here = this_node_id() if ray.is_initialized() else None
     return plan_upload(

@@ -20,6 +20,7 @@ from air_transfer.core.confine import checked_path
 from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.replica_set import is_lost
 from air_transfer.storage.client.replicas import ReplicatedHandler
+from air_transfer.storage.client.writer_placed import WriterPlacedHandler
 from air_transfer.storage.copy import copy_tree
 from air_transfer.storage.node_api import NodeCheckpoints, NodeReads
 from air_transfer.storage.replica_wire import on_copy
@@ -52,7 +53,9 @@ def store_report(
 def download(handler: ReplicatedHandler, path: str, local_path: str) -> bool:
     """Copy directory ``path`` into ``local_path`` from a fresh copy (this node's,
     else one in ``read_order``; the next when one is lost on the way); False for a
-    file (Ray copies it)."""
+    file, or with ``placement="writer"`` (Ray copies it through the handler)."""
+    if isinstance(handler, WriterPlacedHandler):
+        return False  # Ray copies it file by file, each read from its holders
     rel, config = handler.rel(path), handler.config
     if handler.durable is not None and not handler.copies_holding(path):
         return False  # only in the durable tier: Ray copies it, file by file, verified

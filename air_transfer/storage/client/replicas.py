@@ -199,6 +199,14 @@ class ReplicatedHandler(ReplicaCopies):
     def _open_output(self, path: str, append: bool) -> pa.NativeFile:
         """``path`` staged on every copy the registry names, then written to each
         (``uploads.NodeUpload``, by the rules of ``ReplicaWrite``)."""
+        staged, rules = self.stage_copies(path, append)
+        # The copies write through the page cache (no direct_io), as they always did.
+        writer = NodeUpload(Mode(Route.SEND), staged, self.config, path, rules=rules)
+        return pa.PythonFile(writer, mode="w")
+
+    def stage_copies(self, path: str, append: bool) -> tuple[list[Staged], ReplicaWrite]:
+        """A staging file for ``path`` on every copy the registry names that can take
+        it, and the rules its commit follows; the storage's error if it cannot."""
         rel = self.rel(path)
         self.ensure()
         copies, fresh = replica_set.call(RegistryCalls.targets, self.key)
@@ -229,7 +237,4 @@ class ReplicatedHandler(ReplicaCopies):
         if answer is not None:
             raise answer
         staged = [s for s in staged if s.node not in missed]
-        # The copies write through the page cache (no direct_io), as they always did.
-        rules = ReplicaWrite(self, rel, frozenset(fresh))
-        writer = NodeUpload(Mode(Route.SEND), staged, self.config, path, rules=rules)
-        return pa.PythonFile(writer, mode="w")
+        return staged, ReplicaWrite(self, rel, frozenset(fresh))

@@ -286,6 +286,12 @@ class NodeUpload(io.RawIOBase):
         indexed = IndexedCommit(*whole, direct_io, s.expect, sums=sums, chunk_bytes=cb)
         s.link.call(NodeIndexedUploads.fs_commit_indexed, root, indexed)
 
+    def abort(self, error: BaseException) -> None:
+        """Give the upload up unclosed: every staging file removed, nothing committed."""
+        if not self.closed:
+            self._abort(error)
+            io.RawIOBase.close(self)
+
     def _abort(self, error: BaseException) -> None:
         """Remove every staging file (``abort_copy``)."""
         self.failed = True

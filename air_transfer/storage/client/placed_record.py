@@ -1,0 +1,104 @@
+"""Node storage with ``placement="writer"``, the wire of it: where a large file's
+bytes live (``PlacedRecord``, kept in the first bytes of a sparse stub of the file's
+size on the storage node and its copies), which nodes hold them (``choose_holders``:
+the writer's own first, then the next live nodes in turn), and where on a holder
+(``placed_root``, ``blob_path``).
+
+The stub has the file's size, so listings and infos answer as for any file, with no
+call of their own; its record is read only by a reader of the file (``decode``) and
+by a delete or overwrite, whose holders' bytes go with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import uuid
+from dataclasses import dataclass
+
+#: Files smaller than this stay whole on the storage node and its copies (Ray
+#: Train's run state, markers, torch DCP's ``.metadata``): only larger ones are placed.
+PLACE_MIN_BYTES = 1024 * 1024
+#: The most a stub's record takes (its head, read as one chunk of this size).
+RECORD_BYTES = 16 * 1024
+_MAGIC = b"AIR-TRANSFER-PLACED\x00v1\n"
+
+#: A holder of a file's bytes: (node id, its placed root on that node).
+Holder = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class PlacedRecord:
+    """A placed file: ``size`` bytes, stored as ``blob`` (a path under each holder's
+    placed root) on every one of ``holders`` before the record was published."""
+
+    size: int
+    blob: str
+    holders: tuple[Holder, ...]
+
+    def encode(self) -> bytes:
+        body = {"size": self.size, "blob": self.blob, "holders": [list(h) for h in self.holders]}
+        data = _MAGIC + json.dumps(body, separators=(",", ":")).encode() + b"\n"
+        if len(data) > RECORD_BYTES or len(data) >= self.size:
+            raise ValueError(
+                f"a placement record of {len(data)} bytes does not fit the stub of a "
+                f"{self.size}-byte file (at most {RECORD_BYTES} bytes)"
+            )
+        return data
+
+    def where(self, holder: Holder) -> str:
+        """The blob's path on ``holder``."""
+        return posixpath.join(holder[1], self.blob)
+
+
+def decode(head: bytes | memoryview, size: int) -> PlacedRecord | None:
+    """The record a stub of ``size`` bytes begins with; None for a file whose bytes
+    are its own (one that is not a stub, or a stub of another size: not ours)."""
+    data = bytes(head[:RECORD_BYTES])
+    if not data.startswith(_MAGIC):
+        return None
+    line, newline, _ = data[len(_MAGIC) :].partition(b"\n")
+    if not newline:
+        return None
+    try:
+        body = json.loads(line)
+        record = PlacedRecord(
+            int(body["size"]),
+            str(body["blob"]),
+            tuple((str(n), str(r)) for n, r in body["holders"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+    if record.size != size or not record.holders or ".." in record.blob.split("/"):
+        return None
+    return record
+
+
+def placed_root(replica_root: str, node: str) -> str:
+    """Where node ``node`` keeps the bytes it holds: ``replica_root`` formatted with
+    ``<node id>.placed`` (beside that node's copy, never inside a copy's tree, which
+    repair empties)."""
+    return posixpath.normpath(replica_root.format(node_id=f"{node}.placed"))
+
+
+def blob_path(key: str) -> str:
+    """A new blob's path under a placed root: one directory per storage (``key``),
+    a name no other write uses (so racing writers of a path never share a blob)."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    return f"{digest}/{uuid.uuid4().hex}"
+
+
+def choose_holders(writer: str, live: list[str], replicas: int) -> list[str]:
+    """The ``replicas`` nodes to hold a file ``writer`` wrote: ``writer`` first (its
+    bytes do not leave its node), then the live nodes after it in id order, in turn:
+    when every node writes one file, each receives one, none more. ValueError when
+    fewer than ``replicas`` nodes live."""
+    ring = sorted(set(live) | {writer})
+    if len(ring) < replicas:
+        raise ValueError(
+            f"placement='writer' with replicas={replicas} needs {replicas} live nodes to "
+            f"hold a file; {len(ring)} live"
+        )
+    at = ring.index(writer)
+    return [ring[(at + i) % len(ring)] for i in range(replicas)]

@@ -1,0 +1,239 @@
+"""One file written to node storage with ``placement="writer"``: ``PlacedUpload``.
+
+Its first ``PLACE_MIN_BYTES`` are held here: a file that ends before them is
+written whole to the storage node and its copies, as any replicated file. A larger
+one is staged on its holders (``placed_record.choose_holders``: this node first),
+each chunk put in the object store once and written by every holder's agent from
+it (``uploads.NodeUpload``); at close every holder commits it under a name no other
+write uses (``HolderCommit``), and only then is its stub, whose record names them,
+committed on the storage node and its copies, within the replica registry's rules
+(``replica_write.ReplicaWrite``). Any holder failing fails the write, and what the
+others took is deleted: a file is visible only once every holder has its bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from air_transfer.core.checksum import chunk_checksum
+from air_transfer.storage.client.placed_record import (
+    PLACE_MIN_BYTES,
+    Holder,
+    PlacedRecord,
+    blob_path,
+)
+from air_transfer.storage.client.replica_set import is_lost
+from air_transfer.storage.client.upload_copies import Mode, Route, Staged, abort_copy
+from air_transfer.storage.client.uploads import NodeUpload
+from air_transfer.storage.node_api import Commit, NodeFiles
+
+if TYPE_CHECKING:
+    from collections.abc import Buffer
+
+    import pyarrow as pa
+
+    from air_transfer.config import TransferConfig
+    from air_transfer.storage.client.replica_write import ReplicaWrite
+
+logger = logging.getLogger(__name__)
+
+
+class PlacedStorage(Protocol):
+    """What a placed write asks of its storage (``writer_placed.PlacedStorage``)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def config(self) -> TransferConfig: ...
+
+    def stage_holders(self, blob: str) -> tuple[list[Holder], list[Staged]]:
+        """A staging file for ``blob`` on each of the file's holders."""
+        ...
+
+    def stage_copies(self, path: str, append: bool) -> tuple[list[Staged], ReplicaWrite]:
+        """A staging file for ``path`` on the storage node and its copies."""
+        ...
+
+    def open_inline(self, path: str) -> pa.NativeFile:
+        """``path`` written whole to the storage node and its copies."""
+        ...
+
+    def record_of(self, path: str) -> PlacedRecord | None:
+        """Where ``path``'s bytes are, if it is placed."""
+        ...
+
+    def delete_record(self, record: PlacedRecord) -> None:
+        """Delete the bytes ``record`` names."""
+        ...
+
+    def delete_blobs(self, holders: list[Holder], wheres: list[str]) -> None:
+        """Delete blob ``wheres[i]`` on ``holders[i]``."""
+        ...
+
+
+@dataclass(frozen=True)
+class HolderCommit:
+    """The rules of a placed file's write (``upload_copies.CopyRules``): every holder
+    or none. No holder may be lost; at the commit each holder publishes its blob, and
+    when one fails the others' are deleted and the write raises."""
+
+    handler: PlacedStorage
+    name: str
+
+    def can_lose(self, copy: Staged, error: Exception) -> bool:
+        return False
+
+    def commit(self, copies: list[Staged], commit: Callable[[Staged, str], None]) -> None:
+        done: list[Staged] = []
+        failed: tuple[Staged, Exception] | None = None
+        for s in copies:
+            try:
+                commit(s, "")
+                done.append(s)
+            except Exception as e:
+                failed = failed or (s, e)
+                abort_copy(s)
+        copies.clear()
+        if failed is not None:
+            self.handler.delete_blobs([(s.node, s.link.root) for s in done], [s.path for s in done])
+            raise lost_holder(self.name, failed[0].node[:12], failed[1])
+
+
+def lost_holder(name: str, nodes: str, error: Exception) -> Exception:
+    """The error of a placed write whose holder on ``nodes`` failed: ConnectionError
+    naming them when one is gone, else the holder's own answer."""
+    if not is_lost(error, reading=False):
+        return error
+    return ConnectionError(
+        f"storage placement='writer': a holder of {name!r} (on node {nodes}) was lost "
+        f"mid-write ({type(error).__name__}: {error}); nothing of this write was published "
+        "(the previous version, if any, is still the file): write it again"
+    )
+
+
+class PlacedUpload(io.RawIOBase):
+    """``path`` written to ``handler`` (a ``writer_placed.WriterPlacedHandler``); ``close``
+    publishes it whole, anything else (a failed write, dropped unclosed) leaves the
+    file as it was."""
+
+    def __init__(self, handler: PlacedStorage, path: str) -> None:
+        super().__init__()
+        self.handler, self.path = handler, path
+        self.head = bytearray()  # held until the file is known to be placed
+        self.upload: NodeUpload | None = None
+        self.holders: list[Holder] = []
+        self.blob = ""
+        self.written = 0
+        self.failed = False
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.written
+
+    def write(self, data: Buffer) -> int:
+        if self.closed:
+            raise ValueError(f"write to a closed upload of {self.path!r}")
+        if self.failed:
+            raise OSError(errno.EIO, "an earlier write of this upload failed", self.path)
+        view = memoryview(data).cast("B")
+        try:
+            if self.upload is not None:
+                self.upload.write(view)
+            else:
+                self.head += view
+                if len(self.head) >= PLACE_MIN_BYTES:
+                    self._place()
+        except Exception as e:
+            self.failed = True
+            raise self._explained(e) from e
+        self.written += len(view)
+        return len(view)
+
+    def _place(self) -> None:
+        """Stage the file on its holders and send them what was held."""
+        handler = self.handler
+        self.blob = blob_path(handler.key)
+        self.holders, staged = handler.stage_holders(self.blob)
+        mode = Mode(Route.SEND)
+        rules = HolderCommit(handler, self.path)
+        self.upload = NodeUpload(mode, staged, handler.config, self.path, rules=rules)
+        head, self.head = self.head, bytearray()
+        self.upload.write(head)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            if not self.failed:
+                self._publish()
+        except Exception as e:
+            self.failed = True
+            raise self._explained(e) from e
+        finally:
+            super().close()
+            if self.failed and self.upload is not None:  # nothing of it is committed
+                self.upload.abort(OSError(errno.EIO, "the placed write did not finish", self.path))
+
+    def _publish(self) -> None:
+        handler = self.handler
+        if self.upload is None:  # small: whole on the storage node and its copies
+            with handler.open_inline(self.path) as out:
+                out.write(bytes(self.head))
+            return
+        self.upload.close()  # every holder commits, or none keeps it
+        record = PlacedRecord(self.written, self.blob, tuple(self.holders))
+        try:
+            old = handler.record_of(self.path)
+        except FileNotFoundError:
+            old = None
+        try:
+            publish_stub(handler, self.path, record)
+        except BaseException:
+            handler.delete_blobs(list(record.holders), [record.where(h) for h in record.holders])
+            raise
+        if old is not None and old.blob != record.blob:  # the version it replaced
+            handler.delete_record(old)
+
+    def _explained(self, error: Exception) -> Exception:
+        if isinstance(error, ConnectionError) and "placement='writer'" in str(error):
+            return error
+        nodes = " or ".join(n[:12] for n, _ in self.holders) or "?"
+        return lost_holder(self.path, nodes, error)
+
+    def __del__(self) -> None:
+        if not self.closed:  # dropped unclosed: nothing is published
+            self.failed = True
+            with contextlib.suppress(Exception):
+                self.close()
+
+
+def publish_stub(handler: PlacedStorage, path: str, record: PlacedRecord) -> None:
+    """Commit ``path``'s stub on the storage node and its copies: a sparse file of
+    ``record.size`` bytes, the record in its first ones (so that listings and infos
+    see the file's size), by the replica registry's rules."""
+    staged, rules = handler.stage_copies(path, append=False)
+    header = record.encode()
+    last = b"\x00"
+
+    def commit(s: Staged, op: str) -> None:
+        root, size = s.link.root, record.size
+        s.link.call(NodeFiles.fs_write, root, s.staging, 0, header, chunk_checksum(header))
+        s.link.call(NodeFiles.fs_write, root, s.staging, size - 1, last, chunk_checksum(last))
+        done = Commit(s.path, s.staging, size, b"", chunk_checksum(b""), size, False, s.expect)
+        s.link.call(NodeFiles.fs_commit, root, done, op)
+
+    try:
+        rules.commit(staged, commit)
+    except BaseException:
+        for s in staged:
+            abort_copy(s)
+        raise

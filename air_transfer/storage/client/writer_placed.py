@@ -1,0 +1,273 @@
+"""Node storage with ``placement="writer"``: ``WriterPlacedHandler``, the pyarrow
+handler of ``storage_filesystem(replicas=K, placement="writer")``.
+
+The storage node and its K-1 copies are a replicated storage as any other
+(``replicas.ReplicatedHandler``: names, directories, small files, every change
+through the replica registry), except that a file of ``PLACE_MIN_BYTES`` or more
+is kept there as a sparse stub of its size whose first bytes record where its bytes
+are (``placed_record``): on the node of the process that wrote it and K-1 others,
+each under its placed root (``placed_upload`` writes them). Listings and infos are
+the copies' (the stub has the file's size); a read of a placed file goes to this
+node's holder first, then to the others, failing over when one is lost; a delete,
+or a write or move over a placed file, deletes the bytes it no longer names.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import posixpath
+import shutil
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import ray
+
+from air_transfer.cluster import _ray_core
+from air_transfer.cluster.fetch import fetch_in_order, get
+from air_transfer.cluster.nodes import live_node_ids, this_node_id
+from air_transfer.core.reader import ChunkFileReader
+from air_transfer.storage.client.placed_record import (
+    PLACE_MIN_BYTES,
+    RECORD_BYTES,
+    Holder,
+    PlacedRecord,
+    choose_holders,
+    decode,
+    placed_root,
+)
+from air_transfer.storage.client.placed_upload import PlacedUpload, lost_holder
+from air_transfer.storage.client.replica_set import is_lost
+from air_transfer.storage.client.replicas import ReplicatedHandler
+from air_transfer.storage.client.same_node import open_native
+from air_transfer.storage.client.streams import AgentLink, _chunks, _verified, read_chunk_bytes
+from air_transfer.storage.client.upload_copies import Staged, abort_copy
+from air_transfer.storage.node_api import NodeFiles, NodeMetadata, NodeReads
+from air_transfer.storage.replica_wire import on_copy
+
+logger = logging.getLogger(__name__)
+
+
+class WriterPlacedHandler(ReplicatedHandler):
+    """A ``ReplicatedHandler`` whose large files' bytes stay where they were written
+    (see the module); made by ``storage_filesystem(placement="writer")``, whose
+    ``StorageConfig`` has checked its settings."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._placed_links: dict[Holder, AgentLink] = {}
+
+    # -- writes ------------------------------------------------------------------------
+    def _open_output(self, path: str, append: bool) -> pa.NativeFile:
+        if append:
+            raise OSError(
+                errno.EOPNOTSUPP,
+                "appending is not supported by node storage with placement='writer' "
+                "(storage_filesystem(placement=...)): write the whole file",
+                path,
+            )
+        # Refused at the open, as a write to one disk is, not at the close.
+        target, parent = self.get_file_info([path, posixpath.dirname(self._path(path))])
+        if parent.type != pafs.FileType.Directory:
+            raise FileNotFoundError(errno.ENOENT, "No such directory to write into", path)
+        if target.type == pafs.FileType.Directory:
+            raise IsADirectoryError(errno.EISDIR, "Cannot write to a directory", path)
+        return pa.PythonFile(PlacedUpload(self, path), mode="w")
+
+    def open_inline(self, path: str) -> pa.NativeFile:
+        """``path`` written whole to the storage node and its copies (a small file)."""
+        return ReplicatedHandler._open_output(self, path, False)
+
+    def stage_holders(self, blob: str) -> tuple[list[Holder], list[Staged]]:
+        """A staging file for ``blob`` on each of the file's holders (this node first);
+        every one, or the error of one that could not (the others' removed)."""
+        live = sorted(live_node_ids() - set(_ray_core.draining_nodes()))
+        nodes = choose_holders(this_node_id(), live, self.replicas)
+        holders = [(n, placed_root(self.replica_root, n)) for n in nodes]
+        calls = []
+        for node, root in holders:
+            link, where = self.placed_link(node, root), posixpath.join(root, blob)
+            made = link.submit(NodeMetadata.fs_create_dir, root, posixpath.dirname(where), True)
+            calls.append((node, link, where, made))
+        staged: list[Staged] = []
+        try:
+            for node, link, where, made in calls:
+                try:
+                    link.wait(made)
+                    staging, start, expect = link.call(
+                        NodeFiles.fs_open_write, link.root, where, False
+                    )
+                except Exception as e:
+                    raise lost_holder(where, node[:12], e) from e
+                staged.append(Staged(node, link, where, staging, start, expect))
+        except BaseException:
+            for s in staged:
+                abort_copy(s)
+            raise
+        return holders, staged
+
+    def placed_link(self, node: str, root: str) -> AgentLink:
+        """The link to ``node``'s agent for its placed root ``root``."""
+        link = self._placed_links.get((node, root))
+        if link is None:
+            link = self._placed_links[(node, root)] = AgentLink(node, root, self.config)
+        return link
+
+    # -- records -----------------------------------------------------------------------
+    def record_of(self, path: str) -> PlacedRecord | None:
+        """Where ``path``'s bytes are, if it is a placed file (None: its own bytes,
+        or a directory); FileNotFoundError if there is none."""
+        rel = self.rel(path)
+        [(ftype, size, _)] = self.read(
+            "answer",
+            lambda link, root: link.call(NodeMetadata.fs_info, root, [on_copy(root, rel)]),
+        )
+        if ftype == pafs.FileType.NotFound:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        if ftype != pafs.FileType.File or size is None or size < PLACE_MIN_BYTES:
+            return None
+        head = self.read("read", lambda link, root: _head(link, on_copy(root, rel), size))
+        return decode(head, size)
+
+    def records_under(self, path: str) -> list[PlacedRecord]:
+        """The records of the placed files at or under ``path`` (none gone meanwhile)."""
+        try:
+            infos = [self.get_file_info([path])[0]]
+            if infos[0].type == pafs.FileType.Directory:
+                infos = self.get_file_info_selector(pafs.FileSelector(path, recursive=True))
+        except FileNotFoundError:
+            return []
+        records = []
+        for info in infos:
+            if info.type != pafs.FileType.File or (info.size or 0) < PLACE_MIN_BYTES:
+                continue
+            try:
+                record = self.record_of(info.path)
+            except FileNotFoundError:
+                continue
+            if record is not None:
+                records.append(record)
+        return records
+
+    def delete_record(self, record: PlacedRecord) -> None:
+        """Delete the bytes ``record`` names, no longer named by any file."""
+        self.delete_blobs(list(record.holders), [record.where(h) for h in record.holders])
+
+    def delete_blobs(self, holders: list[Holder], wheres: list[str]) -> None:
+        """Delete blob ``wheres[i]`` on ``holders[i]``; a holder gone keeps its (then
+        unnamed) bytes, garbage rather than data."""
+        calls = []
+        for (node, root), where in zip(holders, wheres, strict=True):
+            try:
+                link = self.placed_link(node, root)
+                calls.append((link, link.submit(NodeMetadata.fs_delete_file, root, where, "")))
+            except Exception as e:
+                logger.info("air-transfer: placed bytes %s on %s stay: %s", where, node[:12], e)
+        for link, call in calls:
+            try:
+                link.wait(call)
+            except FileNotFoundError:
+                pass
+            except Exception as e:
+                logger.info("air-transfer: placed bytes on %s stay: %s", link.node_id[:12], e)
+
+    # -- reads -------------------------------------------------------------------------
+    def _open_input(self, path: str) -> pa.NativeFile:
+        record = self.record_of(path)
+        if record is None:
+            return ReplicatedHandler._open_input(self, path)
+        here = this_node_id() if ray.is_initialized() else ""
+        for node, root in record.holders:
+            if node == here:
+                try:
+                    return open_native(root, record.where((node, root)))
+                except FileNotFoundError:
+                    break  # this node lost it: read from another holder
+        cb = read_chunk_bytes(self.config)
+        chunks = lambda first, last: self.placed_chunks(path, record, first, last)  # noqa: E731
+        return pa.PythonFile(ChunkFileReader(path, record.size, 0, cb, chunks), mode="r")
+
+    def placed_chunks(
+        self, path: str, record: PlacedRecord, first: int, last: int
+    ) -> Iterator[tuple[int, memoryview]]:
+        """The chunks of placed file ``path`` from ``first``, from one holder (this
+        node's first, then the others in an order drawn from this node's id); when one
+        is lost or lacks them, from the next, resuming at the chunk not yet handed out."""
+        here = this_node_id()
+        others = sorted(h for h in record.holders if h[0] != here)
+        turn = zlib.crc32(f"{here}:{record.blob}".encode()) % max(1, len(others))
+        order = [h for h in record.holders if h[0] == here] + others[turn:] + others[:turn]
+        live, tried = live_node_ids(), []
+        for holder in order:
+            if holder[0] not in live:
+                tried.append(f"{holder[0][:12]}: gone")
+                continue
+            try:
+                link = self.placed_link(*holder)
+                for index, view in _chunks(link, record.where(holder), record.size, first, last):
+                    yield index, view
+                    first = index + 1
+                return
+            except Exception as e:
+                if not (is_lost(e) or isinstance(e, FileNotFoundError)):
+                    raise
+                tried.append(f"{holder[0][:12]}: {type(e).__name__}")
+                logger.warning(
+                    "air-transfer: the holder of %s on node %s failed mid-read (%s); "
+                    "reading on from another holder",
+                    path,
+                    holder[0][:12],
+                    type(e).__name__,
+                )
+        raise ConnectionError(
+            f"no live holder of {path!r} is left to read from (placement='writer'; "
+            f"tried {', '.join(tried)})"
+        )
+
+    # -- changes that drop placed bytes ------------------------------------------------
+    def delete_file(self, path: str) -> None:
+        records = self.records_under(path)
+        super().delete_file(path)
+        for record in records:
+            self.delete_record(record)
+
+    def delete_dir(self, path: str) -> None:
+        records = self.records_under(path)
+        super().delete_dir(path)
+        for record in records:
+            self.delete_record(record)
+
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        records = self.records_under(path)
+        super().delete_dir_contents(path, missing_dir_ok)
+        for record in records:
+            self.delete_record(record)
+
+    def move(self, src: str, dest: str) -> None:
+        [info] = self.get_file_info([dest])
+        replaced = self.records_under(dest) if info.type == pafs.FileType.File else []
+        super().move(src, dest)
+        for record in replaced:
+            self.delete_record(record)
+
+    def copy_file(self, src: str, dest: str) -> None:
+        """Read and written again: two files never name the same placed bytes (a
+        delete of one would take the other's)."""
+        with self._open_input(src) as reader, self._open_output(dest, False) as writer:
+            shutil.copyfileobj(reader, writer, self.config.chunk_bytes)
+
+
+def _head(link: AgentLink, where: str, size: int) -> bytes:
+    """The first ``RECORD_BYTES`` of the file at ``where``, verified, as one chunk."""
+    with link.errors():
+        call = link.agent().call(
+            NodeReads.file_chunks, link.root, where, size, RECORD_BYTES, 0, 1, 0
+        )
+        [pairs] = get(call)
+        refs: list[list[Any]] = [list(p) for p in pairs]
+        [(chunk, checksum)] = list(fetch_in_order(refs, 1))
+    return bytes(_verified(link, where, 0, chunk, checksum))

@@ -1,0 +1,123 @@
+"""A Ray Train run (``TorchTrainer``, gloo, two ranks on two nodes) into node storage
+with ``placement="writer"``: each rank stores its shard of every step, the shards'
+bytes stay on the ranks' nodes (and one other each), never on the storage node; a
+rank killed right after its report of step 1 returned, the restart restores step 1
+bit-identical, and Train's pruning takes the holders' bytes with the checkpoints.
+DDP's way (rank 0 alone reports) has one writer, whose node keeps every checkpoint."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+import ray.train
+from ray.cluster_utils import Cluster
+from ray.train.torch import TorchTrainer
+
+import air_transfer
+from air_transfer.storage.client.handler import node_storage_handler
+from air_transfer.storage.client.writer_placed import WriterPlacedHandler
+from tests.support.checkpoints import MiB
+from tests.support.cluster import node_ids
+from tests.support.train_commit import NUM_TO_KEEP, SHARD, resumed_from, returned, sharded_loop
+from tests.support.train_failures import (
+    SMALL_SIZE,
+    assert_resumed_from_last_returned_report,
+    fit,
+    trainer_cluster,
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster() -> Iterator[Cluster]:
+    yield from trainer_cluster()
+
+
+def _placed_bytes(copies: Path) -> int:
+    return sum(
+        os.path.getsize(os.path.join(base, f))
+        for entry in os.listdir(copies)
+        if entry.endswith(".placed")
+        for base, _, files in os.walk(copies / entry)
+        for f in files
+    )
+
+
+def test_a_train_run_restores_shards_kept_where_they_were_written(tmp_path: Path) -> None:
+    head = node_ids()["head"]
+    copies = tmp_path / "copies"
+    fs = air_transfer.storage_filesystem(
+        node=head,
+        config=air_transfer.TransferConfig(chunk_bytes=MiB, window=4),
+        root=str(copies / head),
+        replicas=2,
+        replica_root=str(copies / "{node_id}"),
+        placement="writer",
+    )
+    handler = node_storage_handler(fs)
+    assert isinstance(handler, WriterPlacedHandler)
+    (tmp_path / "returned").mkdir()
+    result = TorchTrainer(
+        sharded_loop,
+        train_loop_config={"out": str(tmp_path), "kill_rank": 1, "kill_after": 1},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=2, resources_per_worker={"CPU": 1, "trainer": 1}
+        ),
+        run_config=ray.train.RunConfig(
+            name="run",
+            storage_path=f"{handler.root}/storage",
+            storage_filesystem=fs,
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=NUM_TO_KEEP),
+            failure_config=ray.train.FailureConfig(max_failures=1),
+        ),
+    ).fit()
+    step_1 = returned(tmp_path, 1)
+    assert step_1 is not None and set(step_1) == {"shard-0.bin", "shard-1.bin", "state.json"}
+    assert resumed_from(result) == (1, step_1)
+    # What Train keeps: 2 checkpoints of 2 shards, each shard on 2 holders; the
+    # storage node's root has a stub of each, not its bytes.
+    kept = [c for c, _ in result.best_checkpoints]
+    assert len(kept) == NUM_TO_KEEP
+    shards = [f"{c.path}/shard-{r}.bin" for c in kept for r in (0, 1)]
+    assert [fs.get_file_info(s).size for s in shards] == [SHARD] * len(shards)
+    assert _placed_bytes(copies) == 2 * SHARD * len(shards)
+    stored = sum(
+        os.stat(os.path.join(b, f)).st_blocks * 512
+        for b, _, files in os.walk(handler.root)
+        for f in files
+    )
+    assert stored < SHARD // 2
+
+
+def test_rank_0_alone_reporting_keeps_its_checkpoints_on_its_node(tmp_path: Path) -> None:
+    """Rank 0 reports every step and fails right after step 1's report: the run
+    resumes from the last report that returned, read back byte for byte, and every
+    kept checkpoint's large file has rank 0's node as its first holder."""
+    copies = tmp_path.parent / f"{tmp_path.name}-copies"
+    fs = air_transfer.storage_filesystem(
+        node=node_ids()["head"],
+        root=str(tmp_path),
+        replicas=2,
+        replica_root=str(copies / "{node_id}"),
+        placement="writer",
+    )
+    handler = node_storage_handler(fs)
+    assert isinstance(handler, WriterPlacedHandler)
+    result = fit(tmp_path, fs, fail_rank=0, size=SMALL_SIZE)
+    assert_resumed_from_last_returned_report(result, tmp_path)
+    workers = {node_ids()[n] for n in ("node_a", "node_b")}  # where Train's ranks run
+    for checkpoint, _ in result.best_checkpoints:
+        large = [
+            f for f in fs.get_file_info(pafs.FileSelector(checkpoint.path)) if (f.size or 0) >= MiB
+        ]
+        assert large, checkpoint.path
+        for info in large:
+            record = handler.record_of(info.path)
+            assert record is not None and record.holders[0][0] in workers, info.path
+    stored = sum(
+        os.stat(os.path.join(b, f)).st_blocks * 512 for b, _, fs_ in os.walk(tmp_path) for f in fs_
+    )
+    assert stored < SMALL_SIZE // 2

@@ -1,0 +1,76 @@
+"""``StorageConfig(placement=...)``: "writer" refused, naming the setting, where it
+is not built; a placed file's record read back only when whole and its own; the
+holders of a file (its writer's node first, each node one copy when all write)."""
+
+from __future__ import annotations
+
+import pytest
+
+from air_transfer import StorageConfig, storage_filesystem
+from air_transfer.storage.client.placed_record import (
+    PlacedRecord,
+    choose_holders,
+    decode,
+    placed_root,
+)
+
+ROOT = "/tmp/copies/{node_id}"
+
+
+def test_the_default_placement_is_the_storage_node() -> None:
+    assert StorageConfig().placement == "storage"
+    assert StorageConfig(replicas=2, replica_root=ROOT, placement="writer").placement == "writer"
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"placement": "nearby"}, r"placement must be one of \('storage', 'writer'\)"),
+        ({"replicas": 1}, r"placement='writer' needs replicas >= 2"),
+        ({"replica_root": None}, r"placement='writer' needs a replica_root with '\{node_id\}'"),
+        ({"replica_root": "/tmp/copies"}, r"needs a replica_root with '\{node_id\}'"),
+        ({"durable": "file:///tmp/tier"}, r"placement='writer' needs no durable tier"),
+        ({"incremental": True}, r"placement='writer' needs incremental=False"),
+    ],
+)
+def test_combinations_not_built_are_refused(settings: dict[str, object], named: str) -> None:
+    given: dict[str, object] = {"replicas": 2, "replica_root": ROOT, "placement": "writer"}
+    with pytest.raises(ValueError, match=named):
+        StorageConfig(**{**given, **settings})  # type: ignore[arg-type]
+
+
+def test_storage_filesystem_takes_placement_as_a_keyword_or_in_storage() -> None:
+    with pytest.raises(ValueError, match=r"placement='writer' needs replicas >= 2"):
+        storage_filesystem(root="/tmp/x", placement="writer")
+    with pytest.raises(ValueError, match="placement and durable either as keywords"):
+        storage_filesystem(
+            root="/tmp/x",
+            placement="writer",
+            replicas=2,
+            replica_root=ROOT,
+            storage=StorageConfig(replicas=2, replica_root=ROOT, placement="writer"),
+        )
+
+
+def test_a_record_reads_back_only_whole_and_of_its_size() -> None:
+    record = PlacedRecord(5 << 20, "ab/cd", (("n1", "/r/n1.placed"), ("n2", "/r/n2.placed")))
+    head = record.encode()
+    assert decode(head + b"\x00" * 100, 5 << 20) == record
+    assert decode(head, (5 << 20) + 1) is None  # another size: not this file's record
+    assert decode(head[:-1], 5 << 20) is None  # cut short
+    assert decode(b"x" + head, 5 << 20) is None  # a file of the user's
+    escaping = PlacedRecord(5 << 20, "../etc", record.holders).encode()
+    assert decode(escaping, 5 << 20) is None
+    with pytest.raises(ValueError, match="does not fit the stub"):
+        PlacedRecord(100, "ab/cd", record.holders).encode()
+
+
+def test_each_writer_holds_its_own_file_and_every_node_one_copy() -> None:
+    live = ["d", "a", "c", "b"]
+    holders = {w: choose_holders(w, live, 2) for w in live}
+    assert all(h[0] == w for w, h in holders.items())
+    received = sorted(h[1] for h in holders.values())
+    assert received == ["a", "b", "c", "d"]
+    with pytest.raises(ValueError, match="needs 3 live nodes"):
+        choose_holders("a", ["a", "b"], 3)
+    assert placed_root(ROOT, "n1") == "/tmp/copies/n1.placed"
