@@ -95,3 +95,19 @@ def test_a_relay_lost_mid_read_is_read_again_from_the_storage_node(
     assert ray.get(held["readers"], timeout=120) == [digest_tree(held["src"])] * 2
     served = read_counters("node_a")["bytes_served"] - held["before"]["node_a"]["bytes_served"]
     assert served == 3 * _size(held["src"])  # the second reader asked again
+
+
+def test_the_relay_outlives_the_reader_on_its_node(held: dict[str, Any]) -> None:
+    """The copies are made by the relay node's agent, not by the reader there: that
+    reader killed mid-read, the other still reads the relay to the end."""
+    first, second = held["readers"]
+    ray.cancel(first, force=True)
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(first, timeout=60)
+    ray.get(held["gate"].open.remote())
+    assert ray.get(second, timeout=120) == digest_tree(held["src"])
+    served = read_counters("node_a")["bytes_served"] - held["before"]["node_a"]["bytes_served"]
+    assert served == 2 * _size(held["src"])  # the relay, read to the end: no second ask
+    assert read_counters("node_b")["bytes_relayed"] - held["before"]["node_b"]["bytes_relayed"] == (
+        _size(held["src"])
+    )

@@ -14,6 +14,7 @@ import pytest
 
 from air_transfer.config import TransferConfig
 from air_transfer.core.scan import Source
+from air_transfer.storage.server import directory_transfers
 from air_transfer.storage.server.directory_transfers import DirectoryTransfers
 
 CHUNK = 1024
@@ -100,3 +101,17 @@ def test_a_transfer_that_cannot_be_relayed_is_read_itself(root: str) -> None:
     transfers.ref(root, "ckpt", CONFIG, "a")
     assert transfers.ref(root, "ckpt", CONFIG, "b")[:3:2] == ("transfer 1", False)
     assert transfers.relays == 0
+
+
+def test_the_relay_of_readers_taken_for_dead_goes_with_their_leases(
+    root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(directory_transfers.time, "monotonic", lambda: now[0])
+    relays, live = Relays(), {"a", "b", "c", "d"}
+    transfers = DirectoryTransfers(Starts(), None, relays, lambda: live)
+    transfers.ref(root, "ckpt", CONFIG, "a")  # neither ever lets go
+    assert transfers.ref(root, "ckpt", CONFIG, "b")[2]
+    now[0] += directory_transfers.KNOBS.read_lease_s
+    assert transfers.ref(root, "ckpt", CONFIG, "c")[:3:2] == ("transfer 2", False)
+    assert transfers.ref(root, "ckpt", CONFIG, "d")[0] == "relay of transfer 2 on c"
