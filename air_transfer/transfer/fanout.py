@@ -13,10 +13,12 @@ that node or from one another, never from the packing node, and wait for a copy
 not made yet as they wait for a chunk not yet packed; each chunk is verified
 against its checksum as any chunk is.
 
-Only ``Layout.CHUNKS`` transfers are relayed (one object per chunk). The copies
-cost their node's object store one checkpoint for as long as the relay's
-checkpoint is referenced; the chunk pulled there is a secondary copy again once
-copied (Ray may evict it).
+Only ``Layout.CHUNKS`` transfers are relayed (one object per chunk), and only onto
+a node whose object store is at least twice the checkpoint (``RELAY_SHARE``). The
+copies cost that store one checkpoint for as long as the relay's checkpoint is
+referenced, beside its own reader's chunks; the chunk pulled there is a secondary
+copy again once copied (Ray may evict it). A larger checkpoint is read from the
+node that packed it, as before: a relay that filled the store would make Ray spill.
 """
 
 from __future__ import annotations
@@ -30,10 +32,14 @@ import numpy as np
 import ray
 
 from air_transfer.cluster.agent_client import AgentClient
+from air_transfer.cluster.nodes import object_store_bytes
 from air_transfer.cluster.refs import CheckpointRef
 from air_transfer.transfer.handle import TransferHandle
 from air_transfer.transfer.start import CHECKPOINT_OF
 from air_transfer.transfer.strategies.base import Layout
+
+#: The most of a node's object store a relay's copies may take.
+RELAY_SHARE = 0.5
 
 
 class FanoutCalls(Protocol):
@@ -65,9 +71,13 @@ def relay(
 ) -> CheckpointRef | None:
     """A relay of the transferred ``checkpoint`` (owned by this process) on ``node``:
     the ref of a checkpoint over copies of its chunks that ``node``'s agent makes,
-    owned by this process; None for a transfer that is not one object per chunk."""
+    owned by this process; None for a transfer that is not one object per chunk, or
+    larger than ``RELAY_SHARE`` of ``node``'s object store."""
     handle = handle_of(ray.get(checkpoint))
     if handle.strategy.layout is not Layout.CHUNKS or not isinstance(handle.payload, list):
+        return None
+    store = object_store_bytes(node)
+    if store is None or handle.manifest.total_bytes > store * RELAY_SHARE:
         return None
     agent = AgentClient(node)
     # Ray resolves a ref passed as an argument: the agent gets the chunk's array.

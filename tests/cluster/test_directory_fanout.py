@@ -6,6 +6,7 @@ source's bytes, and a relay lost mid-read is read again from the storage node.""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import ray
 from air_transfer import storage_filesystem
 from air_transfer.cluster.nodes import node_agent
 from tests.support.checkpoints import MiB, digest_tree, kill_and_wait, make_checkpoint, on
-from tests.support.cluster import node_ids
+from tests.support.cluster import STORE_BYTES, node_ids
 from tests.support.gates import Gate, HoldPackingAt, hold_packing
 from tests.support.node_storage import CONFIG, read_counters
 from tests.support.waiting import eventually
@@ -38,13 +39,13 @@ def _size(src: Path) -> int:
     return sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
 
 
-@pytest.fixture
-def held(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """A checkpoint in node storage on ``node_a``, a restore of it on ``node_b``
-    mid-read (the storage agent's packing held at a gate after 2 of its 7 chunks)
-    and a restore of it on the head that has asked for it too; the gate opens at
-    the end whatever the test did."""
-    src = make_checkpoint(tmp_path / "ckpt", 6 * MiB)
+@contextlib.contextmanager
+def holding(tmp_path: Path, size: int) -> Iterator[dict[str, Any]]:
+    """A checkpoint of about ``size`` bytes in node storage on ``node_a``, a restore
+    of it on ``node_b`` mid-read (the storage agent's packing held at a gate after
+    its first 2 MiB) and a restore of it on the head that has asked for it too; the
+    gate opens at the end whatever the test did."""
+    src = make_checkpoint(tmp_path / "ckpt", size)
     f = storage_filesystem(node=node_ids()["node_a"], config=CONFIG, root=str(tmp_path))
     storage = node_agent(node_ids()["node_a"])
     before = {n: read_counters(n) for n in ("node_a", "node_b")}
@@ -63,6 +64,13 @@ def held(tmp_path: Path) -> Iterator[dict[str, Any]]:
     finally:
         ray.get(gate.open.remote())
         hold_packing(storage, None)
+
+
+@pytest.fixture
+def held(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """``holding`` a checkpoint of 6 MiB (7 chunks)."""
+    with holding(tmp_path, 6 * MiB) as state:
+        yield state
 
 
 def test_a_second_node_reads_a_relay_made_once_on_the_first_readers_node(
@@ -111,3 +119,14 @@ def test_the_relay_outlives_the_reader_on_its_node(held: dict[str, Any]) -> None
     assert read_counters("node_b")["bytes_relayed"] - held["before"]["node_b"]["bytes_relayed"] == (
         _size(held["src"])
     )
+
+
+def test_a_checkpoint_over_half_the_relay_nodes_store_is_not_relayed(tmp_path: Path) -> None:
+    """The copies would take more than half the first reader's node's object store
+    (beside its own reader's chunks): the second reader reads the storage node's."""
+    with holding(tmp_path, STORE_BYTES // 2 + MiB) as state:
+        ray.get(state["gate"].open.remote())
+        assert ray.get(state["readers"], timeout=120) == [digest_tree(state["src"])] * 2
+    before = state["before"]
+    assert read_counters("node_a")["transfers_relayed"] == before["node_a"]["transfers_relayed"]
+    assert read_counters("node_b")["bytes_relayed"] == before["node_b"]["bytes_relayed"]
