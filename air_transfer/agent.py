@@ -27,7 +27,7 @@ import ray
 
 from air_transfer.cluster.agent_client import AgentSelf
 from air_transfer.cluster.identity import Identity, this_process
-from air_transfer.cluster.nodes import object_store_bytes
+from air_transfer.cluster.nodes import live_node_ids, object_store_bytes
 from air_transfer.cluster.refs import CheckpointRef, DoneRef
 from air_transfer.cluster.rpc import R, Services
 from air_transfer.config import TransferConfig
@@ -35,6 +35,7 @@ from air_transfer.core import process_locks
 from air_transfer.core.process_locks import ProcessLock
 from air_transfer.core.scan import Source
 from air_transfer.storage.server.node_service import NodeStorageService
+from air_transfer.transfer import fanout
 from air_transfer.transfer.agent_tasks import submit_plans
 from air_transfer.transfer.handle import TransferHandle
 from air_transfer.transfer.node_owned import NodeOwnedTransfers
@@ -47,6 +48,11 @@ def _owned_transfer(source: Source, config: TransferConfig) -> tuple[CheckpointR
     """A transfer this agent owns (the chunk cache's whole-directory transfers)."""
     ref, done, _ = start_on_this_thread(source, config.replace(owner="node"))
     return ref, done
+
+
+def _relay(checkpoint: CheckpointRef, node: str) -> CheckpointRef | None:
+    """A relay, on ``node``, of a whole-directory transfer this agent owns."""
+    return fanout.relay(checkpoint, node, _handle_of)
 
 
 def _handle_of(checkpoint: Any) -> TransferHandle:
@@ -65,14 +71,22 @@ class NodeAgent(AgentSelf):
     def __init__(self) -> None:
         self._packing = PackingService()
         self._owned = NodeOwnedTransfers()
+        self._copies = fanout.ChunkCopies()
         node = str(ray.get_runtime_context().get_node_id())
         self._storage = NodeStorageService(
-            node, submit_plans, _owned_transfer, _handle_of, object_store_bytes(node)
+            node,
+            submit_plans,
+            _owned_transfer,
+            _handle_of,
+            object_store_bytes(node),
+            _relay,
+            live_node_ids,
         )
         self._services = Services(
             self,
             self._packing,
             Relays(),
+            self._copies,
             self._owned,
             *self._storage.services,
             around=self._storage.rules.around,  # every change fenced, then the drain woken
@@ -106,6 +120,8 @@ class NodeAgent(AgentSelf):
             "bytes_packed": self._packing.bytes_packed,
             "chunks_reused": live.chunks_reused,
             "bytes_reused": live.bytes_reused,
+            "chunks_relayed": self._copies.chunks_copied,
+            "bytes_relayed": self._copies.bytes_copied,
         }
 
     def incremental_counters(self) -> dict[str, int]:

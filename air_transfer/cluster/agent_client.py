@@ -46,7 +46,8 @@ class AgentSelf(Protocol):
 
     def read_counters(self) -> dict[str, int]:
         """What node storage cost this node and what packing did (bytes read, served,
-        held, packed, reused; transfers packed, checkpoints stored)."""
+        held, packed, reused; transfers packed and relayed, checkpoints stored; chunks
+        and bytes copied here for relays)."""
         ...
 
     def incremental_counters(self) -> dict[str, int]:

@@ -194,10 +194,15 @@ class NodeReads(Protocol):
         self, root: str, path: str, size: int, chunk_bytes: int, first: int
     ) -> Iterator[np.ndarray]: ...
 
-    def directory_transfer(self, root: str, path: str, config: TransferConfig) -> list[Any]:
+    def directory_transfer(
+        self, root: str, path: str, config: TransferConfig, node: str | None = None
+    ) -> list[Any]:
         """A transfer of the directory ``path``, shared by readers: ``[checkpoint ref,
-        lease]`` (nested, so the caller borrows the ref); the lease goes back to
-        ``release_directory_transfer`` when the reader is done."""
+        lease, relayed]`` (nested, so the caller borrows the ref); the lease goes back
+        to ``release_directory_transfer`` when the reader is done. For a reader on
+        ``node`` while a reader on another node reads it, the ref is of its relay
+        (``relayed``: copies of its chunks on that other node, ``transfer.fanout``);
+        ``node`` None: never a relay."""
         ...
 
     def release_directory_transfer(self, lease: str) -> None: ...

@@ -15,7 +15,6 @@ over).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 
@@ -23,16 +22,16 @@ import pyarrow.fs as pafs
 import ray
 from ray.train import Checkpoint
 
-from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.cluster import _ray_hooks
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.core.confine import checked_path, storage_path
 from air_transfer.storage.client import replica_train
-from air_transfer.storage.client.handler import NodeStorageHandler, node_storage_handler
+from air_transfer.storage.client.directory_reads import read_directory
+from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.client.restore_choice import newest_whole
 from air_transfer.storage.copy import copy_tree
-from air_transfer.storage.node_api import NodeCheckpoints, NodeDurable, NodeReads
+from air_transfer.storage.node_api import NodeCheckpoints, NodeDurable
 from air_transfer.train import rounds
 from air_transfer.train.upload import planned, store
 
@@ -98,9 +97,10 @@ def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) 
     ``local_path`` as Ray Train's restore does; False for anything else (Ray copies).
 
     On the storage node: a local copy. Elsewhere: the storage node's agent packs the
-    directory once for all readers (``chunk_cache.DirectoryTransfers``: every reader
-    in flight shares the one pack, whatever its size) and it is written here as any
-    transfer is: verified, ``O_DIRECT``, published whole.
+    directory once for all readers (``directory_transfers.DirectoryTransfers``: every
+    reader in flight shares the one pack, whatever its size, or its relay on another
+    reader's node: ``directory_reads``) and it is written here as any transfer is:
+    verified, ``O_DIRECT``, published whole.
     """
     handler = node_storage_handler(filesystem)
     if handler is None:
@@ -118,21 +118,7 @@ def download_directory(filesystem: pafs.FileSystem, path: str, local_path: str) 
                 return False  # which copy: ours reads confined, whatever changes now
             copy_tree(local, local_path, handler.config, root=handler.root)
             return True
-        [ref, lease] = handler.link.call(
-            NodeReads.directory_transfer, handler.root, local, handler.config
-        )
+        read_directory(handler.link, handler.root, local, handler.config, local_path)
     except NotADirectoryError:
         return False  # one file: Ray's own copy
-    try:
-        ChunkedCheckpoint.from_object_ref(ref).to_directory(local_path)
-    finally:
-        _release(handler, lease)
     return True
-
-
-def _release(handler: NodeStorageHandler, lease: str) -> None:
-    """Tell the storage node's agent this restore is done with its transfer, so that
-    it is kept only within the budget again; an agent gone meanwhile took the lease
-    with it."""
-    with contextlib.suppress(ray.exceptions.RayError):
-        ray.get(handler.link.agent().call(NodeReads.release_directory_transfer, lease))

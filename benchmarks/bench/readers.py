@@ -14,7 +14,9 @@ time, the storage agents' counters over each phase (summed over the copies): byt
 read from disk and bytes served, as multiples of the checkpoint (N readers once:
 1.0 per copy used and N), and per node the bytes Ray's object manager pushed and
 received (``pushed.py``; a checkpoint restored whole by each of N readers from one
-node: N pushed there, unless readers that pull at once fetch from each other).
+node: 1.0 pushed there when the readers after the first read its relay on the first
+reader's node, ``transfer.fanout``, which pushes the rest with the readers; N when
+every reader pulls it from the storage node).
 """
 
 from __future__ import annotations

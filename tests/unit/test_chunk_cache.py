@@ -152,10 +152,10 @@ def test_readers_in_flight_share_a_transfer_larger_than_the_budget(checkpoint: P
     what the budget allows is kept."""
     starts, root, config = Starts(), str(checkpoint), TransferConfig(cache_bytes=CHUNK)
     transfers = DirectoryTransfers(starts)
-    first, a = transfers.ref(root, "ckpt", config)
-    second, b = transfers.ref(root, "ckpt", config)
+    first, a, _ = transfers.ref(root, "ckpt", config)
+    second, b, _ = transfers.ref(root, "ckpt", config)
     transfers.release(a)
-    third, c = transfers.ref(root, "ckpt", config)  # b is still reading
+    third, c, _ = transfers.ref(root, "ckpt", config)  # b is still reading
     assert first == second == third and starts.count == 1
     assert transfers.bytes_held == 5 * CHUNK and transfers.readers() == 2
     transfers.release(b)
@@ -169,7 +169,7 @@ def test_readers_in_flight_share_a_transfer_larger_than_the_budget(checkpoint: P
 def test_a_transfer_within_the_budget_is_kept_for_later_readers(checkpoint: Path) -> None:
     starts, root, config = Starts(), str(checkpoint), TransferConfig(cache_bytes=8 * CHUNK)
     transfers = DirectoryTransfers(starts)
-    _, lease = transfers.ref(root, "ckpt", config)
+    _, lease, _ = transfers.ref(root, "ckpt", config)
     transfers.release(lease)
     transfers.ref(root, "ckpt", config)
     assert starts.count == 1 and transfers.bytes_served == 10 * CHUNK
@@ -182,8 +182,8 @@ def test_a_transfer_within_the_budget_but_over_the_stores_cap_is_not_kept(
     holds 8 chunks keeps at most 2 chunks' worth, whatever the readers asked."""
     starts, root, config = Starts(), str(checkpoint), TransferConfig(cache_bytes=8 * CHUNK)
     transfers = DirectoryTransfers(starts, chunk_cache.cache_cap(8 * CHUNK))
-    first, a = transfers.ref(root, "ckpt", config)
-    second, b = transfers.ref(root, "ckpt", config)
+    first, a, _ = transfers.ref(root, "ckpt", config)
+    second, b, _ = transfers.ref(root, "ckpt", config)
     assert first == second and transfers.bytes_held == 5 * CHUNK
     transfers.release(a)
     transfers.release(b)

@@ -6,23 +6,20 @@ replicated storage; the single-copy versions stay there.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 
-import ray
-
-from air_transfer.cluster.fetch import get
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.cluster.refs import CheckpointRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.confine import checked_path
 from air_transfer.storage.client import replica_set
+from air_transfer.storage.client.directory_reads import read_directory
 from air_transfer.storage.client.replica_set import is_lost
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
 from air_transfer.storage.copy import copy_tree
-from air_transfer.storage.node_api import NodeCheckpoints, NodeReads
+from air_transfer.storage.node_api import NodeCheckpoints
 from air_transfer.storage.replica_wire import on_copy
 
 logger = logging.getLogger(__name__)
@@ -70,17 +67,10 @@ def download(handler: ReplicatedHandler, path: str, local_path: str) -> bool:
                     return False
                 copy_tree(where, local_path, config, root=root)
                 return True
-            [ref, lease] = link.call(NodeReads.directory_transfer, root, where, config)
+            read_directory(link, root, where, config, local_path)
+            return True
         except NotADirectoryError:
             return False
-        except Exception as e:
-            if not is_lost(e):
-                raise
-            lost.append(node)
-            continue
-        try:
-            get(ref).to_directory(local_path)
-            return True
         except Exception as e:
             if not is_lost(e):
                 raise
@@ -90,9 +80,6 @@ def download(handler: ReplicatedHandler, path: str, local_path: str) -> bool:
                 node[:12],
                 path,
             )
-        finally:
-            with contextlib.suppress(ray.exceptions.RayError, ConnectionError):
-                get(link.agent().call(NodeReads.release_directory_transfer, lease))
     raise ConnectionError(
         f"no live complete copy of {path!r} is left in node storage {handler.root!r} "
         f"(lost: {', '.join(n[:12] for n in lost) or 'none fresh'})"

@@ -6,6 +6,15 @@ version), and a transfer stays, whatever its size, while a reader that asked for
 is still reading (``DirectoryTransferLeases``): restores at the same time share one
 pack, and the budget bounds only what is kept once they are done. Beyond that, the
 budget, the cap and idleness are ``chunk_cache``'s.
+
+Fan-out: a reader that asks while a reader on another node holds a lease on the same
+transfer gets its *relay* (``transfer.fanout``): copies of the chunks made on the
+node of the earliest such reader (one relay per transfer, made when the second node
+asks), so that N nodes reading at once make this node push the checkpoint about
+once, not N times (Ray pulls an object from any node holding it, and readers in step
+find this node alone). The relay is dropped when the transfer's last reader lets go
+(or when its node is gone: the next reader gets a new one); a reader whose relay was
+lost mid-read reads the transfer itself (``storage.client.directory_reads``).
 """
 
 from __future__ import annotations
@@ -31,6 +40,9 @@ from air_transfer.storage.server.chunk_cache import capped, reaper
 
 #: Starts a transfer of a directory owned by the agent: (checkpoint ref, completion).
 StartTransfer = Callable[[Source, TransferConfig], tuple[CheckpointRef, DoneRef | None]]
+#: A relay of a transfer on a node (``transfer.fanout.relay``): its checkpoint's ref,
+#: None if the transfer cannot be relayed.
+Relay = Callable[[CheckpointRef, str], CheckpointRef | None]
 
 
 class DirectoryTransferLeases:
@@ -41,15 +53,20 @@ class DirectoryTransferLeases:
     asked is taken for dead. Not thread-safe: its owner's lock guards it."""
 
     def __init__(self) -> None:
-        self._leases: dict[str, tuple[Hashable, float]] = {}
+        self._leases: dict[str, tuple[Hashable, float, str | None]] = {}
         self._readers: Counter[Hashable] = Counter()
 
-    def take(self, key: Hashable, now: float) -> str:
+    def take(self, key: Hashable, now: float, node: str | None = None) -> str:
+        """A lease on ``key`` for a reader on ``node`` (None: not said)."""
         # Unique across agents: a reader may hand a lease back to a replaced agent.
         lease = uuid.uuid4().hex
-        self._leases[lease] = (key, now)
+        self._leases[lease] = (key, now, node)
         self._readers[key] += 1
         return lease
+
+    def nodes(self, key: Hashable) -> list[str]:
+        """The nodes of the readers holding a lease on ``key``, earliest first."""
+        return [n for k, _, n in self._leases.values() if k == key and n is not None]
 
     def drop(self, lease: str) -> Hashable | None:
         """Let go of ``lease`` (unknown or expired: nothing); its key."""
@@ -66,7 +83,7 @@ class DirectoryTransferLeases:
         return key in self._readers
 
     def expire(self, now: float) -> None:
-        for lease, (_, taken) in list(self._leases.items()):
+        for lease, (_, taken, _) in list(self._leases.items()):
             if now - taken >= KNOBS.read_lease_s:
                 self.drop(lease)
 
@@ -79,6 +96,7 @@ class _Transfer:
     ref: CheckpointRef
     size: int  # file bytes
     used: float  # time.monotonic() of the last request or release
+    relay: tuple[str, CheckpointRef] | None = None  # its node, its checkpoint
 
 
 class DirectoryTransfers:
@@ -91,23 +109,35 @@ class DirectoryTransfers:
     ``release`` when done), whatever its size: readers at the same time share one
     pack. Beyond that, the same budget and idleness rules as ``FileChunks``."""
 
-    def __init__(self, start: StartTransfer, cap: int | None = None) -> None:
+    def __init__(
+        self,
+        start: StartTransfer,
+        cap: int | None = None,
+        relay: Relay | None = None,
+        live_nodes: Callable[[], set[str]] = set,
+    ) -> None:
         self._start = start
         self._cap = cap  # ``cache_cap``: at most this many bytes kept, whatever asked
+        self._relay = relay  # None: no fan-out (every reader gets the transfer itself)
+        self._live_nodes = live_nodes  # the ids of the nodes alive now
         self._lock = threading.Lock()
         self._held: OrderedDict[Hashable, _Transfer] = OrderedDict()
         self._leases = DirectoryTransferLeases()
         self._budget = 0  # the cache_bytes of the last reader that asked
         self.bytes_held = 0  # file bytes of the transfers held
         self.started = 0  # transfers packed (tests, the bench)
+        self.relays = 0  # relays made (tests, the bench)
         self.bytes_read = 0  # file bytes of the transfers packed: each read once
         self.bytes_served = 0  # file bytes of every transfer handed to a reader
         self._reaper = reaper("air-transfer-transfer-cache", self._expire_now)
 
-    def ref(self, root: str, path: str, config: TransferConfig) -> tuple[CheckpointRef, str]:
+    def ref(
+        self, root: str, path: str, config: TransferConfig, node: str | None = None
+    ) -> tuple[CheckpointRef, str, bool]:
         """The ref of a transferred checkpoint of directory ``path`` (confined to
-        ``root``) as it is now, and this reader's lease on it, to ``release`` once
-        the checkpoint is read."""
+        ``root``) as it is now, this reader's lease on it, to ``release`` once the
+        checkpoint is read, and whether the ref is a relay's (for a reader on
+        ``node`` while a reader on another node reads it; None: never a relay)."""
         real = at(root, path, lambda w: _directory(w, path))
         # Scanned and packed confined (``core.confined_dirs``), not by this path again.
         source = ConfinedSource(pafs.LocalFileSystem(), real, storage_root=root)
@@ -128,18 +158,40 @@ class DirectoryTransfers:
                 self._held.move_to_end(key)
                 held.used = now
             self.bytes_served += held.size
-            lease = self._leases.take(key, now)
+            relayed = None if node is None else self._relayed(key, held, node)
+            lease = self._leases.take(key, now, node)
             self._budget = capped(config.cache_bytes, self._cap)
             self._shrink()
-            return held.ref, lease
+            return (held.ref, lease, False) if relayed is None else (relayed, lease, True)
+
+    def _relayed(self, key: Hashable, held: _Transfer, node: str) -> CheckpointRef | None:
+        """The relay of ``held`` for a reader on ``node``: the one made (on a node
+        still alive), else one made now on the node of the earliest reader in flight
+        on another node that is alive; None for a reader on the relay's node, or
+        with no reader in flight on another node."""
+        others = [n for n in self._leases.nodes(key) if n != node]
+        if self._relay is None or (held.relay is None and not others):
+            return None
+        live = self._live_nodes()
+        if held.relay is not None and held.relay[0] not in live:
+            held.relay = None
+        if held.relay is None:
+            on = next((n for n in others if n in live), None)
+            made = None if on is None else self._relay(held.ref, on)
+            if on is None or made is None:
+                return None
+            held.relay = (on, made)
+            self.relays += 1
+        return None if held.relay[0] == node else held.relay[1]
 
     def release(self, lease: str) -> None:
         """The reader holding ``lease`` is done: its transfer is kept now only within
-        the budget (once no other reader holds it)."""
+        the budget (once no other reader holds it), and its relay only while one does."""
         with self._lock:
             key = self._leases.drop(lease)
             if key in self._held:
                 self._held[key].used = time.monotonic()
+            self._unrelay()
             self._shrink()
 
     def readers(self) -> int:
@@ -160,10 +212,17 @@ class DirectoryTransfers:
 
     def _expire(self, now: float) -> None:
         self._leases.expire(now)
+        self._unrelay()
         for key, held in list(self._held.items()):
             if now - held.used >= KNOBS.read_cache_idle_s and not self._leases.held(key):
                 self._drop(key)
         self._shrink()
+
+    def _unrelay(self) -> None:
+        """Let go of the relays of transfers no reader holds any more."""
+        for key, held in self._held.items():
+            if held.relay is not None and not self._leases.held(key):
+                held.relay = None
 
     def _shrink(self) -> None:
         """Drop the least recently used transfers no reader holds, down to the budget."""

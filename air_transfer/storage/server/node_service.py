@@ -30,7 +30,11 @@ from air_transfer.core.scan import Source
 from air_transfer.storage.node_api import NodeCheckpoints, NodeCopies, NodeReads
 from air_transfer.storage.server.changes import ChangeRules
 from air_transfer.storage.server.chunk_cache import FileChunks, Submit, cache_cap
-from air_transfer.storage.server.directory_transfers import DirectoryTransfers, StartTransfer
+from air_transfer.storage.server.directory_transfers import (
+    DirectoryTransfers,
+    Relay,
+    StartTransfer,
+)
 from air_transfer.storage.server.drain.tiered import TieredDisk
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.metadata import DiskStorage, storage_path
@@ -60,9 +64,11 @@ class NodeStorageService(NodeCopies, NodeReads, NodeCheckpoints):
         start: StartTransfer,
         handle_of: Callable[[object], TransferHandle],
         store_bytes: int | None = None,
+        relay: Relay | None = None,
+        live_nodes: Callable[[], set[str]] = set,
     ) -> None:
         self._files = FileChunks(submit, cache_cap(store_bytes))
-        self._directories = DirectoryTransfers(start, cache_cap(store_bytes))
+        self._directories = DirectoryTransfers(start, cache_cap(store_bytes), relay, live_nodes)
         self._handle_of = handle_of  # a transfer's handle, of a checkpoint or handle
         #: Metadata, with the durable tier of each root that has one (its drain).
         self._disk = TieredDisk(DiskStorage(), node_id)
@@ -100,6 +106,7 @@ class NodeStorageService(NodeCopies, NodeReads, NodeCheckpoints):
         return {
             **counters,
             "transfers_packed": self._directories.started,
+            "transfers_relayed": self._directories.relays,
             "transfer_readers": self._directories.readers(),
             "checkpoints_stored": self._stored,
         }
@@ -158,8 +165,10 @@ class NodeStorageService(NodeCopies, NodeReads, NodeCheckpoints):
         return self._reports.reclaim(workers, kept, lambda p: self._disk.fs_delete_dir(root, p))
 
     # -- reads -------------------------------------------------------------------------
-    def directory_transfer(self, root: str, path: str, config: TransferConfig) -> list[Any]:
-        return list(self._directories.ref(root, path, config))
+    def directory_transfer(
+        self, root: str, path: str, config: TransferConfig, node: str | None = None
+    ) -> list[Any]:
+        return list(self._directories.ref(root, path, config, node))
 
     def release_directory_transfer(self, lease: str) -> None:
         self._directories.release(lease)

@@ -1,0 +1,132 @@
+"""Fan-out of Ray Train's restores from node storage on ``node_a``: a restore on one
+node while a restore on another node reads the same checkpoint is served from a
+relay, copies of its chunks made once on the first reader's node (so the storage
+node pushes the checkpoint about once, not once per node); every reader gets the
+source's bytes, and a relay lost mid-read is read again from the storage node."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+import pytest
+import ray
+
+from air_transfer import storage_filesystem
+from air_transfer.cluster.nodes import node_agent
+from tests.support.checkpoints import MiB, digest_tree, kill_and_wait, make_checkpoint, on
+from tests.support.cluster import STORE_BYTES, node_ids
+from tests.support.gates import Gate, HoldPackingAt, hold_packing
+from tests.support.node_storage import CONFIG, read_counters
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.usefixtures("cluster")
+
+
+@ray.remote(num_cpus=0)
+def restore(f: pafs.FileSystem, path: str, local: str) -> dict[str, str]:
+    """What Ray Train's restore on another node does with a node-storage checkpoint."""
+    from air_transfer.train.hooks import download_directory
+
+    assert download_directory(f, path, local)
+    return digest_tree(local)
+
+
+def _size(src: Path) -> int:
+    return sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+
+
+@contextlib.contextmanager
+def holding(tmp_path: Path, size: int) -> Iterator[dict[str, Any]]:
+    """A checkpoint of about ``size`` bytes in node storage on ``node_a``, a restore
+    of it on ``node_b`` mid-read (the storage agent's packing held at a gate after
+    its first 2 MiB) and a restore of it on the head that has asked for it too; the
+    gate opens at the end whatever the test did."""
+    src = make_checkpoint(tmp_path / "ckpt", size)
+    f = storage_filesystem(node=node_ids()["node_a"], config=CONFIG, root=str(tmp_path))
+    storage = node_agent(node_ids()["node_a"])
+    before = {n: read_counters(n) for n in ("node_a", "node_b")}
+    gate = Gate.options(**on("head")).remote()
+    hold_packing(storage, HoldPackingAt(2 * MiB, gate))
+    try:
+        first = restore.options(**on("node_b")).remote(f, str(src), str(tmp_path / "r1"))
+        ray.get(gate.wait_for_arrivals.remote(1), timeout=60)  # the first is mid-read
+        second = restore.options(**on("head")).remote(f, str(src), str(tmp_path / "r2"))
+
+        def served() -> int:
+            return read_counters("node_a")["bytes_served"] - before["node_a"]["bytes_served"]
+
+        eventually(lambda: served() == 2 * _size(src), "the second reader to ask", 180)
+        yield {"src": src, "before": before, "gate": gate, "readers": [first, second]}
+    finally:
+        ray.get(gate.open.remote())
+        hold_packing(storage, None)
+
+
+@pytest.fixture
+def held(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """``holding`` a checkpoint of 6 MiB (7 chunks)."""
+    with holding(tmp_path, 6 * MiB) as state:
+        yield state
+
+
+def test_a_second_node_reads_a_relay_made_once_on_the_first_readers_node(
+    held: dict[str, Any],
+) -> None:
+    """Defect: 4 restores at once of a 256 MiB checkpoint made the storage node push
+    it 3.4-4.0 times (Ray pulls a chunk from a node picked among those holding it
+    when the pull starts: readers in step find the storage node alone). A reader on
+    another node now reads a relay: each chunk copied once on the first reader's
+    node, from the chunk that node pulls for its own reader anyway."""
+    src, before = held["src"], held["before"]
+    ray.get(held["gate"].open.remote())
+    assert ray.get(held["readers"], timeout=120) == [digest_tree(src)] * 2
+    storage, relay = read_counters("node_a"), read_counters("node_b")
+    assert storage["transfers_packed"] - before["node_a"]["transfers_packed"] == 1
+    assert storage["bytes_read"] - before["node_a"]["bytes_read"] == _size(src)
+    assert storage["transfers_relayed"] - before["node_a"]["transfers_relayed"] == 1
+    assert relay["bytes_relayed"] - before["node_b"]["bytes_relayed"] == _size(src)
+    assert storage["transfer_readers"] == 0
+
+
+def test_a_relay_lost_mid_read_is_read_again_from_the_storage_node(
+    held: dict[str, Any],
+) -> None:
+    """The relay's copies are made by the agent of the first reader's node: killed
+    while it still has chunks to copy, the second reader reads the transfer itself."""
+    agent = node_agent(node_ids()["node_b"])
+    kill_and_wait(agent, ray.get(agent.pid.remote()))
+    ray.get(held["gate"].open.remote())
+    assert ray.get(held["readers"], timeout=120) == [digest_tree(held["src"])] * 2
+    served = read_counters("node_a")["bytes_served"] - held["before"]["node_a"]["bytes_served"]
+    assert served == 3 * _size(held["src"])  # the second reader asked again
+
+
+def test_the_relay_outlives_the_reader_on_its_node(held: dict[str, Any]) -> None:
+    """The copies are made by the relay node's agent, not by the reader there: that
+    reader killed mid-read, the other still reads the relay to the end."""
+    first, second = held["readers"]
+    ray.cancel(first, force=True)
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(first, timeout=60)
+    ray.get(held["gate"].open.remote())
+    assert ray.get(second, timeout=120) == digest_tree(held["src"])
+    served = read_counters("node_a")["bytes_served"] - held["before"]["node_a"]["bytes_served"]
+    assert served == 2 * _size(held["src"])  # the relay, read to the end: no second ask
+    assert read_counters("node_b")["bytes_relayed"] - held["before"]["node_b"]["bytes_relayed"] == (
+        _size(held["src"])
+    )
+
+
+def test_a_checkpoint_over_half_the_relay_nodes_store_is_not_relayed(tmp_path: Path) -> None:
+    """The copies would take more than half the first reader's node's object store
+    (beside its own reader's chunks): the second reader reads the storage node's."""
+    with holding(tmp_path, STORE_BYTES // 2 + MiB) as state:
+        ray.get(state["gate"].open.remote())
+        assert ray.get(state["readers"], timeout=120) == [digest_tree(state["src"])] * 2
+    before = state["before"]
+    assert read_counters("node_a")["transfers_relayed"] == before["node_a"]["transfers_relayed"]
+    assert read_counters("node_b")["bytes_relayed"] == before["node_b"]["bytes_relayed"]
