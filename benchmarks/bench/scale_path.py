@@ -17,7 +17,8 @@ a fresh directory and calls ``ray.train.report`` with it (``SYNC``: it returns o
 the round is stored on every copy and committed), the real path of a sharded
 checkpoint. A gate actor holds the ranks before each round while the driver reads
 every raylet's ``ray_object_manager_bytes`` (``pushed.py``), so each round's bytes
-are its own. After the run: the bytes under each node's root, then every rank, on
+are its own. After the run: the bytes allocated under each node's roots (its copy
+and the bytes it holds for writer placement), then every rank, on
 its node, copies its own shard of the latest checkpoint out of the checkpoint's
 filesystem at once (a restart's restore), with the counters read around it. Every
 restored shard is compared with what its rank stored.
@@ -31,10 +32,12 @@ the first round carries first-use costs, so the median round is reported.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import inspect
 import os
 import shutil
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -46,7 +49,7 @@ from benchmarks.bench import pushed
 from benchmarks.bench.measure import error_reason
 from benchmarks.bench.report import run_config
 from benchmarks.bench.runner import progress
-from benchmarks.bench.scale_ranks import new_gate, rank_loop, restore_on, shard_name
+from benchmarks.bench.scale_ranks import new_gate, rank_loop, restore_on
 from benchmarks.bench.scale_report import SCALE_METRICS, node_row, run_row
 from benchmarks.bench.session import auto_store_bytes, machine_info, ray_session
 from benchmarks.units import MiB
@@ -85,20 +88,40 @@ def placements(wanted: list[str], supported: bool) -> list[str]:
     return chosen
 
 
-def disk_bytes(root: str) -> int:
-    """Bytes of every file under ``root`` (apparent sizes; 0 if it does not exist)."""
-    total = 0
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
+def node_roots(base: str, node: str) -> list[str]:
+    """Where node ``node`` keeps bytes in a run under ``base``: its copy of node storage
+    (``<node id>``) and, with ``placement="writer"``, the file bytes it holds
+    (``<node id>.placed``)."""
+    return [os.path.join(base, node), os.path.join(base, f"{node}.placed")]
 
 
-def own_shard_files(root: str, rank: int) -> int:
-    """How many copies of rank ``rank``'s shard (one per kept checkpoint) lie under
-    ``root``, its node's root."""
-    name = shard_name(rank)
-    return sum(name in filenames for _, _, filenames in os.walk(root))
+def _files(roots: list[str]) -> Iterator[str]:
+    for root in roots:
+        for dirpath, _, filenames in os.walk(root):
+            for name in filenames:
+                yield os.path.join(dirpath, name)
+
+
+def disk_bytes(roots: list[str]) -> int:
+    """Bytes allocated on disk to every file under ``roots`` (blocks, not apparent
+    sizes: a writer-placed file's record on the storage node is a sparse file of the
+    file's size that holds a few KiB; 0 for roots that do not exist)."""
+    return sum(os.lstat(path).st_blocks * 512 for path in _files(roots))
+
+
+def own_shard_files(roots: list[str], size: int, shas: set[str]) -> int:
+    """How many of a rank's shards (one per kept checkpoint, known by their sha256
+    ``shas``) lie under ``roots``, its node's, whatever name they are kept under."""
+    found = 0
+    for path in _files(roots):
+        if os.lstat(path).st_size != size:
+            continue
+        sha = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(16 * MiB):
+                sha.update(block)
+        found += sha.hexdigest() in shas
+    return found
 
 
 class Rounds:
@@ -181,9 +204,9 @@ def run_once(
         record = ray.get(gate.record.remote())
         names = {storage: "storage", replica: "replica"}
         names |= {node: f"rank{rank}" for rank, node in sorted(record["nodes"].items())}
-        disks = {node: disk_bytes(os.path.join(base, node)) for node in ids.values()}
+        disks = {node: disk_bytes(node_roots(base, node)) for node in ids.values()}
         own = {
-            node: own_shard_files(os.path.join(base, node), rank)
+            node: own_shard_files(node_roots(base, node), shard, record["shards"][rank])
             for rank, node in record["nodes"].items()
         }
         restore = _restore(opts, result.checkpoint, record, placement, ranks, rounds.urls)

@@ -5,6 +5,7 @@ byte counters, and the restore of one rank's shard on its node."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
 import tempfile
@@ -28,8 +29,10 @@ class RoundGate:
     """Holds the ranks at the start of each round until the driver has read the
     counters (``arrive`` returns once ``open`` is called for that round), and keeps
     what the ranks say: their nodes, each round's report start and end
-    (``time.time()``: the ranks share this machine's clock) and the digest of the
-    shard each stored last. Round ``rounds`` is the gate after the last one."""
+    (``time.time()``: the ranks share this machine's clock), the digest of the
+    shard each stored last and the sha256 of every shard each stored (what finds a
+    rank's shard on a node's disk whatever name it is kept under). Round ``rounds``
+    is the gate after the last one."""
 
     def __init__(self, ranks: int) -> None:
         self.ranks = ranks
@@ -39,6 +42,7 @@ class RoundGate:
         self.nodes: dict[int, str] = {}
         self.times: dict[int, dict[int, tuple[float, float]]] = {}
         self.digests: dict[int, Any] = {}
+        self.shards: dict[int, set[str]] = {}
 
     def _event(self, events: dict[int, asyncio.Event], round_: int) -> asyncio.Event:
         return events.setdefault(round_, asyncio.Event())
@@ -56,12 +60,18 @@ class RoundGate:
     def open(self, round_: int) -> None:
         self._event(self.opened, round_).set()
 
-    def done(self, rank: int, round_: int, start: float, end: float, digest: Any) -> None:
+    def done(
+        self, rank: int, round_: int, start: float, end: float, digest: Any, shard_sha: str
+    ) -> None:
         self.times.setdefault(round_, {})[rank] = (start, end)
         self.digests[rank] = digest
+        self.shards.setdefault(rank, set()).add(shard_sha)
 
     def record(self) -> dict[str, Any]:
-        return {"nodes": self.nodes, "times": self.times, "digests": self.digests}
+        return {
+            "nodes": self.nodes, "times": self.times, "digests": self.digests,
+            "shards": self.shards,
+        }  # fmt: skip
 
 
 def new_gate(ranks: int) -> Any:
@@ -78,7 +88,7 @@ def rank_loop(config: dict[str, Any]) -> None:
     node = ray.get_runtime_context().get_node_id()
     for round_ in range(rounds):
         d = tempfile.mkdtemp(prefix=f"scale-{round_}-{rank}-")
-        _random_file(os.path.join(d, shard_name(rank)), size)
+        shard_sha = _random_file(os.path.join(d, shard_name(rank)), size)
         digest = tree_digest(d)
         os.sync()  # the shard's writes are not flushed on the round's clock
         ray.get(gate.arrive.remote(rank, round_, node))
@@ -90,17 +100,21 @@ def rank_loop(config: dict[str, Any]) -> None:
         )
         end = time.time()
         shutil.rmtree(d, ignore_errors=True)
-        ray.get(gate.done.remote(rank, round_, start, end, digest))
+        ray.get(gate.done.remote(rank, round_, start, end, digest, shard_sha))
     ray.get(gate.arrive.remote(rank, rounds, node))
 
 
-def _random_file(path: str, size: int) -> None:
+def _random_file(path: str, size: int) -> str:
+    """``size`` random bytes written to ``path``; their sha256 (hex)."""
+    sha = hashlib.sha256()
     with open(path, "wb") as f:
         left = size
         while left:
             block = os.urandom(min(left, 16 * MiB))
             f.write(block)
+            sha.update(block)
             left -= len(block)
+    return sha.hexdigest()
 
 
 def restore_shard(checkpoint: ray.train.Checkpoint, rank: int, out: str) -> tuple[float, Any]:

@@ -14,8 +14,10 @@ SCALE_METRICS = {
     "Type=Received) per report round, mean over the rounds, in shards",
     "sent_per_round": "per node: bytes its raylet pushed (from its store or spilled) per "
     "report round, mean over the rounds, in shards",
-    "disk_shards": "per node: bytes of the files under its root after the run, in shards",
-    "own_shard_files": "per rank's node: copies of that rank's shard under its own root",
+    "disk_shards": "per node: bytes allocated to the files under its roots (its copy and, "
+    "with placement='writer', the bytes it holds) after the run, in shards",
+    "own_shard_files": "per rank's node: copies of that rank's shard (known by content) "
+    "under its roots",
     "restore_received": "per node: bytes its raylet received while every rank restored "
     "its own shard of the latest checkpoint at once, in shards",
     "restore_sent": "per node: bytes its raylet pushed meanwhile, in shards",

@@ -4,6 +4,7 @@ from Ray's counters, and the table."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -27,17 +28,29 @@ def test_writer_placement_is_measured_only_where_storage_filesystem_has_it(
     assert len(said) == 2 and "no placement parameter" in said[0], said
 
 
-def test_a_nodes_disk_counts_every_file_and_its_ranks_shard_copies(tmp_path: Path) -> None:
-    for checkpoint in ("checkpoint_1", "checkpoint_2"):
-        d = tmp_path / "runs" / "scale" / checkpoint
+def test_a_nodes_disk_counts_allocated_bytes_and_finds_its_ranks_shards_by_content(
+    tmp_path: Path,
+) -> None:
+    shard = 8192
+    copy, placed = tmp_path / "node", tmp_path / "node.placed"
+    for i, checkpoint in enumerate(("checkpoint_1", "checkpoint_2")):
+        d = copy / "runs" / "scale" / checkpoint
         d.mkdir(parents=True)
-        (d / "shard-0.bin").write_bytes(b"x" * 300)
-        (d / "shard-1.bin").write_bytes(b"y" * 200)
-    (tmp_path / "runs" / "scale" / "state.json").write_bytes(b"{}")
-    assert disk_bytes(str(tmp_path)) == 2 * 500 + 2
-    assert own_shard_files(str(tmp_path), 1) == 2
-    assert own_shard_files(str(tmp_path), 2) == 0
-    assert disk_bytes(str(tmp_path / "missing")) == 0
+        (d / "shard-0.bin").write_bytes(bytes([i]) * shard)
+        (d / "shard-1.bin").write_bytes(bytes([10 + i]) * shard)
+    stub = copy / "runs" / "scale" / "checkpoint_2" / "shard-2.bin"
+    with open(stub, "wb") as f:  # a sparse file: its size, almost none of it allocated
+        f.write(b"record")
+        f.truncate(64 * 1024 * 1024)
+    (placed / "blob").mkdir(parents=True)
+    (placed / "blob" / "a1b2").write_bytes(bytes([20]) * shard)
+    roots = [str(copy), str(placed)]
+    assert 5 * shard <= disk_bytes(roots) < 5 * shard + 1024 * 1024
+    sha = {i: hashlib.sha256(bytes([i]) * shard).hexdigest() for i in (0, 1, 10, 20)}
+    assert own_shard_files(roots, shard, {sha[0], sha[1]}) == 2
+    assert own_shard_files(roots, shard, {sha[20]}) == 1  # a blob, whatever its name
+    assert own_shard_files(roots, shard, {hashlib.sha256(b"other").hexdigest()}) == 0
+    assert disk_bytes([str(tmp_path / "missing")]) == 0
 
 
 def rounds_moved(ranks: int) -> list[Bytes]:
