@@ -22,7 +22,8 @@ bash block, ``DOCS_STDOUT`` holds what it printed), ``inside`` puts the block in
 snippet's ``{block}`` (the body of a Train loop), and ``files`` writes the page's
 blocks that name themselves so on their first line (``# train.py``), each with its
 own ``with`` snippets before it, into the directory a bash block runs in: the script
-that ``ray job submit`` sends is the page's own. No block is skipped. A bash block
+that ``ray job submit`` sends is the page's own (and runs there, not on its own as
+well). No block is skipped. A bash block
 whose lines install the package (``git clone``, ``cd``, ``pip install``) is checked
 against the README's install block and ``pyproject.toml``'s extras (CI runs those in
 fresh environments).
