@@ -191,7 +191,7 @@ for _node in _ray.nodes():
 NODE_AGENTS_LISTED = """
 import ray as _ray
 _lines = [_l.split() for _l in DOCS_STDOUT.splitlines()]
-_head = next(_l for _l in _lines if _l[:1] == ["ACTOR_ID"])
+_head = next((_l for _l in _lines if _l[:1] == ["ACTOR_ID"]), [])  # none: no row
 _rows = [dict(zip(_head, _l[1:])) for _l in _lines if "NodeAgent" in _l]
 _alive = {(_r["NAME"], _r["NODE_ID"]) for _r in _rows if _r["STATE"] == "ALIVE"}
 _nodes = [_n["NodeID"] for _n in _ray.nodes() if _n["Alive"]]
