@@ -1,32 +1,53 @@
-"""Every code block of the documentation runs (``tests.support.docs_blocks`` says
-how: the substitutions for the reader's machine, the snippets a fragment names, the
-rare block marked as one that cannot run here), on the shared two-node cluster with
-moto's S3 server as ``s3://my-bucket``: Python blocks in this process, each in a
-namespace of its own; bash blocks line by line in a shell, the ``air-transfer``
-command joining the cluster (``RAY_ADDRESS``), installs checked against the README's
-install block and the package's extras (CI runs those in fresh environments)."""
+"""Every code block of the documentation runs, none skipped (``tests.support.docs_blocks``
+says how: the substitutions for the reader's machine, the snippets a fragment names,
+the files a block runs), on a two-node cluster like the suite's shared one whose head
+also runs Ray's dashboard (``ray job submit`` sends the page's own ``train.py`` to its
+job server, ``ray list actors`` asks its State API), with moto's S3 server as
+``s3://my-bucket``: Python blocks in this process, each in a namespace of its own;
+bash blocks line by line in a shell, the ``air-transfer`` command joining the cluster
+(``RAY_ADDRESS``), installs checked against the README's install block and the
+package's extras (CI runs those in fresh environments)."""
 
 from __future__ import annotations
 
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 import tomllib
 from ray.cluster_utils import Cluster
 
-from tests.support.docs_blocks import Block, blocks, inside, is_install, localized
+from tests.support.cluster import SHARED_NODES, WORKER_RESOURCES, start_cluster
+from tests.support.docs_blocks import (
+    DASHBOARD,
+    Block,
+    blocks,
+    inside,
+    is_install,
+    localized,
+    page_file,
+)
 from tests.support.docs_snippets import SNIPPETS
 from tests.support.procs import REPO_ROOT, child_env
 from tests.support.s3 import S3Server, bucket_server
 
+#: The cluster is this module's own: the shared one without a dashboard is stopped
+#: first, so it runs after the modules sharing that one (tests/conftest.py).
+pytestmark = pytest.mark.own_ray
 BLOCKS = blocks()
+#: Blocks that a block of their page runs as a file (``files=``: the deploy page's
+#: ``train.py``, sent by ``ray job submit``), run there rather than on their own.
+AS_FILES = {(b.page, name) for b in BLOCKS for name in b.files}
+RUN_ALONE = [b for b in BLOCKS if (b.page, b.file_name) not in AS_FILES]
 #: Pages whose blocks another change rewrites: each must fail until then (strict).
 PENDING: dict[str, str] = {}
 README = (Path(REPO_ROOT) / "README.md").read_text()
@@ -36,21 +57,41 @@ EXTRAS = tomllib.loads((Path(REPO_ROOT) / "pyproject.toml").read_text())["projec
 
 
 @pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """The shared cluster's nodes (head, ``node_a``, ``node_b``), the head also
+    running Ray's dashboard: the job server and the State API that the deploy and
+    agents pages' commands talk to. Ended with the module.
+
+    Its Ray temp directory is its own: the job server starts a job's driver with the
+    address of the cluster last started in that directory (``ray_current_cluster``),
+    which in a directory shared with other Rays on the machine may be another's."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_TMPDIR", tempfile.mkdtemp(prefix="ray-docs-"))
+        cluster = start_cluster(*SHARED_NODES, node_resources=WORKER_RESOURCES, dashboard=True)
+        yield cluster
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     yield from bucket_server(tmp_path_factory.mktemp("moto"), "my-bucket")
 
 
-def test_the_docs_have_blocks_and_every_marker_names_what_exists() -> None:
+def test_the_docs_have_blocks_none_skipped_and_every_marker_names_what_exists() -> None:
     assert len(BLOCKS) >= 15
+    skipped = [b.id for b in BLOCKS if "skip" in b.marker]
+    assert skipped == [], f"every block runs; these are marked skip: {skipped}"
     for block in BLOCKS:
-        assert set(block.marker) <= {"with", "then", "inside", "skip"}, block.id
+        assert set(block.marker) <= {"with", "then", "inside", "files"}, block.id
         for name in [*block.snippets_before, *block.snippets_after, block.marker.get("inside")]:
             assert name is None or name in SNIPPETS, (block.id, name)
-    skipped = [b.id for b in BLOCKS if "skip" in b.marker]
-    assert len(skipped) <= 2, skipped  # the rare exception, each with its reason
+        for name in block.files:
+            page_file(BLOCKS, block.page, name)
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
+@pytest.mark.parametrize("block", RUN_ALONE, ids=[b.id for b in RUN_ALONE])
 def test_each_block_runs(
     block: Block,
     cluster: Cluster,
@@ -59,8 +100,6 @@ def test_each_block_runs(
     request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if "skip" in block.marker:
-        pytest.skip(block.marker["skip"])
     if block.page in PENDING:
         request.applymarker(pytest.mark.xfail(reason=PENDING[block.page], strict=True))
     for where in ("mnt/checkpoints", "mnt/ckpt"):
@@ -75,7 +114,13 @@ def test_each_block_runs(
             code = inside(SNIPPETS[block.marker["inside"]], code)
         run_python(code, block.id, namespace, tmp_path, s3, block.lang)
     else:
-        run_bash(block, namespace.get("DOCS_ENV", {}), cluster.address, tmp_path, s3)
+        dashboard = f"http://{cluster.webui_url}"
+        for name in block.files:
+            file = page_file(BLOCKS, block.page, name)
+            code = "".join(SNIPPETS[n] for n in file.snippets_before) + file.code
+            (tmp_path / name).write_text(localized(code, tmp_path, s3.uri, dashboard))
+        env = namespace.get("DOCS_ENV", {})
+        namespace["DOCS_STDOUT"] = run_bash(block, env, cluster.address, dashboard, tmp_path, s3)
     for name in block.snippets_after:
         run_python(SNIPPETS[name], f"<{name}>", namespace, tmp_path, s3, block.lang)
 
@@ -86,8 +131,14 @@ def run_python(
     exec(compile(localized(code, tmp, s3.uri), name, "exec"), namespace)
 
 
-def run_bash(block: Block, env: dict[str, str], address: str, tmp: Path, s3: S3Server) -> None:
-    """Each line: an install checked, anything else run in a shell (``set -e``)."""
+def run_bash(
+    block: Block, env: dict[str, str], address: str, dashboard: str, tmp: Path, s3: S3Server
+) -> str:
+    """Each line: an install checked, anything else run in a shell (``set -e``);
+    what it printed. The shell finds the cluster as a reader's would: by
+    ``RAY_ADDRESS``, or by the dashboard's address where the block gives one (then
+    without ``RAY_ADDRESS``, which Ray's job client would take instead); never by the
+    suite's ``RAY_API_SERVER_ADDRESS`` (tests/conftest.py), which overrides both."""
 
     def quoted(bucket: str, prefix: str) -> str:
         return shlex.quote(s3.uri(bucket, prefix))
@@ -99,20 +150,26 @@ def run_bash(block: Block, env: dict[str, str], address: str, tmp: Path, s3: S3S
         if is_install(line):
             check_install(line, block.id)
         else:
-            script.append(localized(line, tmp, quoted))
+            script.append(localized(line, tmp, quoted, dashboard))
     if not script:
-        return
-    bin_dir = str(Path(sys.executable).parent)  # the air-transfer command
+        return ""
+    bin_dir = str(Path(sys.executable).parent)  # the air-transfer and ray commands
     path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    shell_env = child_env(PATH=path, **env)
+    shell_env.pop("RAY_API_SERVER_ADDRESS", None)
+    if DASHBOARD not in block.code:
+        shell_env["RAY_ADDRESS"] = address
     done = subprocess.run(
         ["bash", "-e", "-c", "\n".join(script)],
         cwd=tmp,
-        env=child_env(RAY_ADDRESS=address, PATH=path, **env),
+        env=shell_env,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert done.returncode == 0, f"{block.id}: exit {done.returncode}\n{done.stderr[-4000:]}"
+    said = f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, f"{block.id}: exit {done.returncode}\n{said}"
+    return done.stdout
 
 
 def check_install(line: str, where: str) -> None:

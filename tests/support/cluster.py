@@ -22,6 +22,7 @@ from air_transfer.cluster.nodes import NAMESPACE, agent_name
 from air_transfer.cluster.transfer_leases import HeldTransfers
 from tests.support import shared_ray
 from tests.support.procs import REPO_ROOT
+from tests.support.s3 import free_port
 from tests.support.waiting import eventually
 
 MiB = 1024 * 1024
@@ -32,17 +33,22 @@ def start_cluster(
     *node_names: str,
     system_config: dict[str, object] | None = None,
     node_resources: dict[str, float] | None = None,
+    dashboard: bool = False,
 ) -> Cluster:
     """A head (the driver's node, resource ``head``) plus one node per name, each
     with that name as a resource and ``node_resources`` (e.g. a resource that only
     workers ask for); the driver connected, its workers importing ``tests.support``.
-    Whatever Ray the suite shares is stopped first (``tests.support.shared_ray``)."""
+    Whatever Ray the suite shares is stopped first (``tests.support.shared_ray``).
+
+    With ``dashboard`` the head runs Ray's dashboard (its job server and State API)
+    at ``http://{cluster.webui_url}``, on a free port, as its dashboard agent is (two
+    clusters on one machine never meet there), both picked anew at each try."""
     shared_ray.release()
     head: dict[str, object] = {
         "num_cpus": 1,
         "resources": {"head": 1},
         "object_store_memory": STORE_BYTES,
-        "include_dashboard": False,
+        "include_dashboard": dashboard,
     }
     if system_config:
         head["_system_config"] = system_config
@@ -51,6 +57,8 @@ def start_cluster(
     def start() -> Cluster:
         cluster = Cluster()
         tried.append(cluster)
+        if dashboard:
+            head.update(dashboard_port=free_port(), dashboard_agent_listen_port=free_port())
         cluster.add_node(**head)
         for name in node_names:
             resources = {name: 1.0, **(node_resources or {})}

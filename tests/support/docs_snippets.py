@@ -157,6 +157,48 @@ for _name, _size in (("model.bin", 200_000), ("optim.bin", 1000)):
 DOCS_ENV = {"CKPT": CKPT}
 """
 
+#: After ``ray job submit`` of the deploy page's ``train.py``: the job succeeded, and
+#: its two checkpoints are where the page says: in node storage under ``root`` on the
+#: head node (this process's node: its agent drained them), in the run's directory,
+#: and in the durable tier at the same path.
+DEPLOYED_RUN = """
+import re as _re
+import pyarrow.fs as _pafs
+import air_transfer
+assert _re.search(r"Job 'raysubmit_\\w+' succeeded", DOCS_STDOUT), DOCS_STDOUT[-2000:]
+_fs = air_transfer.storage_filesystem(root="/mnt/checkpoints")
+_kept = air_transfer.list_checkpoints(_fs, "/mnt/checkpoints/my-run")
+assert [(_c.run, _c.files, _c.tier) for _c in _kept] == [("", 2, "durable")] * 2, _kept
+_bucket, _runs = _pafs.FileSystem.from_uri("s3://my-bucket/runs")
+for _c in _kept:
+    _where = _runs + "/" + _c.path.removeprefix("/mnt/checkpoints/")
+    _files = _bucket.get_file_info(_pafs.FileSelector(_where))
+    assert sorted(_f.base_name for _f in _files) == ["model-0.bin", "model-1.bin"], _files
+"""
+
+#: Every node's agent of the cluster, started (the first use of a node starts it).
+NODE_AGENTS = """
+import ray as _ray
+import air_transfer
+for _node in _ray.nodes():
+    if _node["Alive"]:
+        _ray.get(air_transfer.node_agent(_node["NodeID"]).read_counters.remote())
+"""
+
+#: After ``ray list actors --filter "class_name=NodeAgent"``: each live node's agent
+#: is listed alive, on its node, and no other one alive (an agent that
+#: ``shutdown_agents()`` ended is listed dead).
+NODE_AGENTS_LISTED = """
+import ray as _ray
+_lines = [_l.split() for _l in DOCS_STDOUT.splitlines()]
+_head = next((_l for _l in _lines if _l[:1] == ["ACTOR_ID"]), [])  # none: no row
+_rows = [dict(zip(_head, _l[1:])) for _l in _lines if "NodeAgent" in _l]
+_alive = {(_r["NAME"], _r["NODE_ID"]) for _r in _rows if _r["STATE"] == "ALIVE"}
+_nodes = [_n["NodeID"] for _n in _ray.nodes() if _n["Alive"]]
+assert len(_nodes) == 3, _nodes
+assert _alive == {(f"air-transfer-agent-{_n}", _n) for _n in _nodes}, DOCS_STDOUT
+"""
+
 SNIPPETS = {
     "train_loop_per_worker": TRAIN_LOOP,
     "train_loop": TRAIN_LOOP + "train_loop = train_loop_per_worker\n",  # durable.md's name
@@ -170,4 +212,7 @@ SNIPPETS = {
     "epochs": EPOCHS,
     "epoch_3": EPOCH_3,
     "cli_run": CLI_RUN,
+    "deployed_run": DEPLOYED_RUN,
+    "node_agents": NODE_AGENTS,
+    "node_agents_listed": NODE_AGENTS_LISTED,
 }
