@@ -228,7 +228,9 @@ def publish_stub(handler: PlacedStorage, path: str, record: PlacedRecord) -> Non
         root, size = s.link.root, record.size
         s.link.call(NodeFiles.fs_write, root, s.staging, 0, header, chunk_checksum(header))
         s.link.call(NodeFiles.fs_write, root, s.staging, size - 1, last, chunk_checksum(last))
-        done = Commit(s.path, s.staging, size, b"", chunk_checksum(b""), size, False, s.expect)
+        done = Commit(
+            s.path, s.staging, size, b"", chunk_checksum(b""), size, False, s.expect, True
+        )
         s.link.call(NodeFiles.fs_commit, root, done, op)
 
     try:

@@ -35,7 +35,7 @@ from air_transfer.storage.server.drain.tiered import TieredDisk
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.metadata import DiskStorage, storage_path
 from air_transfer.storage.server.op_fence import OpFence
-from air_transfer.storage.server.reads import read_stored_chunks
+from air_transfer.storage.server.reads import read_stored_chunks, read_stub_head
 from air_transfer.storage.server.replica_marker import claim as claim_copy
 from air_transfer.storage.server.report_ledger import ReportLedger
 from air_transfer.storage.server.senders import sender
@@ -173,6 +173,9 @@ class NodeStorageService(NodeCopies, NodeReads, NodeCheckpoints):
         self, root: str, path: str, size: int, chunk_bytes: int, first: int
     ) -> Iterator[np.ndarray]:
         yield from read_stored_chunks(root, path, size, chunk_bytes, first)
+
+    def placed_head(self, root: str, path: str, nbytes: int) -> tuple[int, bytes] | None:
+        return read_stub_head(root, path, nbytes)
 
     # -- replicas ----------------------------------------------------------------------
     def claim_copy(

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from air_transfer.core.confine import open_regular
+from air_transfer.core.placed_mark import is_stub
 from air_transfer.errors import SourceChangedError
 
 
@@ -51,3 +52,16 @@ def read_stored_chunks(
 
 def _changed(path: str, how: str) -> SourceChangedError:
     return SourceChangedError(errno.ESTALE, f"changed while being read: {how}", path)
+
+
+def read_stub_head(root: str, path: str, nbytes: int) -> tuple[int, bytes] | None:
+    """``(size, first nbytes)`` of ``path`` under ``root`` if it is a placed file's
+    stub (``core.placed_mark``); None for another file or a directory."""
+    try:
+        fd, st = open_regular(root, path, stubs_ok=True)
+    except IsADirectoryError:
+        return None
+    try:
+        return (st.st_size, os.pread(fd, nbytes, 0)) if is_stub(fd) else None
+    finally:
+        os.close(fd)

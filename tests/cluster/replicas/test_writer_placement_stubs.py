@@ -1,0 +1,128 @@
+"""``placement="writer"``'s stubs known out of band: a stub is what the storage node
+marked one when it committed it, never what a file's bytes say; every server-side
+read of a stub (a plain storage's read on this node or another, a server-side copy,
+a directory transfer) refuses it, naming ``placement='writer'``, rather than hand
+out its record and zeros; a forged record is refused; a re-made copy keeps stubs
+as stubs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from air_transfer import TransferConfig, storage_filesystem
+from air_transfer.core.placed_mark import MARK, MARK_VALUE, is_stub
+from air_transfer.storage.client.placed_record import PlacedRecord, placed_root
+from air_transfer.storage.node_api import NodeReads
+from tests.cluster.replicas.test_writer_placement import (
+    SHARD,
+    allocated,
+    blobs,
+    fs_of,
+    placed,
+    write,
+)
+from tests.support.checkpoints import on
+from tests.support.cluster import node_ids
+from tests.support.node_storage import CONFIG, read
+from tests.support.replicas import copies_identical, fresh_roots, remove, top_up, workers
+
+pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the order)
+
+REFUSED = r"placed file of node storage with placement='writer'"
+
+
+@ray.remote(num_cpus=0)
+def read_there(fs: pafs.FileSystem, path: str) -> bytes:
+    return read(fs, path)
+
+
+def test_server_side_reads_of_a_stub_are_refused(replica_cluster: Cluster, tmp_path: Path) -> None:
+    top_up(replica_cluster, 4)
+    h = placed(tmp_path, "head", named=(workers()[0],))
+    fs = fs_of(h)
+    data = os.urandom(SHARD)
+    fs.create_dir(f"{h.root}/ckpt")
+    with fs.open_output_stream(f"{h.root}/ckpt/shard") as out:
+        out.write(data)
+    # The same root as a storage of its own, as a tool or another run would open it.
+    plain = storage_filesystem(node=node_ids()["head"], config=CONFIG, root=h.root)
+    path = f"{h.root}/ckpt/shard"
+    with pytest.raises(OSError, match=REFUSED) as here:  # on the storage node: its disk
+        read(plain, path)
+    assert "ckpt/shard" in str(here.value)
+    remote = read_there.options(**on(workers()[1])).remote(plain, path)  # file chunks
+    with pytest.raises(OSError, match=REFUSED):
+        ray.get(remote)
+    with pytest.raises(OSError, match=REFUSED):  # a server-side copy
+        plain.copy_file(path, f"{h.root}/ckpt/copied")
+    with pytest.raises(OSError, match=REFUSED) as transfer:  # a restore's directory transfer
+        h.link.call(NodeReads.directory_transfer, h.root, f"{h.root}/ckpt", TransferConfig())
+    assert "ckpt/shard" in str(transfer.value)
+    assert read(fs, path) == data  # through the placed storage: the bytes
+
+
+def test_bytes_that_look_like_a_record_are_a_files_own(
+    replica_cluster: Cluster, tmp_path: Path
+) -> None:
+    top_up(replica_cluster, 4)
+    copy = workers()[0]
+    h = placed(tmp_path, "head", named=(copy,))
+    fs = fs_of(h)
+    with fs.open_output_stream(f"{h.root}/placed") as out:
+        out.write(os.urandom(SHARD))
+    # A file written by another route whose bytes are a stub's, record and all.
+    look_alike = Path(h.root, "placed").read_bytes()
+    for root in fresh_roots(h).values():
+        shutil.copyfile(Path(root, "placed"), Path(root, "look-alike"))
+        assert not is_stub(str(Path(root, "look-alike")))
+    assert read(fs, f"{h.root}/look-alike") == look_alike
+
+
+@pytest.mark.parametrize("forged", ["blob leaving the placed root", "holder elsewhere"])
+def test_a_forged_record_is_refused(replica_cluster: Cluster, tmp_path: Path, forged: str) -> None:
+    top_up(replica_cluster, 4)
+    h = placed(tmp_path, "head", named=(workers()[0],))
+    here = node_ids()["head"]
+    secret = tmp_path / "elsewhere" / ("a" * 24) / ("b" * 32)
+    secret.parent.mkdir(parents=True)
+    secret.write_bytes(os.urandom(SHARD))
+    if forged == "holder elsewhere":
+        record = PlacedRecord(SHARD, "a" * 24 + "/" + "b" * 32, ((here, str(secret.parents[1])),))
+    else:
+        rel = os.path.relpath(secret, placed_root(h.replica_root, here))
+        record = PlacedRecord(SHARD, rel, ((here, placed_root(h.replica_root, here)),))
+    head = record.encode()
+    for root in fresh_roots(h).values():
+        stub = Path(root, "forged")
+        stub.write_bytes(head + bytes(SHARD - len(head)))
+        os.setxattr(stub, MARK, MARK_VALUE)  # as if the storage node had marked it
+    with pytest.raises(ValueError, match=r"record of .*forged.* is not valid.*refused"):
+        read(fs_of(h), f"{h.root}/forged")
+
+
+def test_a_remade_copy_keeps_stubs_as_stubs(replica_cluster: Cluster, tmp_path: Path) -> None:
+    top_up(replica_cluster, 5)
+    w = workers()
+    h = placed(tmp_path, "head", named=(w[0],))
+    fs = fs_of(h)
+    data = os.urandom(SHARD)
+    ray.get(write.options(**on(w[1])).remote(fs, f"{h.root}/f", data))
+    held_before = blobs(tmp_path)
+    remove(replica_cluster, node_ids()[w[0]])
+    copies_identical(h, 2)  # re-made on a live node
+    for root in fresh_roots(h).values():
+        stub = Path(root, "f")
+        assert stub.stat().st_size == SHARD
+        assert allocated(root) < SHARD // 2, root  # sparse, as written
+        assert is_stub(str(stub)), root
+    assert read(fs, f"{h.root}/f") == data
+    assert {n: b for n, b in blobs(tmp_path).items() if n in node_ids().values()} == {
+        n: b for n, b in held_before.items() if n in node_ids().values()
+    }
