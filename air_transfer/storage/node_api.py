@@ -145,6 +145,13 @@ class NodeFiles(Protocol):
 
     def fs_abort(self, root: str, staging: str) -> None: ...
 
+    @change
+    def fs_swap_stub(self, root: str, path: str, expect: bytes, head: bytes, op: str = "") -> None:
+        """Give the placed file's stub ``path``, which must still begin with the
+        record ``expect``, the record ``head`` instead (its holders repaired); ESTALE
+        if it is no longer that stub."""
+        ...
+
 
 class NodeCopies(Protocol):
     """What makes a directory a replicated storage's copy, and the fence of the

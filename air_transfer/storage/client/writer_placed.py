@@ -39,6 +39,7 @@ from air_transfer.storage.client.placed_record import (
     decode,
     placed_root,
 )
+from air_transfer.storage.client.placed_repair import repair_holders
 from air_transfer.storage.client.placed_upload import PlacedUpload, lost_holder
 from air_transfer.storage.client.replica_set import is_lost
 from air_transfer.storage.client.replicas import ReplicatedHandler
@@ -138,6 +139,15 @@ class WriterPlacedHandler(ReplicatedHandler):
 
     def records_under(self, path: str) -> list[PlacedRecord]:
         """The records of the placed files at or under ``path`` (none gone meanwhile)."""
+        return [record for _, record in self.placed_under(path)]
+
+    def repair_holders(self, path: str) -> list[str]:
+        """Give every placed file at or under ``path`` K live holders again, after a
+        holder's node was lost (``placed_repair``); the files repaired."""
+        return repair_holders(self, path)
+
+    def placed_under(self, path: str) -> list[tuple[str, PlacedRecord]]:
+        """``(path, record)`` of each placed file at or under ``path``."""
         try:
             infos = [self.get_file_info([path])[0]]
             if infos[0].type == pafs.FileType.Directory:
@@ -153,7 +163,7 @@ class WriterPlacedHandler(ReplicatedHandler):
             except FileNotFoundError:
                 continue
             if record is not None:
-                records.append(record)
+                records.append((info.path, record))
         return records
 
     def delete_record(self, record: PlacedRecord) -> None:

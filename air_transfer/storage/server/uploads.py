@@ -48,6 +48,7 @@ from air_transfer.core.reuse import link_at
 from air_transfer.errors import ChecksumError
 from air_transfer.storage.node_api import Commit, NodeFiles
 from air_transfer.storage.node_wire import Expect
+from air_transfer.storage.server.stub_swap import swap_stub
 from air_transfer.storage.server.tree import STAGING_MARK, hidden_name
 from air_transfer.storage.server.upload_writers import UploadWriters
 
@@ -171,6 +172,9 @@ class DiskUploads(NodeFiles):
             with contextlib.suppress(OSError):
                 self.fs_abort(root, c.staging)
             raise
+
+    def fs_swap_stub(self, root: str, path: str, expect: bytes, head: bytes, op: str = "") -> None:
+        swap_stub(root, path, expect, head, self._publishing)
 
     def fs_link_staging(self, root: str, staging: str, source: int) -> bool:
         """Make a staging file a hard link of the open stored file ``source``, which

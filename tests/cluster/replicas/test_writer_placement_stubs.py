@@ -19,7 +19,8 @@ from ray.cluster_utils import Cluster
 from air_transfer import TransferConfig, storage_filesystem
 from air_transfer.core.placed_mark import MARK, MARK_VALUE, is_stub
 from air_transfer.storage.client.placed_record import PlacedRecord, placed_root
-from air_transfer.storage.node_api import NodeReads
+from air_transfer.storage.client.placed_upload import PlacedUpload, publish_stub
+from air_transfer.storage.node_api import NodeFiles, NodeReads
 from tests.cluster.replicas.test_writer_placement import (
     SHARD,
     allocated,
@@ -126,3 +127,60 @@ def test_a_remade_copy_keeps_stubs_as_stubs(replica_cluster: Cluster, tmp_path: 
     assert {n: b for n, b in blobs(tmp_path).items() if n in node_ids().values()} == {
         n: b for n, b in held_before.items() if n in node_ids().values()
     }
+
+
+def test_a_races_loser_leaves_no_blob_and_a_blob_awaiting_its_stub_stays(
+    replica_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Two writers of one path, both with their holders committed, their stubs not
+    yet (as the registry orders racing commits, one at a time, whatever each read
+    before): the first stub published leaves the other's blob, whose stub is about
+    to be committed, alone; the second replaces it and deletes the loser's blob."""
+    top_up(replica_cluster, 4)
+    h = placed(tmp_path, "head", named=(workers()[0],))
+    path = f"{h.root}/f"
+    data = {"first": os.urandom(SHARD), "second": os.urandom(SHARD)}
+    uploads = {name: PlacedUpload(h, path) for name in data}
+    for name, upload in uploads.items():
+        upload.write(data[name])
+        assert upload.upload is not None
+        upload.upload.close()  # every holder has committed its blob
+    records = {name: PlacedRecord(SHARD, u.blob, tuple(u.holders)) for name, u in uploads.items()}
+    loser, winner = records["first"], records["second"]
+    publish_stub(h, path, loser)
+    assert all(Path(winner.where(x)).read_bytes() == data["second"] for x in winner.holders)
+    publish_stub(h, path, winner)
+    assert not any(Path(loser.where(x)).exists() for x in loser.holders)
+    assert read(fs_of(h), path) == data["second"]
+    assert sorted(b for bs in blobs(tmp_path).values() for b in bs) == [data["second"]] * 2
+    for upload in uploads.values():  # published by hand above: closed publishing nothing
+        upload.failed = True
+        upload.close()
+
+
+def test_a_lost_holder_is_replaced_by_a_live_one(replica_cluster: Cluster, tmp_path: Path) -> None:
+    top_up(replica_cluster, 5)
+    w = workers()
+    h = placed(tmp_path, "head", named=(w[0],))
+    fs = fs_of(h)
+    data, path = os.urandom(SHARD), f"{h.root}/d/f"
+    fs.create_dir(f"{h.root}/d")
+    writer = ray.get(write.options(**on(w[1])).remote(fs, path, data))
+    before = h.record_of(path)
+    assert before is not None and writer in dict(before.holders)
+    stale = pytest.raises(OSError, match="no longer the placed file")
+    with stale:  # a swap of a stub that is not (or no longer) the one read
+        h.link.call(NodeFiles.fs_swap_stub, h.root, path, b"another record", b"x", "")
+    remove(replica_cluster, writer)
+    assert h.repair_holders(h.root) == [path]
+    after = h.record_of(path)
+    assert after is not None and after.blob == before.blob
+    live = set(node_ids().values())
+    assert len(after.holders) == 2 and {n for n, _ in after.holders} <= live
+    for holder in after.holders:  # every holder's blob byte-identical
+        assert Path(after.where(holder)).read_bytes() == data
+    for root in fresh_roots(h).values():  # every copy's stub names them, still a stub
+        assert is_stub(str(Path(root, "d", "f")))
+        assert allocated(root) < SHARD // 2
+    assert read(fs, path) == data
+    assert h.repair_holders(h.root) == []  # nothing left to repair
