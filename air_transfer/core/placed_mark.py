@@ -63,3 +63,19 @@ def stub_refused(path: str, verb: str = "read") -> OSError:
         "storage_filesystem(..., placement='writer')",
         path,
     )
+
+
+def mark_root(root: str) -> None:
+    """Mark the storage root ``root`` as one that holds stubs (once is enough)."""
+    if not is_stub(root):
+        os.setxattr(root, MARK, MARK_VALUE, follow_symlinks=False)
+
+
+def refuse_placed_root(root: str, what: str) -> None:
+    """ValueError if node storage ``root`` holds stubs (``mark_root``): ``what`` (a
+    drain into a durable tier) would read records and zeros for their bytes."""
+    if os.path.isdir(root) and is_stub(root):
+        raise ValueError(
+            f"node storage {root!r} holds placed files of placement='writer' (their "
+            f"bytes on their holder nodes, not in it): cannot {what} (not built yet)"
+        )

@@ -42,7 +42,7 @@ from air_transfer.core.confine import (
     oserror,
 )
 from air_transfer.core.direct_io import pwrite_direct, should_write_direct
-from air_transfer.core.placed_mark import mark_stub
+from air_transfer.core.placed_mark import mark_root, mark_stub
 from air_transfer.core.process_locks import Process
 from air_transfer.core.reuse import link_at
 from air_transfer.errors import ChecksumError
@@ -231,6 +231,7 @@ class DiskUploads(NodeFiles):
                     written = os.fstat(fd).st_size
                     if placed:
                         mark_stub(fd, path)
+                        mark_root(root)
                 finally:
                     os.close(fd)
                 if size is not None and written != size:

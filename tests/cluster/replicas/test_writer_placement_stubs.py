@@ -17,6 +17,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from air_transfer import TransferConfig, storage_filesystem
+from air_transfer.cli.main import main
 from air_transfer.core.placed_mark import MARK, MARK_VALUE, is_stub
 from air_transfer.storage.client.placed_record import PlacedRecord, placed_root
 from air_transfer.storage.client.placed_upload import PlacedUpload, publish_stub
@@ -184,3 +185,24 @@ def test_a_lost_holder_is_replaced_by_a_live_one(replica_cluster: Cluster, tmp_p
         assert allocated(root) < SHARD // 2
     assert read(fs, path) == data
     assert h.repair_holders(h.root) == []  # nothing left to repair
+
+
+def test_the_cli_and_a_drain_refuse_placed_files(
+    replica_cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    top_up(replica_cluster, 4)
+    h = placed(tmp_path, "head", named=(workers()[0],))
+    fs = fs_of(h)
+    fs.create_dir(f"{h.root}/ckpt")
+    with fs.open_output_stream(f"{h.root}/ckpt/shard") as out:
+        out.write(os.urandom(SHARD))
+    assert main(["verify", h.root, "ckpt"]) == 1  # every copy's read refused, named
+    assert "placement='writer'" in capsys.readouterr().out
+    backup = tmp_path / "backup"
+    assert main(["cp", f"node://{h.root}/ckpt", f"file://{backup}"]) == 1
+    assert "placement='writer'" in capsys.readouterr().err
+    assert not (backup / "shard").exists()
+    tier = (pafs.LocalFileSystem(), str(tmp_path / "tier"))
+    draining = storage_filesystem(node=node_ids()["head"], config=CONFIG, root=h.root, durable=tier)
+    with pytest.raises(ValueError, match=r"placement='writer'.*cannot drain it into a durable"):
+        draining.get_file_info(f"{h.root}/ckpt")  # its first call attaches the drain
