@@ -28,6 +28,7 @@ import pyarrow.fs as pafs
 import ray
 
 from air_transfer.cluster import _ray_core
+from air_transfer.cluster.liveness import this_process
 from air_transfer.cluster.nodes import live_node_ids, this_node_id
 from air_transfer.core.reader import ChunkFileReader
 from air_transfer.storage.client.placed_record import (
@@ -98,8 +99,8 @@ class WriterPlacedHandler(ReplicatedHandler):
             for node, link, where, made in calls:
                 try:
                     link.wait(made)
-                    staging, start, expect = link.call(
-                        NodeFiles.fs_open_write, link.root, where, False
+                    staging, start, expect = link.call(  # discarded if this process dies
+                        NodeFiles.fs_open_write, link.root, where, False, this_process()
                     )
                 except Exception as e:
                     raise lost_holder(where, node[:12], e) from e

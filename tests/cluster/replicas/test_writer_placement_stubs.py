@@ -34,6 +34,7 @@ from tests.support.checkpoints import on
 from tests.support.cluster import node_ids
 from tests.support.node_storage import CONFIG, read
 from tests.support.replicas import copies_identical, fresh_roots, remove, top_up, workers
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the order)
 
@@ -206,3 +207,25 @@ def test_the_cli_and_a_drain_refuse_placed_files(
     draining = storage_filesystem(node=node_ids()["head"], config=CONFIG, root=h.root, durable=tier)
     with pytest.raises(ValueError, match=r"placement='writer'.*cannot drain it into a durable"):
         draining.get_file_info(f"{h.root}/ckpt")  # its first call attaches the drain
+
+
+@ray.remote(num_cpus=0)
+class OpenWriter:
+    """A writer that stages a placed file on its holders and dies before closing it."""
+
+    def start(self, fs: pafs.FileSystem, path: str) -> None:
+        self.out = fs.open_output_stream(path)
+        self.out.write(os.urandom(2 * SHARD))
+
+
+def test_a_dead_writers_staging_files_go_from_its_holders(
+    replica_cluster: Cluster, tmp_path: Path
+) -> None:
+    top_up(replica_cluster, 4)
+    h = placed(tmp_path, "head", named=(workers()[0],))
+    writer = OpenWriter.options(**on(workers()[1])).remote()  # type: ignore[attr-defined]
+    ray.get(writer.start.remote(fs_of(h), f"{h.root}/f"))
+    assert sum(map(len, blobs(tmp_path).values())) == 2  # staged on both holders
+    ray.kill(writer)
+    eventually(lambda: blobs(tmp_path) == {}, "the dead writer's staging files removed")
+    assert fs_of(h).get_file_info(f"{h.root}/f").type == pafs.FileType.NotFound
