@@ -269,6 +269,15 @@ class NodeCheckpoints(Protocol):
         being stored and delete what they stored that Train does not track."""
         ...
 
+    @change
+    def reclaim_placed_reports(
+        self, root: str, workers: list[str], tracked: list[str], nbytes: int
+    ) -> tuple[list[str], list[tuple[str, int, bytes]]]:
+        """``reclaim_reports`` of a writer-placed storage: also ``(path, size, first
+        nbytes)`` of each placed file's stub it deleted, whose holders' bytes the
+        caller then deletes."""
+        ...
+
 
 class NodeDurable(Protocol):
     """The durable tier behind a node storage root (its drain and its reads)."""

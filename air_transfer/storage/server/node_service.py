@@ -35,7 +35,7 @@ from air_transfer.storage.server.drain.tiered import TieredDisk
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.metadata import DiskStorage, storage_path
 from air_transfer.storage.server.op_fence import OpFence
-from air_transfer.storage.server.reads import read_stored_chunks, read_stub_head
+from air_transfer.storage.server.reads import read_stored_chunks, read_stub_head, stub_heads_under
 from air_transfer.storage.server.replica_marker import claim as claim_copy
 from air_transfer.storage.server.report_ledger import ReportLedger
 from air_transfer.storage.server.senders import sender
@@ -156,6 +156,18 @@ class NodeStorageService(NodeCopies, NodeReads, NodeCheckpoints):
     def reclaim_reports(self, root: str, workers: list[str], tracked: list[str]) -> list[str]:
         kept = [storage_path(root, path) for path in tracked]
         return self._reports.reclaim(workers, kept, lambda p: self._disk.fs_delete_dir(root, p))
+
+    def reclaim_placed_reports(
+        self, root: str, workers: list[str], tracked: list[str], nbytes: int
+    ) -> tuple[list[str], list[tuple[str, int, bytes]]]:
+        kept = [storage_path(root, path) for path in tracked]
+        stubs: list[tuple[str, int, bytes]] = []
+
+        def delete(path: str) -> None:
+            stubs.extend(stub_heads_under(root, path, nbytes))  # read before they go
+            self._disk.fs_delete_dir(root, path)
+
+        return self._reports.reclaim(workers, kept, delete), stubs
 
     # -- reads -------------------------------------------------------------------------
     def directory_transfer(self, root: str, path: str, config: TransferConfig) -> list[Any]:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Iterator
 
 import numpy as np
 
-from air_transfer.core.confine import open_regular
+from air_transfer.core.confine import at, open_regular
 from air_transfer.core.placed_mark import is_stub
 from air_transfer.errors import SourceChangedError
 
@@ -65,3 +66,24 @@ def read_stub_head(root: str, path: str, nbytes: int) -> tuple[int, bytes] | Non
         return (st.st_size, os.pread(fd, nbytes, 0)) if is_stub(fd) else None
     finally:
         os.close(fd)
+
+
+def stub_heads_under(root: str, path: str, nbytes: int) -> list[tuple[str, int, bytes]]:
+    """``(path, size, first nbytes)`` of every placed file's stub at or under the
+    directory ``path`` (confined to ``root``; links not followed)."""
+    top = at(root, path, lambda w: w.real)
+    found = []
+    for base, _, files in os.walk(top):
+        for name in files:
+            where = os.path.join(base, name)
+            try:
+                fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError:  # a link, or gone meanwhile
+                continue
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode) and is_stub(fd):
+                    found.append((where, st.st_size, os.pread(fd, nbytes, 0)))
+            finally:
+                os.close(fd)
+    return found

@@ -15,6 +15,7 @@ import pyarrow.fs as pafs
 import pytest
 import ray
 from ray.cluster_utils import Cluster
+from ray.train import Checkpoint
 
 from air_transfer import TransferConfig, storage_filesystem
 from air_transfer.cli.main import main
@@ -22,6 +23,7 @@ from air_transfer.core.placed_mark import MARK, MARK_VALUE, is_stub
 from air_transfer.storage.client.placed_record import PlacedRecord, placed_root
 from air_transfer.storage.client.placed_upload import PlacedUpload, publish_stub
 from air_transfer.storage.node_api import NodeFiles, NodeReads
+from air_transfer.train import hooks
 from tests.cluster.replicas.test_writer_placement import (
     SHARD,
     allocated,
@@ -229,3 +231,28 @@ def test_a_dead_writers_staging_files_go_from_its_holders(
     ray.kill(writer)
     eventually(lambda: blobs(tmp_path) == {}, "the dead writer's staging files removed")
     assert fs_of(h).get_file_info(f"{h.root}/f").type == pafs.FileType.NotFound
+
+
+def test_a_stopped_rounds_report_leaves_no_stub_nor_blob(
+    replica_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Train's hooks as a round runs: each report into writer-placed storage is
+    copied by Ray itself (the hook stores nothing) but noted; when Train stops the
+    group, what it does not track goes, stubs and holders' bytes both."""
+    top_up(replica_cluster, 4)
+    h = placed(tmp_path, "head", named=(workers()[0],))
+    fs = fs_of(h)
+    local = tmp_path / "local"
+    local.mkdir()
+    fs.create_dir(f"{h.root}/run")
+    reports = {step: f"{h.root}/run/checkpoint_{step}" for step in ("tracked", "stopped")}
+    data = {step: os.urandom(SHARD) for step in reports}
+    for step, report in reports.items():
+        assert hooks.upload_directory(fs, report, Checkpoint(str(local)), "worker-1") is None
+        fs.create_dir(report)  # as Ray's own copy makes and writes it
+        with fs.open_output_stream(f"{report}/shard") as out:
+            out.write(data[step])
+    hooks.reclaim_reports(fs, ["worker-1"], [reports["tracked"]])
+    assert fs.get_file_info(reports["stopped"]).type == pafs.FileType.NotFound
+    assert read(fs, f"{reports['tracked']}/shard") == data["tracked"]
+    assert sorted(b for bs in blobs(tmp_path).values() for b in bs) == [data["tracked"]] * 2
