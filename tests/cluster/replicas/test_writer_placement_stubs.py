@@ -269,3 +269,18 @@ def test_a_stopped_rounds_report_leaves_no_stub_nor_blob(
     assert fs.get_file_info(reports["stopped"]).type == pafs.FileType.NotFound
     assert read(fs, f"{reports['tracked']}/shard") == data["tracked"]
     assert sorted(b for bs in blobs(tmp_path).values() for b in bs) == [data["tracked"]] * 2
+
+
+def test_a_moved_stub_stays_a_stub(replica_cluster: Cluster, tmp_path: Path) -> None:
+    """The mark is the file's, not its path's: a move keeps it on every copy."""
+    top_up(replica_cluster, 4)
+    h = placed(tmp_path, "head", named=(workers()[0],))
+    fs = fs_of(h)
+    data = os.urandom(SHARD)
+    fs.create_dir(f"{h.root}/a")
+    with fs.open_output_stream(f"{h.root}/a/f") as out:
+        out.write(data)
+    fs.move(f"{h.root}/a", f"{h.root}/b")
+    for root in fresh_roots(h).values():
+        assert is_stub(str(Path(root, "b", "f"))), root
+    assert read(fs, f"{h.root}/b/f") == data
