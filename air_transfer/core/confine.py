@@ -30,6 +30,8 @@ import stat
 from collections.abc import Callable, Iterator
 from typing import NamedTuple, TypeVar
 
+from air_transfer.core.placed_mark import is_stub, stub_refused
+
 T = TypeVar("T")
 
 #: How often a path that changed under an operation is resolved again.
@@ -166,11 +168,14 @@ def open_file(where: Where, flags: int) -> int:
         raise
 
 
-def open_regular(root: str, path: str, verb: str = "read") -> tuple[int, os.stat_result]:
+def open_regular(
+    root: str, path: str, verb: str = "read", stubs_ok: bool = False
+) -> tuple[int, os.stat_result]:
     """The file ``path`` (confined to ``root``) opened read-only, and its ``fstat``:
     IsADirectoryError (EISDIR) for a directory, OSError (EINVAL) for anything else
-    that is not a regular file, ``verb`` naming what was refused. The caller closes
-    the descriptor."""
+    that is not a regular file, OSError (EOPNOTSUPP) for a placed file's stub unless
+    ``stubs_ok`` (its bytes are elsewhere: ``placed_mark``), ``verb`` naming what was
+    refused. The caller closes the descriptor."""
     fd = at(root, path, lambda w: open_file(w, os.O_RDONLY))
     try:
         st = os.fstat(fd)
@@ -178,6 +183,8 @@ def open_regular(root: str, path: str, verb: str = "read") -> tuple[int, os.stat
             raise oserror(IsADirectoryError, errno.EISDIR, path, f": cannot {verb} a directory")
         if not stat.S_ISREG(st.st_mode):
             raise oserror(OSError, errno.EINVAL, path, ": not a regular file")
+        if not stubs_ok and is_stub(fd):
+            raise stub_refused(path, verb)
     except BaseException:
         os.close(fd)
         raise

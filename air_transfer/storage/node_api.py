@@ -59,9 +59,11 @@ class Commit:
     """What an upload's commit says: write ``tail`` (the last bytes, ``checksum``
     theirs) at ``offset`` of the staging file ``staging`` (around the page cache with
     ``direct_io``), check that it then holds ``size`` bytes and rename it over
-    ``path``; ``expect``: what an append expects to find there (``fs_open_write``'s).
-    Made by the caller, unpickled as sent (no ``__init__`` runs there): the storage
-    node checks each field where it uses it, as it would an argument."""
+    ``path``; ``expect``: what an append expects to find there (``fs_open_write``'s);
+    ``placed``: the file is a placed file's stub, marked so on the storage node
+    (``core.placed_mark``: never by its bytes). Made by the caller, unpickled as
+    sent (no ``__init__`` runs there): the storage node checks each field where it
+    uses it, as it would an argument."""
 
     path: str
     staging: str
@@ -71,6 +73,7 @@ class Commit:
     size: int
     direct_io: bool = False
     expect: Expect = None
+    placed: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,13 @@ class NodeFiles(Protocol):
 
     def fs_abort(self, root: str, staging: str) -> None: ...
 
+    @change
+    def fs_swap_stub(self, root: str, path: str, expect: bytes, head: bytes, op: str = "") -> None:
+        """Give the placed file's stub ``path``, which must still begin with the
+        record ``expect``, the record ``head`` instead (its holders repaired); ESTALE
+        if it is no longer that stub."""
+        ...
+
 
 class NodeCopies(Protocol):
     """What makes a directory a replicated storage's copy, and the fence of the
@@ -193,6 +203,12 @@ class NodeReads(Protocol):
     def disk_read(
         self, root: str, path: str, size: int, chunk_bytes: int, first: int
     ) -> Iterator[np.ndarray]: ...
+
+    def placed_head(self, root: str, path: str, nbytes: int) -> tuple[int, bytes] | None:
+        """``(size, first nbytes)`` of ``path`` if it is a placed file's stub (marked
+        so by the storage node, ``core.placed_mark``); None for any other file or a
+        directory; FileNotFoundError if there is none."""
+        ...
 
     def directory_transfer(
         self, root: str, path: str, config: TransferConfig, node: str | None = None
@@ -256,6 +272,15 @@ class NodeCheckpoints(Protocol):
     def reclaim_reports(self, root: str, workers: list[str], tracked: list[str]) -> list[str]:
         """Ray Train is stopping the group of ``workers``: end their reports still
         being stored and delete what they stored that Train does not track."""
+        ...
+
+    @change
+    def reclaim_placed_reports(
+        self, root: str, workers: list[str], tracked: list[str], nbytes: int
+    ) -> tuple[list[str], list[tuple[str, int, bytes]]]:
+        """``reclaim_reports`` of a writer-placed storage: also ``(path, size, first
+        nbytes)`` of each placed file's stub it deleted, whose holders' bytes the
+        caller then deletes."""
         ...
 
 

@@ -25,11 +25,12 @@ from ray.train import Checkpoint
 from air_transfer.cluster import _ray_hooks
 from air_transfer.cluster.nodes import this_node_id
 from air_transfer.core.confine import checked_path, storage_path
-from air_transfer.storage.client import replica_train
+from air_transfer.storage.client import placed_train, replica_train
 from air_transfer.storage.client.directory_reads import read_directory
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.client.restore_choice import newest_whole
+from air_transfer.storage.client.writer_placed import WriterPlacedHandler
 from air_transfer.storage.copy import copy_tree
 from air_transfer.storage.node_api import NodeCheckpoints, NodeDurable
 from air_transfer.train import rounds
@@ -58,6 +59,9 @@ def upload_directory(
     the storage node, else packed by this node's agent while the storage node's
     agent writes what is packed so far (``plan.Route``).
     """
+    handler = node_storage_handler(filesystem)
+    if isinstance(handler, WriterPlacedHandler) and worker:  # Ray copies: noted first
+        placed_train.note_report(handler, path, worker)
     return store(planned(filesystem, path, checkpoint, None, None, worker), filesystem, checkpoint)
 
 
@@ -70,7 +74,9 @@ def reclaim_reports(filesystem: pafs.FileSystem, workers: list[str], tracked: li
     if handler is None or not workers:
         return
     try:
-        if isinstance(handler, ReplicatedHandler):
+        if isinstance(handler, WriterPlacedHandler):
+            deleted = placed_train.reclaim(handler, workers, tracked)
+        elif isinstance(handler, ReplicatedHandler):
             deleted = replica_train.reclaim(handler, workers, tracked)
         else:
             deleted = handler.link.call(

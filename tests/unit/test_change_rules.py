@@ -114,6 +114,8 @@ def test_node_storage_declares_its_changes() -> None:
         "store_incremental",
         "note_report_dir",
         "reclaim_reports",
+        "reclaim_placed_reports",
+        "fs_swap_stub",
     }
 
 

@@ -52,17 +52,32 @@ def test_storage_filesystem_takes_placement_as_a_keyword_or_in_storage() -> None
         )
 
 
-def test_a_record_reads_back_only_whole_and_of_its_size() -> None:
-    record = PlacedRecord(5 << 20, "ab/cd", (("n1", "/r/n1.placed"), ("n2", "/r/n2.placed")))
+N1, N2 = "1" * 56, "2" * 56
+BLOB = "a" * 24 + "/" + "b" * 32
+
+
+def test_a_record_reads_back_only_whole_of_its_size_and_naming_placed_blobs() -> None:
+    roots = tuple((n, placed_root(ROOT, n)) for n in (N1, N2))
+    record = PlacedRecord(5 << 20, BLOB, roots)
     head = record.encode()
-    assert decode(head + b"\x00" * 100, 5 << 20) == record
-    assert decode(head, (5 << 20) + 1) is None  # another size: not this file's record
-    assert decode(head[:-1], 5 << 20) is None  # cut short
-    assert decode(b"x" + head, 5 << 20) is None  # a file of the user's
-    escaping = PlacedRecord(5 << 20, "../etc", record.holders).encode()
-    assert decode(escaping, 5 << 20) is None
+    assert decode(head + b"\x00" * 100, 5 << 20, "/s/f", ROOT) == record
+    forged = {
+        "another size": (head, (5 << 20) + 1),
+        "cut short": (head[:-1], 5 << 20),
+        "no record": (b"x" + head, 5 << 20),
+        "a blob leaving the placed root": (PlacedRecord(5 << 20, "../etc", roots).encode(), 0),
+        "a blob not of a write": (PlacedRecord(5 << 20, "ab/cd", roots).encode(), 0),
+        "a holder not a node id": (PlacedRecord(5 << 20, BLOB, (("n/..", "/r"),)).encode(), 0),
+        "a holder elsewhere": (PlacedRecord(5 << 20, BLOB, ((N1, "/etc"),)).encode(), 0),
+        "a holder twice": (PlacedRecord(5 << 20, BLOB, (roots[0], roots[0])).encode(), 0),
+        "no holder": (PlacedRecord(5 << 20, BLOB, ()).encode(), 0),
+    }
+    for what, (data, size) in forged.items():
+        with pytest.raises(ValueError, match=r"record of '/s/f' .*placement='writer'.*refused"):
+            decode(data, size or 5 << 20, "/s/f", ROOT)
+            pytest.fail(what)
     with pytest.raises(ValueError, match="does not fit the stub"):
-        PlacedRecord(100, "ab/cd", record.holders).encode()
+        PlacedRecord(100, BLOB, record.holders).encode()
 
 
 def test_each_writer_holds_its_own_file_and_every_node_one_copy() -> None:

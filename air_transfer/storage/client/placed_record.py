@@ -6,7 +6,9 @@ the writer's own first, then the next live nodes in turn), and where on a holder
 
 The stub has the file's size, so listings and infos answer as for any file, with no
 call of their own; its record is read only by a reader of the file (``decode``) and
-by a delete or overwrite, whose holders' bytes go with it.
+by a delete or overwrite, whose holders' bytes go with it. What makes a file a stub
+is a mark the storage node sets when the stub is committed, never its bytes
+(``core.placed_mark``): a file that merely begins like a record is its own bytes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -23,6 +26,8 @@ PLACE_MIN_BYTES = 1024 * 1024
 #: The most a stub's record takes (its head, read as one chunk of this size).
 RECORD_BYTES = 16 * 1024
 _MAGIC = b"AIR-TRANSFER-PLACED\x00v1\n"
+_BLOB = re.compile(r"[0-9a-f]{24}/[0-9a-f]{32}")
+_NODE = re.compile(r"[0-9a-f]{16,128}")  # a Ray node id, in hex
 
 #: A holder of a file's bytes: (node id, its placed root on that node).
 Holder = tuple[str, str]
@@ -52,27 +57,44 @@ class PlacedRecord:
         return posixpath.join(holder[1], self.blob)
 
 
-def decode(head: bytes | memoryview, size: int) -> PlacedRecord | None:
-    """The record a stub of ``size`` bytes begins with; None for a file whose bytes
-    are its own (one that is not a stub, or a stub of another size: not ours)."""
+def decode(head: bytes | memoryview, size: int, path: str, replica_root: str) -> PlacedRecord:
+    """The record of the stub ``path`` of ``size`` bytes (marked a stub by the storage
+    node, never by its bytes: ``core.placed_mark``), checked: its own size, a blob
+    name as ``blob_path`` makes (it cannot leave a placed root), holders that are node
+    ids each at its placed root under ``replica_root``. ValueError naming ``path``
+    for any other."""
     data = bytes(head[:RECORD_BYTES])
-    if not data.startswith(_MAGIC):
-        return None
-    line, newline, _ = data[len(_MAGIC) :].partition(b"\n")
-    if not newline:
-        return None
+    line, newline, _ = data.removeprefix(_MAGIC).partition(b"\n")
     try:
+        if not data.startswith(_MAGIC) or not newline:
+            raise ValueError("no record")
         body = json.loads(line)
         record = PlacedRecord(
             int(body["size"]),
             str(body["blob"]),
             tuple((str(n), str(r)) for n, r in body["holders"]),
         )
-    except (ValueError, KeyError, TypeError):
-        return None
-    if record.size != size or not record.holders or ".." in record.blob.split("/"):
-        return None
+        _check(record, size, replica_root)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"the placement record of {path!r} (storage placement='writer') is not "
+            f"valid ({type(e).__name__}: {e}); its bytes cannot be found: refused"
+        ) from e
     return record
+
+
+def _check(record: PlacedRecord, size: int, replica_root: str) -> None:
+    if record.size != size:
+        raise ValueError(f"it says {record.size} bytes, the file has {size}")
+    if not _BLOB.fullmatch(record.blob):
+        raise ValueError(f"blob {record.blob!r} is not a blob name")
+    if not record.holders or len({n for n, _ in record.holders}) != len(record.holders):
+        raise ValueError("no holders, or one named twice")
+    for node, root in record.holders:
+        if not _NODE.fullmatch(node):
+            raise ValueError(f"holder {node!r} is not a node id")
+        if root != placed_root(replica_root, node):
+            raise ValueError(f"holder {node[:12]}'s root {root!r} is not its placed root")
 
 
 def placed_root(replica_root: str, node: str) -> str:

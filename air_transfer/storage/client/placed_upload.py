@@ -24,14 +24,16 @@ from typing import TYPE_CHECKING, Protocol
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.storage.client.placed_record import (
     PLACE_MIN_BYTES,
+    RECORD_BYTES,
     Holder,
     PlacedRecord,
     blob_path,
+    decode,
 )
 from air_transfer.storage.client.replica_set import is_lost
 from air_transfer.storage.client.upload_copies import Mode, Route, Staged, abort_copy
 from air_transfer.storage.client.uploads import NodeUpload
-from air_transfer.storage.node_api import Commit, NodeFiles
+from air_transfer.storage.node_api import Commit, NodeFiles, NodeReads
 
 if TYPE_CHECKING:
     from collections.abc import Buffer
@@ -52,6 +54,9 @@ class PlacedStorage(Protocol):
 
     @property
     def config(self) -> TransferConfig: ...
+
+    @property
+    def replica_root(self) -> str: ...
 
     def stage_holders(self, blob: str) -> tuple[list[Holder], list[Staged]]:
         """A staging file for ``blob`` on each of the file's holders."""
@@ -192,16 +197,10 @@ class PlacedUpload(io.RawIOBase):
         self.upload.close()  # every holder commits, or none keeps it
         record = PlacedRecord(self.written, self.blob, tuple(self.holders))
         try:
-            old = handler.record_of(self.path)
-        except FileNotFoundError:
-            old = None
-        try:
             publish_stub(handler, self.path, record)
         except BaseException:
             handler.delete_blobs(list(record.holders), [record.where(h) for h in record.holders])
             raise
-        if old is not None and old.blob != record.blob:  # the version it replaced
-            handler.delete_record(old)
 
     def _explained(self, error: Exception) -> Exception:
         if isinstance(error, ConnectionError) and "placement='writer'" in str(error):
@@ -219,16 +218,27 @@ class PlacedUpload(io.RawIOBase):
 def publish_stub(handler: PlacedStorage, path: str, record: PlacedRecord) -> None:
     """Commit ``path``'s stub on the storage node and its copies: a sparse file of
     ``record.size`` bytes, the record in its first ones (so that listings and infos
-    see the file's size), by the replica registry's rules."""
+    see the file's size), by the replica registry's rules; then delete the bytes of
+    the placed version it replaced.
+
+    What it replaces is read at the first copy's commit, within the registry's
+    ``begin``/``end`` (one commit of a path at a time): of two writers racing on a
+    path, the second to commit reads the first's record there and deletes its bytes,
+    so a race's loser leaves none behind."""
     staged, rules = handler.stage_copies(path, append=False)
     header = record.encode()
     last = b"\x00"
+    replaced: list[PlacedRecord | None] = []
 
     def commit(s: Staged, op: str) -> None:
         root, size = s.link.root, record.size
+        if not replaced:
+            replaced.append(_replaced(handler, s, path))
         s.link.call(NodeFiles.fs_write, root, s.staging, 0, header, chunk_checksum(header))
         s.link.call(NodeFiles.fs_write, root, s.staging, size - 1, last, chunk_checksum(last))
-        done = Commit(s.path, s.staging, size, b"", chunk_checksum(b""), size, False, s.expect)
+        done = Commit(
+            s.path, s.staging, size, b"", chunk_checksum(b""), size, False, s.expect, True
+        )
         s.link.call(NodeFiles.fs_commit, root, done, op)
 
     try:
@@ -237,3 +247,22 @@ def publish_stub(handler: PlacedStorage, path: str, record: PlacedRecord) -> Non
         for s in staged:
             abort_copy(s)
         raise
+    old = replaced[0] if replaced else None
+    if old is not None and old.blob != record.blob:
+        handler.delete_record(old)
+
+
+def _replaced(handler: PlacedStorage, s: Staged, path: str) -> PlacedRecord | None:
+    """The record of the placed file at ``s.path`` on copy ``s`` now (None: none,
+    or a file of its own bytes; one not valid is left, logged, as its bytes are)."""
+    try:
+        found = s.link.call(NodeReads.placed_head, s.link.root, s.path, RECORD_BYTES)
+    except FileNotFoundError:
+        return None
+    if found is None:
+        return None
+    try:
+        return decode(found[1], found[0], path, handler.replica_root)
+    except ValueError as e:
+        logger.warning("air-transfer: the version %s replaces stays on its holders: %s", path, e)
+        return None

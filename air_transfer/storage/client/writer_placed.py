@@ -28,7 +28,7 @@ import pyarrow.fs as pafs
 import ray
 
 from air_transfer.cluster import _ray_core
-from air_transfer.cluster.fetch import fetch_in_order, get
+from air_transfer.cluster.liveness import this_process
 from air_transfer.cluster.nodes import live_node_ids, this_node_id
 from air_transfer.core.reader import ChunkFileReader
 from air_transfer.storage.client.placed_record import (
@@ -40,11 +40,12 @@ from air_transfer.storage.client.placed_record import (
     decode,
     placed_root,
 )
+from air_transfer.storage.client.placed_repair import repair_holders
 from air_transfer.storage.client.placed_upload import PlacedUpload, lost_holder
 from air_transfer.storage.client.replica_set import is_lost
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.client.same_node import open_native
-from air_transfer.storage.client.streams import AgentLink, _chunks, _verified, read_chunk_bytes
+from air_transfer.storage.client.streams import AgentLink, _chunks, read_chunk_bytes
 from air_transfer.storage.client.upload_copies import Staged, abort_copy
 from air_transfer.storage.node_api import NodeFiles, NodeMetadata, NodeReads
 from air_transfer.storage.replica_wire import on_copy
@@ -98,8 +99,8 @@ class WriterPlacedHandler(ReplicatedHandler):
             for node, link, where, made in calls:
                 try:
                     link.wait(made)
-                    staging, start, expect = link.call(
-                        NodeFiles.fs_open_write, link.root, where, False
+                    staging, start, expect = link.call(  # discarded if this process dies
+                        NodeFiles.fs_open_write, link.root, where, False, this_process()
                     )
                 except Exception as e:
                     raise lost_holder(where, node[:12], e) from e
@@ -120,21 +121,34 @@ class WriterPlacedHandler(ReplicatedHandler):
     # -- records -----------------------------------------------------------------------
     def record_of(self, path: str) -> PlacedRecord | None:
         """Where ``path``'s bytes are, if it is a placed file (None: its own bytes,
-        or a directory); FileNotFoundError if there is none."""
+        or a directory); FileNotFoundError if there is none, ValueError if its record
+        is not valid (``placed_record.decode``)."""
         rel = self.rel(path)
-        [(ftype, size, _)] = self.read(
-            "answer",
-            lambda link, root: link.call(NodeMetadata.fs_info, root, [on_copy(root, rel)]),
-        )
-        if ftype == pafs.FileType.NotFound:
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-        if ftype != pafs.FileType.File or size is None or size < PLACE_MIN_BYTES:
+        try:
+            found = self.read(
+                "read",
+                lambda link, root: link.call(
+                    NodeReads.placed_head, root, on_copy(root, rel), RECORD_BYTES
+                ),
+            )
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
+        if found is None:
             return None
-        head = self.read("read", lambda link, root: _head(link, on_copy(root, rel), size))
-        return decode(head, size)
+        size, head = found
+        return decode(head, size, path, self.replica_root)
 
     def records_under(self, path: str) -> list[PlacedRecord]:
         """The records of the placed files at or under ``path`` (none gone meanwhile)."""
+        return [record for _, record in self.placed_under(path)]
+
+    def repair_holders(self, path: str) -> list[str]:
+        """Give every placed file at or under ``path`` K live holders again, after a
+        holder's node was lost (``placed_repair``); the files repaired."""
+        return repair_holders(self, path)
+
+    def placed_under(self, path: str) -> list[tuple[str, PlacedRecord]]:
+        """``(path, record)`` of each placed file at or under ``path``."""
         try:
             infos = [self.get_file_info([path])[0]]
             if infos[0].type == pafs.FileType.Directory:
@@ -150,7 +164,7 @@ class WriterPlacedHandler(ReplicatedHandler):
             except FileNotFoundError:
                 continue
             if record is not None:
-                records.append(record)
+                records.append((info.path, record))
         return records
 
     def delete_record(self, record: PlacedRecord) -> None:
@@ -259,15 +273,3 @@ class WriterPlacedHandler(ReplicatedHandler):
         delete of one would take the other's)."""
         with self._open_input(src) as reader, self._open_output(dest, False) as writer:
             shutil.copyfileobj(reader, writer, self.config.chunk_bytes)
-
-
-def _head(link: AgentLink, where: str, size: int) -> bytes:
-    """The first ``RECORD_BYTES`` of the file at ``where``, verified, as one chunk."""
-    with link.errors():
-        call = link.agent().call(
-            NodeReads.file_chunks, link.root, where, size, RECORD_BYTES, 0, 1, 0
-        )
-        [pairs] = get(call)
-        refs: list[list[Any]] = [list(p) for p in pairs]
-        [(chunk, checksum)] = list(fetch_in_order(refs, 1))
-    return bytes(_verified(link, where, 0, chunk, checksum))

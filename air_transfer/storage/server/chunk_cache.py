@@ -45,6 +45,7 @@ from air_transfer.core.confine import at, oserror
 from air_transfer.core.confined_dirs import ConfinedSource, lstat_resolved
 from air_transfer.core.entry import Entry
 from air_transfer.core.knobs import KNOBS
+from air_transfer.core.placed_mark import is_stub, stub_refused
 from air_transfer.core.plan import ChunkPlan, plan_chunks
 from air_transfer.core.scan import Source, Stamp
 from air_transfer.core.threads import Periodic
@@ -119,6 +120,8 @@ class FileChunks:
         st, real = at(root, path, lambda w: (lstat_resolved(w), w.real))
         if not stat.S_ISREG(st.st_mode):
             raise oserror(IsADirectoryError, errno.EISDIR, path, ": not a regular file")
+        if is_stub(real):  # its bytes are on its holders: never the record and zeros
+            raise stub_refused(path)
         if st.st_size != size:
             raise SourceChangedError(
                 errno.ESTALE,

@@ -20,6 +20,7 @@ lost mid-read reads the transfer itself (``storage.client.directory_reads``).
 from __future__ import annotations
 
 import errno
+import posixpath
 import stat
 import threading
 import time
@@ -35,6 +36,7 @@ from air_transfer.config import TransferConfig
 from air_transfer.core.confine import Where, at, oserror
 from air_transfer.core.confined_dirs import ConfinedSource, lstat_resolved
 from air_transfer.core.knobs import KNOBS
+from air_transfer.core.placed_mark import is_stub, stub_refused
 from air_transfer.core.scan import Source, Stamp, scan
 from air_transfer.storage.server.chunk_cache import capped, reaper
 
@@ -142,6 +144,9 @@ class DirectoryTransfers:
         # Scanned and packed confined (``core.confined_dirs``), not by this path again.
         source = ConfinedSource(pafs.LocalFileSystem(), real, storage_root=root)
         scanned = scan(source, config.follow_symlinks)
+        for stub in (f.path for f in scanned.files if is_stub(posixpath.join(real, f.path))):
+            # A placed file's bytes are on its holders: never the record and zeros.
+            raise stub_refused(posixpath.join(path, stub), "transfer the directory holding")
         key = (real, config, scanned.entries, tuple(map(_version, scanned.stamps)))
         now = time.monotonic()
         with self._lock:

@@ -39,7 +39,7 @@ from air_transfer.storage.server.drain.tiered import TieredDisk
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.metadata import DiskStorage, storage_path
 from air_transfer.storage.server.op_fence import OpFence
-from air_transfer.storage.server.reads import read_stored_chunks
+from air_transfer.storage.server.reads import read_stored_chunks, read_stub_head, stub_heads_under
 from air_transfer.storage.server.replica_marker import claim as claim_copy
 from air_transfer.storage.server.report_ledger import ReportLedger
 from air_transfer.storage.server.senders import sender
@@ -164,6 +164,18 @@ class NodeStorageService(NodeCopies, NodeReads, NodeCheckpoints):
         kept = [storage_path(root, path) for path in tracked]
         return self._reports.reclaim(workers, kept, lambda p: self._disk.fs_delete_dir(root, p))
 
+    def reclaim_placed_reports(
+        self, root: str, workers: list[str], tracked: list[str], nbytes: int
+    ) -> tuple[list[str], list[tuple[str, int, bytes]]]:
+        kept = [storage_path(root, path) for path in tracked]
+        stubs: list[tuple[str, int, bytes]] = []
+
+        def delete(path: str) -> None:
+            stubs.extend(stub_heads_under(root, path, nbytes))  # read before they go
+            self._disk.fs_delete_dir(root, path)
+
+        return self._reports.reclaim(workers, kept, delete), stubs
+
     # -- reads -------------------------------------------------------------------------
     def directory_transfer(
         self, root: str, path: str, config: TransferConfig, node: str | None = None
@@ -182,6 +194,9 @@ class NodeStorageService(NodeCopies, NodeReads, NodeCheckpoints):
         self, root: str, path: str, size: int, chunk_bytes: int, first: int
     ) -> Iterator[np.ndarray]:
         yield from read_stored_chunks(root, path, size, chunk_bytes, first)
+
+    def placed_head(self, root: str, path: str, nbytes: int) -> tuple[int, bytes] | None:
+        return read_stub_head(root, path, nbytes)
 
     # -- replicas ----------------------------------------------------------------------
     def claim_copy(

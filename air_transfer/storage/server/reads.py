@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Iterator
 
 import numpy as np
 
-from air_transfer.core.confine import open_regular
+from air_transfer.core.confine import at, open_regular
+from air_transfer.core.placed_mark import is_stub
 from air_transfer.errors import SourceChangedError
 
 
@@ -51,3 +53,37 @@ def read_stored_chunks(
 
 def _changed(path: str, how: str) -> SourceChangedError:
     return SourceChangedError(errno.ESTALE, f"changed while being read: {how}", path)
+
+
+def read_stub_head(root: str, path: str, nbytes: int) -> tuple[int, bytes] | None:
+    """``(size, first nbytes)`` of ``path`` under ``root`` if it is a placed file's
+    stub (``core.placed_mark``); None for another file or a directory."""
+    try:
+        fd, st = open_regular(root, path, stubs_ok=True)
+    except IsADirectoryError:
+        return None
+    try:
+        return (st.st_size, os.pread(fd, nbytes, 0)) if is_stub(fd) else None
+    finally:
+        os.close(fd)
+
+
+def stub_heads_under(root: str, path: str, nbytes: int) -> list[tuple[str, int, bytes]]:
+    """``(path, size, first nbytes)`` of every placed file's stub at or under the
+    directory ``path`` (confined to ``root``; links not followed)."""
+    top = at(root, path, lambda w: w.real)
+    found = []
+    for base, _, files in os.walk(top):
+        for name in files:
+            where = os.path.join(base, name)
+            try:
+                fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError:  # a link, or gone meanwhile
+                continue
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode) and is_stub(fd):
+                    found.append((where, st.st_size, os.pread(fd, nbytes, 0)))
+            finally:
+                os.close(fd)
+    return found

@@ -39,6 +39,9 @@ from air_transfer.storage.server.replica_record import MAX_ATTEMPTS
 from air_transfer.storage.server.replica_registry import Copy, ReplicaRegistry
 
 logger = logging.getLogger(__name__)
+#: What of a placed file's stub is read to copy it: its record (at most 16 KiB,
+#: ``storage.client.placed_record.RECORD_BYTES``), zeros after it.
+STUB_HEAD_BYTES = 16 * 1024
 
 #: Repair's bandwidth bound, per registry (MiB/s of file bytes copied).
 RATE_ENV = environ.REPAIR_MIB_S
@@ -141,8 +144,12 @@ class Copier:
     def copy_file(self, rel: str, size: int) -> int:
         """One file, chunk by chunk from the source's agent to the target's."""
         spath, tpath = self.on_source(rel), self.on_target(rel)
+        # A placed file's stub is copied as one: its record, sparse, marked.
+        stub = get(self.s.call(NodeReads.placed_head, self.sroot, spath, STUB_HEAD_BYTES))
         staging, _, _ = get(self.t.call(NodeFiles.fs_open_write, self.troot, tpath, False))
         try:
+            if stub is not None:
+                return self.copy_stub(tpath, staging, *stub)
             count = -(-size // self.cb)
             for first in range(0, count, 4):
                 n = min(4, count - first)
@@ -173,6 +180,16 @@ class Copier:
                 logger.debug("air-transfer: could not remove repair staging %s: %r", staging, e)
             raise
         return size
+
+    def copy_stub(self, tpath: str, staging: str, size: int, head: bytes) -> int:
+        """A stub of ``size`` bytes beginning with ``head`` (its record and zeros),
+        written as the writer wrote it: those bytes and the last, the rest a hole."""
+        head = head.rstrip(b"\0")[: size - 1]
+        get(self.t.call(NodeFiles.fs_write, self.troot, staging, 0, head, chunk_checksum(head)))
+        tail = b"\0"
+        commit = Commit(tpath, staging, size - 1, tail, chunk_checksum(tail), size, placed=True)
+        get(self.t.call(NodeFiles.fs_commit, self.troot, commit))
+        return len(head) + 1
 
 
 def repair_one(

@@ -42,11 +42,13 @@ from air_transfer.core.confine import (
     oserror,
 )
 from air_transfer.core.direct_io import pwrite_direct, should_write_direct
+from air_transfer.core.placed_mark import mark_root, mark_stub
 from air_transfer.core.process_locks import Process
 from air_transfer.core.reuse import link_at
 from air_transfer.errors import ChecksumError
 from air_transfer.storage.node_api import Commit, NodeFiles
 from air_transfer.storage.node_wire import Expect
+from air_transfer.storage.server.stub_swap import swap_stub
 from air_transfer.storage.server.tree import STAGING_MARK, hidden_name
 from air_transfer.storage.server.upload_writers import UploadWriters
 
@@ -165,11 +167,14 @@ class DiskUploads(NodeFiles):
         try:
             if len(memoryview(c.tail)):
                 self.fs_write(root, c.staging, c.offset, c.tail, c.checksum, c.direct_io)
-            self._publish(root, c.path, c.staging, c.size, c.expect)
+            self._publish(root, c.path, c.staging, c.size, c.expect, c.placed is True)
         except BaseException:
             with contextlib.suppress(OSError):
                 self.fs_abort(root, c.staging)
             raise
+
+    def fs_swap_stub(self, root: str, path: str, expect: bytes, head: bytes, op: str = "") -> None:
+        swap_stub(root, path, expect, head, self._publishing)
 
     def fs_link_staging(self, root: str, staging: str, source: int) -> bool:
         """Make a staging file a hard link of the open stored file ``source``, which
@@ -208,16 +213,28 @@ class DiskUploads(NodeFiles):
                 self.writers.end(staging)
 
     def _publish(
-        self, root: str, path: str, staging: str, size: int | None, expect: Expect
+        self,
+        root: str,
+        path: str,
+        staging: str,
+        size: int | None,
+        expect: Expect,
+        placed: bool = False,
     ) -> None:
+        """Rename ``staging`` over ``path`` (it must hold ``size`` bytes, if given;
+        marked a placed file's stub first if ``placed``: ``core.placed_mark``)."""
+
         def publish(s: Where) -> None:
-            if size is not None:
+            if size is not None or placed:
                 fd = open_file(s, os.O_RDONLY)
                 try:
                     written = os.fstat(fd).st_size
+                    if placed:
+                        mark_stub(fd, path)
+                        mark_root(root)
                 finally:
                     os.close(fd)
-                if written != size:
+                if size is not None and written != size:
                     detail = f": upload incomplete: {written} of {size} bytes arrived"
                     raise oserror(OSError, errno.EIO, path, detail)
 

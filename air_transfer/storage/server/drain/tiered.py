@@ -30,6 +30,7 @@ import pyarrow.fs as pafs
 from air_transfer.cluster._ray_core import kv_items, kv_put
 from air_transfer.cluster.nodes import NAMESPACE
 from air_transfer.core.confine import oserror
+from air_transfer.core.placed_mark import refuse_placed_root
 from air_transfer.storage.durable.reads import NOT_FOUND, TierDamaged
 from air_transfer.storage.durable.records import FileRecord, child
 from air_transfer.storage.durable.settings import DrainSettings
@@ -86,6 +87,8 @@ class TieredDisk(NodeMetadata, NodeDurable):
         """Drain ``root`` into ``target`` from this agent (idempotent); its epoch.
         ``replica``: ``(storage key, storage node)`` of a replicated storage whose
         copy ``root`` is: it drains only while it leads (``drain_leader``)."""
+        if not resumed:  # a drain attached before it held any: its reads refuse them
+            refuse_placed_root(root, "drain it into a durable tier")
         with self._lock:
             tier = self._tiers.get(root)
             if tier is not None:

@@ -1,0 +1,148 @@
+"""Node storage with ``placement="writer"``: a placed file's holders made K again
+after a holder's node is lost (``repair_holders``).
+
+For each placed file under a path that names a holder no longer live, the blob is
+copied from a live holder to the next live nodes (in the ring order
+``placed_record.choose_holders`` uses), chunk by chunk from the source holder's agent
+to the new holder's (bytes never pass through this process; each chunk verified by
+``fs_write``), committed there, and only then does every copy's stub name the new
+holders: ``NodeFiles.fs_swap_stub``, a change through the replica registry, which
+swaps only a stub still holding the record read (a file written, moved or deleted
+meanwhile keeps its own; the new blobs are then deleted). So a file names only
+holders that hold its bytes, whole, at every moment.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from air_transfer.cluster import _ray_core
+from air_transfer.cluster.nodes import live_node_ids
+from air_transfer.core.checksum import chunk_checksum
+from air_transfer.storage.client.placed_record import Holder, PlacedRecord, placed_root
+from air_transfer.storage.client.streams import AgentLink, read_chunk_bytes
+from air_transfer.storage.node_api import Commit, NodeFiles, NodeMetadata, NodeReads
+from air_transfer.storage.replica_wire import on_copy
+
+if TYPE_CHECKING:
+    from air_transfer.config import TransferConfig
+
+logger = logging.getLogger(__name__)
+
+
+class PlacedHolders(Protocol):
+    """What a repair of holders asks of its storage (``writer_placed``'s handler)."""
+
+    replicas: int
+    replica_root: str
+
+    @property
+    def config(self) -> TransferConfig: ...
+
+    def placed_under(self, path: str) -> list[tuple[str, PlacedRecord]]: ...
+
+    def placed_link(self, node: str, root: str) -> AgentLink: ...
+
+    def rel(self, path: str) -> str: ...
+
+    def change(self, paths: list[str], method: Callable[[AgentLink, str, str], Any]) -> None: ...
+
+    def delete_blobs(self, holders: list[Holder], wheres: list[str]) -> None: ...
+
+
+def repair_holders(handler: PlacedHolders, path: str) -> list[str]:
+    """Give every placed file at or under ``path`` ``handler.replicas`` live holders
+    again; the files repaired. ConnectionError naming a file none of whose holders
+    is live (its bytes are lost), or when too few nodes live to hold it."""
+    live = sorted(live_node_ids() - set(_ray_core.draining_nodes()))
+    repaired = []
+    for file, record in handler.placed_under(path):
+        kept = [h for h in record.holders if h[0] in live]
+        if len(kept) == len(record.holders) >= handler.replicas:
+            continue
+        if not kept:
+            raise ConnectionError(
+                f"every holder of {file!r} is lost (placement='writer': "
+                f"{', '.join(n[:12] for n, _ in record.holders)}); its bytes cannot be repaired"
+            )
+        added = _new_holders(handler, record, kept, live)
+        _copy_blob(handler, record, kept[0], added)
+        new = PlacedRecord(record.size, record.blob, (*kept, *added))
+        try:
+            _swap(handler, file, record.encode(), new.encode())
+        except BaseException:
+            handler.delete_blobs(added, [new.where(h) for h in added])
+            raise
+        repaired.append(file)
+    return repaired
+
+
+def _swap(handler: PlacedHolders, path: str, old: bytes, new: bytes) -> None:
+    """Every copy's stub ``path`` given record ``new`` if it still holds ``old``."""
+    rel = handler.rel(path)
+    handler.change(
+        [path],
+        lambda link, root, op: link.submit(
+            NodeFiles.fs_swap_stub, root, on_copy(root, rel), old, new, op
+        ),
+    )
+
+
+def _new_holders(
+    handler: PlacedHolders, record: PlacedRecord, kept: list[Holder], live: list[str]
+) -> list[Holder]:
+    """The live nodes after the first kept holder, in ring order, not holding it."""
+    ring = sorted(set(live) | {kept[0][0]})
+    at = ring.index(kept[0][0])
+    held = {n for n, _ in kept}
+    order = [ring[(at + i) % len(ring)] for i in range(1, len(ring))]
+    nodes = [n for n in order if n not in held][: handler.replicas - len(kept)]
+    if len(kept) + len(nodes) < handler.replicas:
+        raise ConnectionError(
+            f"placement='writer' with replicas={handler.replicas} needs that many live "
+            f"nodes to hold {record.blob!r}; {len(ring)} live"
+        )
+    return [(n, placed_root(handler.replica_root, n)) for n in nodes]
+
+
+def _copy_blob(
+    handler: PlacedHolders, record: PlacedRecord, source: Holder, targets: list[Holder]
+) -> None:
+    """The blob copied from ``source`` to every one of ``targets``, committed there
+    (a target that fails: what the others took is deleted, and the error raised)."""
+    src = handler.placed_link(*source)
+    where, cb = record.where(source), read_chunk_bytes(handler.config)
+    done: list[Holder] = []
+    try:
+        for target in targets:
+            link, dest = handler.placed_link(*target), record.where(target)
+            link.call(NodeMetadata.fs_create_dir, link.root, dest.rsplit("/", 1)[0], True)
+            staging, _, _ = link.call(NodeFiles.fs_open_write, link.root, dest, False)
+            count = -(-record.size // cb)
+            for first in range(0, count, 4):
+                n = min(4, count - first)
+                [pairs] = src.call(
+                    NodeReads.file_chunks, src.root, where, record.size, cb, first, n, 0
+                )
+                writes = [
+                    link.submit(
+                        NodeFiles.fs_write,
+                        link.root,
+                        staging,
+                        (first + i) * cb,
+                        chunk,
+                        cast(str, checksum),  # Ray resolves a ref passed as an argument
+                    )
+                    for i, (chunk, checksum) in enumerate(pairs)
+                ]
+                for w in writes:
+                    link.wait(w)
+            empty = chunk_checksum(b"")
+            commit = Commit(dest, staging, record.size, b"", empty, record.size)
+            link.call(NodeFiles.fs_commit, link.root, commit)
+            done.append(target)
+    except BaseException:
+        handler.delete_blobs(done, [record.where(h) for h in done])
+        raise
