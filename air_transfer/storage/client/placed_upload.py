@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from air_transfer.storage.client.placed_record import (
 )
 from air_transfer.storage.client.replica_set import is_lost
 from air_transfer.storage.client.upload_copies import Mode, Route, Staged, abort_copy
-from air_transfer.storage.client.uploads import NodeUpload
+from air_transfer.storage.client.uploads import NodeUpload, WriteStream
 from air_transfer.storage.node_api import Commit, NodeFiles, NodeReads
 
 if TYPE_CHECKING:
@@ -123,7 +122,7 @@ def lost_holder(name: str, nodes: str, error: Exception) -> Exception:
     )
 
 
-class PlacedUpload(io.RawIOBase):
+class PlacedUpload(WriteStream):
     """``path`` written to ``handler`` (a ``writer_placed.WriterPlacedHandler``); ``close``
     publishes it whole, anything else (a failed write, dropped unclosed) leaves the
     file as it was."""
@@ -138,18 +137,8 @@ class PlacedUpload(io.RawIOBase):
         self.written = 0
         self.failed = False
 
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.written
-
     def write(self, data: Buffer) -> int:
-        if self.closed:
-            raise ValueError(f"write to a closed upload of {self.path!r}")
-        if self.failed:
-            raise OSError(errno.EIO, "an earlier write of this upload failed", self.path)
-        view = memoryview(data).cast("B")
+        view = self._next_write(data, self.path)
         try:
             if self.upload is not None:
                 self.upload.write(view)

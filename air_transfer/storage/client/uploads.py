@@ -69,7 +69,31 @@ logger = logging.getLogger(__name__)
 REPORT_BYTES = 8 << 20
 
 
-class NodeUpload(io.RawIOBase):
+class WriteStream(io.RawIOBase):
+    """A write-only stream of one file, as node storage's uploads are: ``tell`` is
+    what was written, and once a write failed (the file is then not stored) every
+    later write fails too, so a caller that ignored the first error cannot end up
+    storing a file with a hole."""
+
+    written: int
+    failed: bool
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.written
+
+    def _next_write(self, data: Buffer, name: str) -> memoryview:
+        """``data`` as bytes to write to file ``name``, if this stream takes more."""
+        if self.closed:
+            raise ValueError(f"write to closed file {name!r}")
+        if self.failed:
+            raise OSError(errno.EIO, "an earlier write failed; the file is not stored", name)
+        return memoryview(data).cast("B")
+
+
+class NodeUpload(WriteStream):
     """One file written to node storage as ``mode`` says, to ``copies``; ``close``
     commits it, anything else (a failed write, being dropped unclosed) aborts it.
     ``name`` is the path that messages name."""
@@ -120,18 +144,8 @@ class NodeUpload(io.RawIOBase):
             io.RawIOBase.close(self)  # so that __del__ has nothing to discard
             raise
 
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.written
-
     def write(self, data: Buffer) -> int:
-        if self.closed:
-            raise ValueError(f"write to closed file {self.name!r}")
-        if self.failed:
-            raise OSError(errno.EIO, "an earlier write failed; the file is not stored", self.name)
-        view = memoryview(data).cast("B")
+        view = self._next_write(data, self.name)
         try:
             if self.mode.route is Route.HERE:
                 self._write_here(view)

@@ -24,7 +24,7 @@ from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
 from tests.support.cluster import node_ids
 from tests.support.dcp_fns import MiB, Rank, gang, sharded_state, tensor, zeroed
-from tests.support.replicas import top_up
+from tests.support.replicas import top_up, workers
 
 pytestmark = [
     pytest.mark.own_ray,  # a Ray of its own (tests/conftest.py: the order)
@@ -32,18 +32,20 @@ pytestmark = [
 ]
 #: Reads move 256 KiB chunks: small next to the ranks' shares.
 CONFIG = TransferConfig(chunk_bytes=256 * 1024, window=4)
-RANK_NODES = ("node_a", "node_b")
 #: Each rank's own tensors, in MiB.
 MIB = 4
 
 
 @pytest.fixture(scope="module")
 def ranks(replica_cluster: Cluster) -> Iterator[list[Any]]:
-    """Two rank processes, on node a and node b."""
+    """Two rank processes, on the first two live worker nodes (the package's tests
+    remove nodes for good and add others)."""
     top_up(replica_cluster, 4)
-    actors = [Rank.options(resources={n: 0.01}).remote() for n in RANK_NODES]
+    names = workers()[:2]
+    actors = [Rank.options(resources={n: 0.01}).remote() for n in names]
     ids = node_ids()
-    assert ray.get([a.node_id.remote() for a in actors]) == [ids[n] for n in RANK_NODES]
+    got = ray.get([a.node_id.remote() for a in actors], timeout=120)
+    assert got == [ids[n] for n in names]
     yield actors
     for a in actors:
         ray.kill(a)
@@ -83,9 +85,10 @@ def test_each_rank_restores_its_shard_from_its_own_disk(ranks: list[Any], tmp_pa
     assert isinstance(handler, WriterPlacedHandler)
     path = f"{handler.root}/ckpt"
     gang(ranks, save, path, fs)
-    for rank, name in enumerate(RANK_NODES):
+    nodes = ray.get([a.node_id.remote() for a in ranks])
+    for rank, node in enumerate(nodes):
         record = handler.record_of(f"{path}/__{rank}_0.distcp")
-        assert record is not None and record.holders[0][0] == ids[name], rank
+        assert record is not None and record.holders[0][0] == node, rank
     metadata = fs.get_file_info(f"{path}/.metadata").size or 0
     replicated = tensor(7, (256, 1024)).nbytes  # in one rank's file: the other reads it
     before = served()
