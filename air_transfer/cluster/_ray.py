@@ -6,7 +6,7 @@ Ray Train's public API has no way to name a checkpoint's temporary directory, co
 a worker's reports, copy settings to its workers, or store and restore a report's
 checkpoint through node storage; these names are private and may move between Ray
 releases. Keeping every such use here means an upgrade breaks one module, and
-``PRIVATE_NAMES`` lets a test check that each name still exists in the installed Ray.
+``_ray_names`` lists them for a test that checks that each name still exists in the installed Ray.
 """
 
 from __future__ import annotations
@@ -20,17 +20,6 @@ if TYPE_CHECKING:
     from ray.train import Checkpoint
 
 logger = logging.getLogger(__name__)
-
-#: Every private name used below, as (module, dotted attribute): pinned by a test.
-PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
-    ("ray.train", "Checkpoint._get_temporary_checkpoint_dir"),
-    ("ray.train.v2._internal.execution.context", "TrainContext.report"),
-    ("ray.train.v2._internal.execution.context", "TrainContext.report_call_index"),
-    ("ray.train.v2._internal.execution.context", "get_train_context"),
-    ("ray.train.v2._internal.constants", "ENV_VARS_TO_PROPAGATE"),
-    ("ray.train.v2._internal.constants", "get_env_vars_to_propagate"),
-    ("ray.train.v2._internal.constants", "is_v2_enabled"),
-)
 
 
 def temporary_checkpoint_dir(checkpoint: Checkpoint) -> str:

@@ -6,8 +6,8 @@ process, no key-value store that outlives every process, no worker table without
 the dashboard, no backpressure option for streaming generators and no way to ask
 which GCS ``auto`` means; these names are private or developer API and may move
 between Ray releases. Keeping every such use here means an upgrade breaks one
-module, and ``PRIVATE_NAMES`` lets a test check that each name still exists in the
-installed Ray. A failure of a query that only tunes behaviour (the free store) is
+module, and ``_ray_names`` lists them for a test that checks that each still exists
+in the installed Ray. A failure of a query that only tunes behaviour (the free store) is
 logged once and reported as unknown, never silently.
 """
 
@@ -20,24 +20,6 @@ import ray
 
 logger = logging.getLogger(__name__)
 
-#: Every private name used below, as (module, dotted attribute): pinned by a test.
-PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
-    ("ray._private.state", "available_resources_per_node"),
-    ("ray._private.state", "actors"),
-    ("ray._private.worker", "global_worker"),
-    ("ray._raylet", "CoreWorker.get_all_reference_counts"),
-    ("ray.experimental.internal_kv", "_internal_kv_put"),
-    ("ray.experimental.internal_kv", "_internal_kv_get"),
-    ("ray.experimental.internal_kv", "_internal_kv_list"),
-    ("ray.experimental.internal_kv", "_internal_kv_del"),
-    ("ray._private.state", "state"),
-    ("ray._private.state", "GlobalState._connect_and_get_accessor"),
-    ("ray._raylet", "GlobalStateAccessor.get_worker_info"),
-    ("ray.core.generated.gcs_pb2", "WorkerTableData"),
-    ("ray._private.services", "canonicalize_bootstrap_address"),
-    ("ray._raylet", "InnerGcsClient.standalone"),
-    ("ray._private.state", "GlobalState.get_draining_nodes"),
-)
 #: Keyword of ``.options()`` that bounds how far a streaming generator runs ahead of
 #: its consumer (Ray's own streaming ``DataIterator`` uses it); not in the public docs.
 BACKPRESSURE_OPTION = "_generator_backpressure_num_objects"

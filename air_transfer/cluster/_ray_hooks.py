@@ -4,7 +4,7 @@ touches Ray's private API (beside ``_ray``, Train's, and ``_ray_core``, Ray core
 Node storage routes Train's pyarrow copies of checkpoints through its own transfers,
 commits a SYNC report's round without the controller's poll, restores the newest
 whole checkpoint and reclaims orphans, each by wrapping a private method named in
-``PRIVATE_NAMES`` (pinned by a test): a Ray upgrade breaks this module alone.
+``_ray_names`` (pinned by a test): a Ray upgrade breaks this module alone.
 """
 
 from __future__ import annotations
@@ -26,37 +26,6 @@ if TYPE_CHECKING:
     from ray.train import Checkpoint
 
 logger = logging.getLogger(__name__)
-
-#: Every private name used below, as (module, dotted attribute): pinned by a test.
-PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
-    ("ray.train.v2._internal.execution.storage", "StorageContext.persist_current_checkpoint"),
-    ("ray.train.v2._internal.execution.storage", "StorageContext.build_checkpoint_path_from_name"),
-    ("ray.train._checkpoint", "_download_from_fs_path"),
-    ("ray.train.v2._internal.execution.context", "TrainContext.report"),
-    ("ray.train.v2._internal.execution.context", "TrainContext.report_call_index"),
-    ("ray.train.v2._internal.execution.context", "TrainContext.get_all_reported_checkpoints"),
-    ("ray.train.v2._internal.execution.context", "TrainContext.get_checkpoint"),
-    ("ray.train.v2._internal.execution.context", "TrainContext.get_world_rank"),
-    ("ray.train.v2._internal.execution.context", "TrainContext.get_world_size"),
-    (
-        "ray.train.v2._internal.execution.checkpoint.checkpoint_manager",
-        "CheckpointManager.before_worker_group_shutdown",
-    ),
-    (
-        "ray.train.v2._internal.execution.checkpoint.checkpoint_manager",
-        "CheckpointManager.before_init_train_context",
-    ),
-    (
-        "ray.train.v2._internal.execution.checkpoint.checkpoint_manager",
-        "CheckpointManager.register_checkpoint",
-    ),
-    (
-        "ray.train.v2._internal.execution.checkpoint.checkpoint_manager",
-        "CheckpointManager.after_report",
-    ),
-    ("ray.train.v2._internal.execution.training_report", "_TrainingReport"),
-    ("ray.train.v2._internal.execution.worker_group.worker_group", "WorkerGroup.get_workers"),
-)
 
 
 #: Set to 0 to keep Ray Train's own pyarrow copies for node storage (see below).

@@ -306,9 +306,8 @@ def open_parent(fd: int, ident: tuple[int, int], here: str) -> int:
     return parent
 
 
+_MOVED = "the directory was moved while it was being walked; nothing more was done"
+
+
 def _moved(path: str) -> OSError:
-    return OSError(
-        errno.ESTALE,
-        "the directory was moved while it was being walked; nothing more was done",
-        path,
-    )
+    return OSError(errno.ESTALE, _MOVED, path)

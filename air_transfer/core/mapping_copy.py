@@ -18,25 +18,13 @@ import mmap
 import os
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-]
-_libc.mremap.restype = ctypes.c_void_p
-_libc.mremap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_void_p,
-]
-_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_ptr, _size, _int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+_libc.mmap.restype = _ptr
+_libc.mmap.argtypes = [_ptr, _size, _int, _int, _int, ctypes.c_long]
+_libc.mremap.restype = _ptr
+_libc.mremap.argtypes = [_ptr, _size, _size, _int, _ptr]
+_libc.mprotect.argtypes = [_ptr, _size, _int]
+_libc.munmap.argtypes = [_ptr, _size]
 
 _MAP_FAILED = ctypes.c_void_p(-1).value
 # <linux/mman.h>: move the pages, to exactly the address given.

@@ -55,6 +55,17 @@ def is_change(method: Callable[..., Any]) -> bool:
 
 
 @dataclass(frozen=True)
+class ChunkAt:
+    """Where a chunk is written: at ``offset`` of the staging file ``staging``, around
+    the page cache with ``direct_io``. The chunk and its checksum travel beside it,
+    as arguments of their own (Ray resolves a ref only there)."""
+
+    staging: str
+    offset: int
+    direct_io: bool = False
+
+
+@dataclass(frozen=True)
 class Commit:
     """What an upload's commit says: write ``tail`` (the last bytes, ``checksum``
     theirs) at ``offset`` of the staging file ``staging`` (around the page cache with
@@ -84,6 +95,17 @@ class IndexedCommit(Commit):
 
     sums: tuple[str, ...] = field(kw_only=True)
     chunk_bytes: int = field(kw_only=True)
+
+
+@dataclass(frozen=True)
+class SenderOffer:
+    """What the sender of an incremental upload offers before sending any byte: the
+    checkpoint ``files`` describes, its bytes to be fetched from ``source`` on the
+    node ``node`` (only those the storage node does not hold)."""
+
+    source: Source
+    node: str
+    files: ChunkedFiles
 
 
 class NodeMetadata(Protocol):
@@ -127,17 +149,9 @@ class NodeFiles(Protocol):
         discarded if ``writer`` dies before it commits."""
         ...
 
-    def fs_write(
-        self,
-        root: str,
-        staging: str,
-        offset: int,
-        data: Buffer | ChunkRef,
-        checksum: str,
-        direct_io: bool = False,
-    ) -> None:
-        """Write ``data`` (a chunk, or its ref: Ray resolves it before the call) at
-        ``offset`` of a staging file, checked against ``checksum``."""
+    def fs_write(self, root: str, into: ChunkAt, data: Buffer | ChunkRef, checksum: str) -> None:
+        """Write ``data`` (a chunk, or its ref: Ray resolves it before the call) where
+        ``at`` says, checked against ``checksum``."""
         ...
 
     @change
@@ -174,14 +188,7 @@ class NodeIndexedUploads(Protocol):
     on the storage node, and the committed file's chunks are indexed for later ones."""
 
     def fs_write_or_reuse(
-        self,
-        root: str,
-        staging: str,
-        offset: int,
-        checksum: str,
-        length: int,
-        sent: list[ChunkRef],
-        direct_io: bool = False,
+        self, root: str, into: ChunkAt, checksum: str, length: int, sent: list[ChunkRef]
     ) -> bool:
         """Whether the chunk was copied from the storage node's disk (else fetched
         through ``sent``, ``[ref]``)."""
@@ -234,33 +241,20 @@ class NodeCheckpoints(Protocol):
 
     @change
     def store_report(
-        self,
-        worker: str,
-        source: object,
-        root: str,
-        path: str,
-        config: TransferConfig,
-        op: str = "",
+        self, worker: str, src: object, root: str, path: str, config: TransferConfig, op: str = ""
     ) -> str:
-        """Store Ray Train worker ``worker``'s reported checkpoint (a transfer's ref,
+        """Store Ray Train worker ``worker``'s reported checkpoint ``src`` (a transfer's ref,
         resolved by Ray, or a directory on the storage node) at ``path``. Noted until
         Train stops the worker's group (``reclaim_reports``)."""
         ...
 
     @change
     def store_incremental(
-        self,
-        worker: str | None,
-        root: str,
-        path: str,
-        source: Source,
-        sender_node: str,
-        files: ChunkedFiles,
-        config: TransferConfig,
+        self, worker: str | None, root: str, path: str, offer: SenderOffer, config: TransferConfig
     ) -> dict[str, int]:
-        """Store the checkpoint ``files`` describes at ``path`` from what the storage
-        node holds, fetching the rest from ``source`` on ``sender_node``; what it
-        cost. A Ray Train report (``worker`` given) is noted as ``store_report``'s."""
+        """Store the checkpoint ``offer`` describes at ``path`` from what the storage
+        node holds, fetching the rest from the sender; what it cost. A Ray Train
+        report (``worker`` given) is noted as ``store_report``'s."""
         ...
 
     @change

@@ -91,12 +91,7 @@ class RegistryCalls(Protocol):
     (``storage.server.replica_registry.ReplicaRegistry`` says what each does)."""
 
     def register(
-        self,
-        key: str,
-        copies: list[Copy],
-        wanted: int,
-        template: str,
-        fresh: list[str] | None = None,
+        self, key: str, copies: list[Copy], wanted: int, template: str, fresh: list[str] | None
     ) -> None: ...
 
     def view(self, key: str) -> tuple[list[Copy], list[str], list[str], int] | None: ...

@@ -27,6 +27,7 @@ from air_transfer.core.checksum import chunk_checksum
 from air_transfer.storage.client.upload_copies import Mode, Route, Staged
 from air_transfer.storage.client.uploads import NodeUpload
 from air_transfer.storage.node_api import (
+    ChunkAt,
     Commit,
     NodeCheckpoints,
     NodeFiles,
@@ -214,7 +215,10 @@ def test_the_agent_refuses_every_path_outside_the_root(
         (NodeFiles.fs_copy_file, lambda p: (p, f"{r}/d/copy")),
         (NodeFiles.fs_copy_file, lambda p: (f"{r}/d/f", p)),
         (NodeFiles.fs_open_write, lambda p: (p, True)),
-        (NodeFiles.fs_write, lambda p: (posixpath.join(posixpath.dirname(p), staged), 0, b"", ok)),
+        (
+            NodeFiles.fs_write,
+            lambda p: (ChunkAt(posixpath.join(posixpath.dirname(p), staged), 0), b"", ok),
+        ),
         (
             NodeFiles.fs_commit,
             lambda p: (

@@ -21,7 +21,7 @@ from air_transfer.core.file_chunks import ChunkedFiles, file_chunk_plans
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.proven_read import fill_chunk
 from air_transfer.core.scan import Source, scan
-from air_transfer.storage.node_api import NodeCheckpoints
+from air_transfer.storage.node_api import NodeCheckpoints, SenderOffer
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.senders import local_chunks
 from tests.support.cluster import node_ids
@@ -112,16 +112,8 @@ def report_changed_meanwhile(src: str, root: str, dest: str) -> tuple[str, str]:
     rewrite_chunk(Path(src) / "f3", 0)
     node = ray.get_runtime_context().get_node_id()
     try:
-        link.call(
-            NodeCheckpoints.store_incremental,
-            None,
-            root,
-            dest,
-            source,
-            node,
-            files,
-            INCREMENTAL_CONFIG,
-        )
+        offer = SenderOffer(source, node, files)
+        link.call(NodeCheckpoints.store_incremental, None, root, dest, offer, INCREMENTAL_CONFIG)
     except Exception as e:
         return type(e).__name__, str(e)
     return "no error", ""

@@ -22,7 +22,7 @@ def begun(r: ReplicaRegistry, paths: list[str], op: str | None = None) -> Begun:
 
 def registry(k: int = 2) -> ReplicaRegistry:
     r = ReplicaRegistry()
-    r.register(KEY, [("n0", "/r"), ("n1", "/c/n1")][:k], k, "/c/{node_id}")
+    r.register(KEY, [("n0", "/r"), ("n1", "/c/n1")][:k], k, "/c/{node_id}", None)
     return r
 
 
@@ -33,7 +33,7 @@ def test_a_copy_that_misses_a_change_is_stale_before_it_returns() -> None:
     assert r.end(KEY, op, ["n1"], ["f"]) == ["n0"]
     assert r.view(KEY) == ([("n0", "/r"), ("n1", "/c/n1")], ["n0"], [], 2)
     assert r.targets(KEY) == ([("n0", "/r")], ["n0"])  # the next write skips it
-    r.register(KEY, [("x", "/x")], 1, "/{node_id}")  # a known key keeps its record
+    r.register(KEY, [("x", "/x")], 1, "/{node_id}", None)  # a known key keeps its record
     assert r.view(KEY) is not None and r.view(KEY)[1] == ["n0"]  # type: ignore[index]
 
 
@@ -59,7 +59,7 @@ def test_a_copy_on_a_node_that_will_go_is_made_elsewhere_first() -> None:
     assert r.take_touched(KEY, "n2") == (set(), False) and r.finish_sync(KEY, "n2")
     assert r.under_replicated({"n0", "n1", "n2"}, leaving) == []
     other = ReplicaRegistry()
-    other.register(KEY, [("n0", "/r"), ("n1", "/c/n1")], 2, "/c/{node_id}")
+    other.register(KEY, [("n0", "/r"), ("n1", "/c/n1")], 2, "/c/{node_id}", None)
     other.end(KEY, begun(other, ["f"])[0], ["n0"], ["f"])  # n0 stale: n1 alone fresh
     planned = other.plan_repair(KEY, {"n0", "n1", "n2"}, leaving)
     assert planned == (("n1", "/c/n1"), ("n0", "/r"))  # from n1 before it goes
@@ -179,7 +179,7 @@ class SavedRecords:
 
 def saved_registry(store: SavedRecords) -> ReplicaRegistry:
     r = ReplicaRegistry(store)
-    r.register(KEY, [("n0", "/r"), ("n1", "/c/n1")], 2, "/c/{node_id}")
+    r.register(KEY, [("n0", "/r"), ("n1", "/c/n1")], 2, "/c/{node_id}", None)
     return r
 
 

@@ -159,7 +159,7 @@ def test_a_copy_whose_repair_fails_is_retried_then_given_up_visibly(
 
 def test_more_copies_when_asked() -> None:
     r = ReplicaRegistry()
-    r.register(KEY, [("n0", "/r"), ("n1", "/c/n1")], 2, "/c/{node_id}")
+    r.register(KEY, [("n0", "/r"), ("n1", "/c/n1")], 2, "/c/{node_id}", None)
     assert r.resize(KEY, 3) == 2 and r.resize(KEY, 2) == 3  # never fewer
     assert r.under_replicated({"n0", "n1", "n2"}) == [(KEY, 2, 3)]
     assert r.plan_repair(KEY, {"n0", "n1", "n2"}) == (("n0", "/r"), ("n2", "/c/n2"))
@@ -169,7 +169,7 @@ def test_records_keep_callers_staging_and_failures() -> None:
     s = Replicated(2, {"n0": "/r", "n1": "/c/n1"}, {"n0"}, "/c/{node_id}")
     s.ops["op"] = Op(["n0", "n1"], ["n0"], ["f"], 5.0, Owner("w", "n9"), {"n1": "/c/n1/.f.x"})
     r = ReplicaRegistry()
-    r.register(KEY, list(s.roots.items()), 2, s.template)
+    r.register(KEY, list(s.roots.items()), 2, s.template, None)
     r._storages[KEY] = s
     r.repair_failed(KEY, "n1", "OSError: full")
     again = Replicated.from_record(r._storages[KEY].to_record())

@@ -17,7 +17,7 @@ from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import checked_path, storage_path
 from air_transfer.core.direct_io import MIN_DIRECT_FILE_BYTES
 from air_transfer.errors import ChecksumError
-from air_transfer.storage.node_api import Commit
+from air_transfer.storage.node_api import ChunkAt, Commit
 from air_transfer.storage.server import uploads as disk_uploads
 from air_transfer.storage.server.metadata import STAGING_MARK
 from tests.support.disk import Disk
@@ -70,8 +70,8 @@ def test_upload_in_chunks_any_order_then_commit(tmp_path: Path) -> None:
     staging, start, _ = disk.fs_open_write(root, target, append=False)
     assert start == 0 and STAGING_MARK in staging
     second, first = b"world", b"hello "
-    disk.fs_write(root, staging, 6, second, chunk_checksum(second))  # out of order
-    disk.fs_write(root, staging, 0, first, chunk_checksum(first))
+    disk.fs_write(root, ChunkAt(staging, 6), second, chunk_checksum(second))  # out of order
+    disk.fs_write(root, ChunkAt(staging, 0), first, chunk_checksum(first))
     assert disk.fs_list(root, root, False, False) == [("f", *disk.fs_info(root, [target])[0])]
     assert Path(target).read_bytes() == b"old"  # nothing visible before the commit
     disk.fs_commit(root, Commit(target, staging, 11, b"!", chunk_checksum(b"!"), 12))
@@ -99,7 +99,8 @@ def test_large_chunks_upload_the_same_with_or_without_direct_io(
     staging, _, _ = disk.fs_open_write(root, target, append=False)
     for index in (1, 0):
         piece = body[index * chunk : (index + 1) * chunk]
-        disk.fs_write(root, staging, index * chunk, piece, chunk_checksum(piece), direct_io)
+        at = ChunkAt(staging, index * chunk, direct_io)
+        disk.fs_write(root, at, piece, chunk_checksum(piece))
     tail = body[2 * chunk :]
     disk.fs_commit(
         root, Commit(target, staging, 2 * chunk, tail, chunk_checksum(tail), len(body), direct_io)
@@ -126,7 +127,7 @@ def test_an_altered_chunk_or_a_short_upload_is_not_published(tmp_path: Path) -> 
     disk, root, target = Disk(), str(tmp_path), str(tmp_path / "f")
     staging, _, _ = disk.fs_open_write(root, target, append=False)
     with pytest.raises(ChecksumError, match="arrived altered"):
-        disk.fs_write(root, staging, 0, b"abcd", chunk_checksum(b"abcX"))
+        disk.fs_write(root, ChunkAt(staging, 0), b"abcd", chunk_checksum(b"abcX"))
     with pytest.raises(OSError, match=r"incomplete: 0 of 4 bytes"):
         disk.fs_commit(root, Commit(target, staging, 0, b"", chunk_checksum(b""), 4))
     assert os.listdir(tmp_path) == []  # no target, no staging file left

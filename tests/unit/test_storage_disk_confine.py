@@ -14,7 +14,7 @@ import pytest
 
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import storage_path
-from air_transfer.storage.node_api import Commit
+from air_transfer.storage.node_api import ChunkAt, Commit
 from air_transfer.storage.server.metadata import STAGING_MARK
 from air_transfer.storage.server.reads import read_stored_chunks
 from tests.support.disk import Disk
@@ -90,7 +90,7 @@ def test_every_operation_confines_every_path(jail: tuple[Path, Path], op: str) -
         "fs_copy_file_src": lambda p: disk.fs_copy_file(r, p, f"{r}/d/copy"),
         "fs_copy_file_dest": lambda p: disk.fs_copy_file(r, f"{r}/d/f", p),
         "fs_open_write": lambda p: disk.fs_open_write(r, p, True),
-        "fs_write": lambda p: disk.fs_write(r, p, 0, b"x", chunk_checksum(b"x")),
+        "fs_write": lambda p: disk.fs_write(r, ChunkAt(p, 0), b"x", chunk_checksum(b"x")),
         "fs_commit_path": lambda p: disk.fs_commit(
             r, Commit(p, staging, 0, b"", chunk_checksum(b""), 0)
         ),

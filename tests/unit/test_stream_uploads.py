@@ -16,7 +16,7 @@ import pytest
 from air_transfer.core.aligned_writes import ALIGN
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.errors import ManifestError
-from air_transfer.storage.node_api import IndexedCommit
+from air_transfer.storage.node_api import ChunkAt, IndexedCommit
 from air_transfer.storage.server import stored_chunks, uploads
 from air_transfer.storage.server.chunk_index import KEEP, ChunkIndex
 from air_transfer.storage.server.incremental import IncrementalStore
@@ -52,7 +52,7 @@ class Streams:
         pieces = [body[o : o + CHUNK] for o in range(0, full, CHUNK)]
         sums = [chunk_checksum(p) for p in pieces]
         answers = [
-            self.streams.fs_write_or_reuse(self.root, staging, k * CHUNK, s, len(p), [p])
+            self.streams.fs_write_or_reuse(self.root, ChunkAt(staging, k * CHUNK), s, len(p), [p])
             for k, (p, s) in enumerate(zip(pieces, sums, strict=True))
         ]
         tail = body[full:]
@@ -181,7 +181,9 @@ def test_a_commit_with_wrong_checksums_stores_nothing(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []
     staging, _, _ = s.uploads.fs_open_write(str(tmp_path), local, False)
     with pytest.raises(ValueError, match="a chunk length of 1"):
-        s.streams.fs_write_or_reuse(str(tmp_path), staging, 0, chunk_checksum(b""), 0, [b""])
+        s.streams.fs_write_or_reuse(
+            str(tmp_path), ChunkAt(staging, 0), chunk_checksum(b""), 0, [b""]
+        )
 
 
 def test_files_committed_into_one_directory_are_one_checkpoint_of_the_index() -> None:

@@ -22,7 +22,7 @@ from air_transfer.core.manifest import Manifest
 from air_transfer.core.scan import Source, scan
 from air_transfer.errors import CheckpointLostError
 from air_transfer.storage.client.streams import AgentLink
-from air_transfer.storage.node_api import NodeCheckpoints
+from air_transfer.storage.node_api import NodeCheckpoints, SenderOffer
 from air_transfer.transfer.agent_tasks import task_groups
 from air_transfer.transfer.packing_service import PackingService
 
@@ -69,7 +69,5 @@ def store_incremental(
     if described is None:
         return None
     source, files = described
-    node, config = this_node_id(), link.config
-    return link.call(
-        NodeCheckpoints.store_incremental, worker, link.root, path, source, node, files, config
-    )
+    offer = SenderOffer(source, this_node_id(), files)
+    return link.call(NodeCheckpoints.store_incremental, worker, link.root, path, offer, link.config)

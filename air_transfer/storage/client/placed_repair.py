@@ -23,7 +23,7 @@ from air_transfer.cluster.nodes import live_node_ids
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.storage.client.placed_record import Holder, PlacedRecord, placed_root
 from air_transfer.storage.client.streams import AgentLink, read_chunk_bytes
-from air_transfer.storage.node_api import Commit, NodeFiles, NodeMetadata, NodeReads
+from air_transfer.storage.node_api import ChunkAt, Commit, NodeFiles, NodeMetadata, NodeReads
 from air_transfer.storage.replica_wire import on_copy
 
 if TYPE_CHECKING:
@@ -130,8 +130,7 @@ def _copy_blob(
                     link.submit(
                         NodeFiles.fs_write,
                         link.root,
-                        staging,
-                        (first + i) * cb,
+                        ChunkAt(staging, (first + i) * cb),
                         chunk,
                         cast(str, checksum),  # Ray resolves a ref passed as an argument
                     )

@@ -32,7 +32,7 @@ from air_transfer.storage.client.placed_record import (
 from air_transfer.storage.client.replica_set import is_lost
 from air_transfer.storage.client.upload_copies import Mode, Route, Staged, abort_copy
 from air_transfer.storage.client.uploads import NodeUpload, WriteStream
-from air_transfer.storage.node_api import Commit, NodeFiles, NodeReads
+from air_transfer.storage.node_api import ChunkAt, Commit, NodeFiles, NodeReads
 
 if TYPE_CHECKING:
     from collections.abc import Buffer
@@ -223,8 +223,9 @@ def publish_stub(handler: PlacedStorage, path: str, record: PlacedRecord) -> Non
         root, size = s.link.root, record.size
         if not replaced:
             replaced.append(_replaced(handler, s, path))
-        s.link.call(NodeFiles.fs_write, root, s.staging, 0, header, chunk_checksum(header))
-        s.link.call(NodeFiles.fs_write, root, s.staging, size - 1, last, chunk_checksum(last))
+        s.link.call(NodeFiles.fs_write, root, ChunkAt(s.staging, 0), header, chunk_checksum(header))
+        at_last = ChunkAt(s.staging, size - 1)
+        s.link.call(NodeFiles.fs_write, root, at_last, last, chunk_checksum(last))
         done = Commit(
             s.path, s.staging, size, b"", chunk_checksum(b""), size, False, s.expect, True
         )

@@ -56,7 +56,13 @@ from air_transfer.storage.client.upload_copies import (
     Staged,
     abort_copy,
 )
-from air_transfer.storage.node_api import Commit, IndexedCommit, NodeFiles, NodeIndexedUploads
+from air_transfer.storage.node_api import (
+    ChunkAt,
+    Commit,
+    IndexedCommit,
+    NodeFiles,
+    NodeIndexedUploads,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
@@ -220,13 +226,13 @@ class NodeUpload(WriteStream):
     ) -> Pending:
         """Start writing ``body`` (a chunk, or its ref) at its offset of ``s``'s
         staging file; offered, the ref goes in a list, which Ray does not resolve."""
-        root, offset, direct_io = s.link.root, s.start + self.sent, self.mode.direct_io
+        root, into = s.link.root, ChunkAt(s.staging, s.start + self.sent, self.mode.direct_io)
         if self.mode.route is Route.OFFER:  # put already (``share``): the ref is offered
+            sent = [cast(ChunkRef, body)]
             return s.link.submit(
-                NodeIndexedUploads.fs_write_or_reuse,
-                root, s.staging, offset, checksum, length, [cast(ChunkRef, body)], direct_io,
-            )  # fmt: skip
-        return s.link.submit(NodeFiles.fs_write, root, s.staging, offset, body, checksum, direct_io)
+                NodeIndexedUploads.fs_write_or_reuse, root, into, checksum, length, sent
+            )
+        return s.link.submit(NodeFiles.fs_write, root, into, body, checksum)
 
     def _live(self) -> list[Staged]:
         live = [s for s in self.copies if s.error is None]

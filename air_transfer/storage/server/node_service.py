@@ -24,10 +24,8 @@ import pyarrow.fs as pafs
 from air_transfer.cluster import liveness
 from air_transfer.cluster.refs import ChecksumRef, ChunkRef
 from air_transfer.config import TransferConfig
-from air_transfer.core.file_chunks import ChunkedFiles
 from air_transfer.core.knobs import KNOBS
-from air_transfer.core.scan import Source
-from air_transfer.storage.node_api import NodeCheckpoints, NodeCopies, NodeReads
+from air_transfer.storage.node_api import NodeCheckpoints, NodeCopies, NodeReads, SenderOffer
 from air_transfer.storage.server.changes import ChangeRules
 from air_transfer.storage.server.chunk_cache import FileChunks, Submit, cache_cap
 from air_transfer.storage.server.directory_transfers import (
@@ -123,33 +121,21 @@ class NodeStorageService(NodeCopies, NodeReads, NodeCheckpoints):
         return stored
 
     def store_report(
-        self,
-        worker: str,
-        source: object,
-        root: str,
-        path: str,
-        config: TransferConfig,
-        op: str = "",
+        self, worker: str, src: object, root: str, path: str, config: TransferConfig, op: str = ""
     ) -> str:
-        src = source if isinstance(source, str) else self._handle_of(source)
+        given = src if isinstance(src, str) else self._handle_of(src)
         local = storage_path(root, path)
         stored = self._reports.store(
-            worker, local, lambda check: store_report(src, root, local, config, check)
+            worker, local, lambda check: store_report(given, root, local, config, check)
         )
         self._stored += 1
         return stored
 
     def store_incremental(
-        self,
-        worker: str | None,
-        root: str,
-        path: str,
-        source: Source,
-        sender_node: str,
-        files: ChunkedFiles,
-        config: TransferConfig,
+        self, worker: str | None, root: str, path: str, offer: SenderOffer, config: TransferConfig
     ) -> dict[str, int]:
-        local, send = storage_path(root, path), sender(source, sender_node, config.window)
+        local, files = storage_path(root, path), offer.files
+        send = sender(offer.source, offer.node, config.window)
         if worker is None:
             return self.incremental.store(root, local, files, send)
         return self._reports.store(

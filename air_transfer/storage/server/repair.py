@@ -33,7 +33,14 @@ from air_transfer.config import TransferConfig
 from air_transfer.core import environ
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.observe import replica_metrics
-from air_transfer.storage.node_api import Commit, NodeCopies, NodeFiles, NodeMetadata, NodeReads
+from air_transfer.storage.node_api import (
+    ChunkAt,
+    Commit,
+    NodeCopies,
+    NodeFiles,
+    NodeMetadata,
+    NodeReads,
+)
 from air_transfer.storage.replica_wire import on_copy
 from air_transfer.storage.server.replica_record import MAX_ATTEMPTS
 from air_transfer.storage.server.replica_registry import Copy, ReplicaRegistry
@@ -162,8 +169,7 @@ class Copier:
                     self.t.call(
                         NodeFiles.fs_write,
                         self.troot,
-                        staging,
-                        (first + i) * self.cb,
+                        ChunkAt(staging, (first + i) * self.cb),
                         chunk,
                         cast(str, checksum),  # Ray resolves a ref passed as an argument
                     )
@@ -185,7 +191,8 @@ class Copier:
         """A stub of ``size`` bytes beginning with ``head`` (its record and zeros),
         written as the writer wrote it: those bytes and the last, the rest a hole."""
         head = head.rstrip(b"\0")[: size - 1]
-        get(self.t.call(NodeFiles.fs_write, self.troot, staging, 0, head, chunk_checksum(head)))
+        at = ChunkAt(staging, 0)
+        get(self.t.call(NodeFiles.fs_write, self.troot, at, head, chunk_checksum(head)))
         tail = b"\0"
         commit = Commit(tpath, staging, size - 1, tail, chunk_checksum(tail), size, placed=True)
         get(self.t.call(NodeFiles.fs_commit, self.troot, commit))

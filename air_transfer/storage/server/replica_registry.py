@@ -70,12 +70,7 @@ class ReplicaRegistry(RegistryCalls):
             self._store.save(key, self._storages[key].to_record())
 
     def register(
-        self,
-        key: str,
-        copies: list[Copy],
-        wanted: int,
-        template: str,
-        fresh: list[str] | None = None,
+        self, key: str, copies: list[Copy], wanted: int, template: str, fresh: list[str] | None
     ) -> None:
         """Record a new storage with ``copies``, of which ``fresh`` (default: all)
         are complete (the others are stale: repair makes them again); a known key

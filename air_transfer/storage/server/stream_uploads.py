@@ -30,7 +30,7 @@ from air_transfer.core.checksum import chunk_checksum, is_checksum
 from air_transfer.core.confine import checked_path, resolve
 from air_transfer.core.file_chunks import chunks_of
 from air_transfer.errors import ManifestError
-from air_transfer.storage.node_api import IndexedCommit, NodeIndexedUploads
+from air_transfer.storage.node_api import ChunkAt, IndexedCommit, NodeIndexedUploads
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.uploads import DiskUploads
 
@@ -45,27 +45,20 @@ class StreamUploads(NodeIndexedUploads):
         self.uploads, self.store, self.fetch = uploads, store, fetch
 
     def fs_write_or_reuse(
-        self,
-        root: str,
-        staging: str,
-        offset: int,
-        checksum: str,
-        length: int,
-        sent: list[ChunkRef],
-        direct_io: bool = False,
+        self, root: str, into: ChunkAt, checksum: str, length: int, sent: list[ChunkRef]
     ) -> bool:
-        """Write the chunk of ``length`` bytes with ``checksum`` at ``offset`` of a
-        staging file: from a stored copy if one is proven now (True), else fetched
-        through ``sent`` (``[ref]``, nested so that nothing moves unless asked)."""
+        """Write the chunk of ``length`` bytes with ``checksum`` where ``into`` says:
+        from a stored copy if one is proven now (True), else fetched through ``sent``
+        (``[ref]``, nested so that nothing moves unless asked)."""
         if not isinstance(length, int) or not 0 < length <= MAX_CHUNK_BYTES:
             raise ValueError(f"a chunk length of 1..{MAX_CHUNK_BYTES} bytes, got {length!r}")
         view = self.store.reuse_chunk(root, checksum, length)
         if view is not None:
-            self.uploads.write_proven(root, staging, offset, view, direct_io)  # hashed once
+            self.uploads.write_proven(root, into, view)  # hashed once
             self.store.count({"bytes_written": length})
             return True
         [ref] = sent
-        self.uploads.fs_write(root, staging, offset, self.fetch(ref), checksum, direct_io)
+        self.uploads.fs_write(root, into, self.fetch(ref), checksum)
         self.store.count({"chunks_sent": 1, "bytes_sent": length, "bytes_written": length})
         return False
 

@@ -46,7 +46,7 @@ from air_transfer.core.placed_mark import mark_root, mark_stub
 from air_transfer.core.process_locks import Process
 from air_transfer.core.reuse import link_at
 from air_transfer.errors import ChecksumError
-from air_transfer.storage.node_api import Commit, NodeFiles
+from air_transfer.storage.node_api import ChunkAt, Commit, NodeFiles
 from air_transfer.storage.node_wire import Expect
 from air_transfer.storage.server.stub_swap import swap_stub
 from air_transfer.storage.server.tree import STAGING_MARK, hidden_name
@@ -114,41 +114,34 @@ class DiskUploads(NodeFiles):
             self.writers.begin(root, staging, writer)
         return staging, start, expect
 
-    def fs_write(
-        self,
-        root: str,
-        staging: str,
-        offset: int,
-        data: Buffer | ChunkRef,
-        checksum: str,
-        direct_io: bool = False,
-    ) -> None:
-        """Write one chunk at ``offset`` of a staging file, after checking it; with
-        ``direct_io``, a large block-aligned chunk goes around the page cache (as
+    def fs_write(self, root: str, into: ChunkAt, data: Buffer | ChunkRef, checksum: str) -> None:
+        """Write one chunk where ``into`` says, after checking it; with ``direct_io``, a
+        large block-aligned chunk goes around the page cache (as
         ``TransferConfig.direct_io`` has the writer of ``to_directory`` do)."""
         view = memoryview(cast("Buffer", data)).cast("B")  # a ref arrives resolved by Ray
         if chunk_checksum(view) != checksum:
             raise ChecksumError(
                 errno.EIO,
-                f"a chunk of {len(view)} bytes for offset {offset} arrived altered "
+                f"a chunk of {len(view)} bytes for offset {into.offset} arrived altered "
                 "(checksum mismatch); the file is not written",
-                staging,
+                into.staging,
             )
-        self.write_proven(root, staging, offset, view, direct_io)
+        self.write_proven(root, into, view)
 
-    def write_proven(
-        self, root: str, staging: str, offset: int, view: memoryview, direct_io: bool = False
-    ) -> None:
+    def write_proven(self, root: str, into: ChunkAt, view: memoryview) -> None:
         """``fs_write`` of a chunk this agent has just proven against its checksum
         itself (read from a stored copy and hashed): hashing it again would cost a
         pass over its bytes for nothing. No caller elsewhere reaches it: the agent
         hosts the node storage service, not this class (``cluster.rpc.Services``)."""
+        staging, offset = into.staging, into.offset
         _require_staging(staging)
 
         def write(w: Where) -> None:
             fd = open_file(w, os.O_WRONLY)
             try:
-                if should_write_direct(len(view), direct_io) and _pwrite_direct(fd, view, offset):
+                if should_write_direct(len(view), into.direct_io) and _pwrite_direct(
+                    fd, view, offset
+                ):
                     return
                 done = 0
                 while done < len(view):
@@ -166,7 +159,7 @@ class DiskUploads(NodeFiles):
         checked_path(root, c.path)  # and a refused path before any byte is written
         try:
             if len(memoryview(c.tail)):
-                self.fs_write(root, c.staging, c.offset, c.tail, c.checksum, c.direct_io)
+                self.fs_write(root, ChunkAt(c.staging, c.offset, c.direct_io), c.tail, c.checksum)
             self._publish(root, c.path, c.staging, c.size, c.expect, c.placed is True)
         except BaseException:
             with contextlib.suppress(OSError):
