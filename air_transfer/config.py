@@ -121,13 +121,13 @@ class TransferConfig(_Replaceable):
     progress: bool | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        _require_int("chunk_bytes", self.chunk_bytes, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
-        _require_int("window", self.window, 1, 1024)
-        _require_int("cache_bytes", self.cache_bytes, 0, 1 << 62)
+        _require_int(self, "chunk_bytes", MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
+        _require_int(self, "window", 1, 1024)
+        _require_int(self, "cache_bytes", 0, 1 << 62)
         if self.inline_max_bytes is not None:
             _require_int(
+                self,
                 "inline_max_bytes",
-                self.inline_max_bytes,
                 0,
                 self.window * self.chunk_bytes,
                 limit_name="window * chunk_bytes",
@@ -167,13 +167,10 @@ class TransferConfig(_Replaceable):
 
 
 def _require_int(
-    name: str,
-    value: object,
-    low: int,
-    high: int,
-    limit_name: str | None = None,
-    owner: str = "TransferConfig",
+    config: object, name: str, low: int, high: int, limit_name: str | None = None
 ) -> None:
+    """``config.name`` an int in ``[low, high]`` (``high`` named ``limit_name``)."""
+    owner, value = type(config).__name__, getattr(config, name)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{owner}.{name} must be an int, got {value!r}")
     if not low <= value <= high:
@@ -285,11 +282,11 @@ class StorageConfig(_Replaceable):
         replicas = self.replicas
         if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= 64:
             raise ValueError(f"replicas must be an int >= 1 (at most 64), got {replicas!r}")
-        _require_int("cache_bytes", self.cache_bytes, 0, 1 << 62, owner="StorageConfig")
-        _require_int("durable_concurrency", self.durable_concurrency, 1, 256, owner="StorageConfig")
+        _require_int(self, "cache_bytes", 0, 1 << 62)
+        _require_int(self, "durable_concurrency", 1, 256)
         for name in ("durable_bytes_per_s", "max_lag_bytes"):
             if getattr(self, name) is not None:
-                _require_int(name, getattr(self, name), 1, 1 << 62, owner="StorageConfig")
+                _require_int(self, name, 1, 1 << 62)
         if not isinstance(self.incremental, bool):
             raise TypeError(f"StorageConfig.incremental must be a bool, got {self.incremental!r}")
         if not isinstance(self.replica_nodes, tuple) or not all(

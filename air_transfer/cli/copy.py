@@ -21,7 +21,7 @@ import fnmatch
 import posixpath
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -47,13 +47,9 @@ class Copied:
     nbytes: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "destination": self.destination,
-            "files": self.files,
-            "bytes": self.nbytes,
-            "verified": True,
-        }
+        d: dict[str, Any] = asdict(self)
+        d["bytes"] = d.pop("nbytes")
+        return {**d, "verified": True}
 
 
 def plan(

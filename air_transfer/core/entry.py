@@ -29,15 +29,9 @@ class Entry:
 
     def to_dict(self) -> dict[str, Any]:
         """This entry as plain data (``from_dict`` reads it back)."""
-        d: dict[str, Any] = {
-            "path": self.path,
-            "kind": self.kind,
-            "size": self.size,
-            "mode": self.mode,
-            "mtime_ns": self.mtime_ns,
-        }
-        if self.target is not None:
-            d["target"] = self.target
+        d: dict[str, Any] = dict(vars(self))  # the fields, in order
+        if self.target is None:
+            del d["target"]
         return d
 
     @classmethod

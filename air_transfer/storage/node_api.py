@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: The replicated storage a drain's root is a copy of: its key and its storage node.
+ReplicaOf = tuple[str, str]
 _CHANGE = "__air_transfer_change__"
 
 
@@ -282,11 +284,7 @@ class NodeDurable(Protocol):
     """The durable tier behind a node storage root (its drain and its reads)."""
 
     def durable_attach(
-        self,
-        root: str,
-        target: DurableTarget,
-        settings: DrainSettings,
-        replica: tuple[str, str] | None = None,
+        self, root: str, target: DurableTarget, settings: DrainSettings, replica: ReplicaOf | None
     ) -> str:
         """Drain ``root`` into ``target`` from this agent with ``settings``;
         ``replica``: the replicated storage's key and storage node, whose copy

@@ -127,7 +127,7 @@ class NodeStorageHandler(pafs.FileSystemHandler):
         """Have the storage node's agent drain this storage into its durable tier."""
         durable, drain = self.durable, self.drain
         assert durable is not None and drain is not None  # called only with a tier
-        link.call(NodeDurable.durable_attach, self.root, durable, drain)
+        link.call(NodeDurable.durable_attach, self.root, durable, drain, None)
 
     def copies_holding(self, path: str) -> int:
         """On how many nodes node storage holds ``path`` now (0: not at all; the

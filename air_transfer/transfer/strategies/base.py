@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import ray
 
@@ -29,6 +29,9 @@ from air_transfer.core.scan import Source, Stamp
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+
+#: What ``iter_chunks`` yields: a checkpoint's chunks in order, as buffers.
+Chunks: TypeAlias = "Iterator[Buffer]"
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,8 @@ class TransferStrategy(ABC):
     #: (object-store chunks, fresh ``bytes``): the reader then writes a large file's
     #: bytes from them in place while it moves on to the next chunk. Leave it False
     #: for a strategy that refills one buffer: each write then ends before the next
-    #: chunk is asked for.
+    #: chunk is asked for. Default: True for a built-in layout (its chunks are objects
+    #: in the object store, pinned by the views written from them), else False.
     chunks_kept: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -123,6 +127,8 @@ class TransferStrategy(ABC):
         ``submit_blocking`` would never be called (where a strategy is packed is
         now chosen from its ``layout``), which would change what it does unseen."""
         super().__init_subclass__(**kwargs)
+        if "chunks_kept" not in vars(cls) and cls.layout is not Layout.CUSTOM:
+            cls.chunks_kept = True
         gone = sorted({"submit", "submit_blocking"} & set(vars(cls)))
         if gone:
             raise TypeError(
@@ -159,7 +165,7 @@ class TransferStrategy(ABC):
     @abstractmethod
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
-    ) -> Iterator[Buffer]:
+    ) -> Chunks:
         """Yield chunks ``start`` to ``stop - 1`` in order as buffers (numpy arrays,
         bytes, memoryviews), with at most ``config.window`` fetched ahead.
 

@@ -7,8 +7,7 @@ them out of band and ``ray.get`` returns a zero-copy view into shared memory.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import ray
@@ -17,10 +16,13 @@ from air_transfer.cluster.fetch import fetch_in_order
 from air_transfer.cluster.refs import ChunkRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
-from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest, TransferStrategy
-
-if TYPE_CHECKING:
-    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+from air_transfer.transfer.strategies.base import (
+    Chunks,
+    Layout,
+    Packed,
+    PackRequest,
+    TransferStrategy,
+)
 
 
 class ChunkedStrategy(TransferStrategy):
@@ -28,7 +30,6 @@ class ChunkedStrategy(TransferStrategy):
 
     name = "chunked"
     layout = Layout.CHUNKS
-    chunks_kept = True  # object-store chunks, pinned by the views written from them
 
     def pack(self, request: PackRequest) -> Packed:
         refs: list[ChunkRef] = []
@@ -42,7 +43,7 @@ class ChunkedStrategy(TransferStrategy):
 
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
-    ) -> Iterator[Buffer]:
+    ) -> Chunks:
         return fetch_in_order(payload[start:stop], config.window)
 
     def refs(self, payload: Any) -> list[ray.ObjectRef[Any]]:

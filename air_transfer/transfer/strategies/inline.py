@@ -7,8 +7,7 @@ config keeps within ``window x chunk_bytes``, so it never breaks the memory boun
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import ray
@@ -19,10 +18,13 @@ from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.proven_read import read_chunks
 from air_transfer.core.scan import Source
-from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest, TransferStrategy
-
-if TYPE_CHECKING:
-    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+from air_transfer.transfer.strategies.base import (
+    Chunks,
+    Layout,
+    Packed,
+    PackRequest,
+    TransferStrategy,
+)
 
 
 class InlineStrategy(TransferStrategy):
@@ -30,7 +32,6 @@ class InlineStrategy(TransferStrategy):
 
     name = "inline"
     layout = Layout.OBJECT
-    chunks_kept = True  # object-store chunks, pinned by the views written from them
 
     def pack(self, request: PackRequest) -> Packed:
         self.check(request.source, request.total_bytes, request.config)
@@ -58,7 +59,7 @@ class InlineStrategy(TransferStrategy):
 
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
-    ) -> Iterator[Buffer]:
+    ) -> Chunks:
         stream = get(payload)
         cb = manifest.chunk_bytes
         for index in range(start, stop):

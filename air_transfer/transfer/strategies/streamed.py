@@ -12,9 +12,8 @@ against the stamps the scan took at packing (size, times, inode), verified or no
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 import ray.cloudpickle
@@ -27,10 +26,13 @@ from air_transfer.config import TransferConfig
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.scan import Source, Stamp
 from air_transfer.transfer.packing_service import PackingService
-from air_transfer.transfer.strategies.base import Layout, Packed, PackRequest, TransferStrategy
-
-if TYPE_CHECKING:
-    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+from air_transfer.transfer.strategies.base import (
+    Chunks,
+    Layout,
+    Packed,
+    PackRequest,
+    TransferStrategy,
+)
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,6 @@ class StreamedStrategy(TransferStrategy):
 
     name = "streamed"
     layout = Layout.STREAMED
-    chunks_kept = True  # object-store chunks, pinned by the views written from them
 
     def pack(self, request: PackRequest) -> Packed:
         source = request.source
@@ -72,7 +73,7 @@ class StreamedStrategy(TransferStrategy):
 
     def iter_chunks(
         self, payload: Any, manifest: Manifest, start: int, stop: int, config: TransferConfig
-    ) -> Iterator[Buffer]:
+    ) -> Chunks:
         if start >= stop:
             return
         refs = AgentClient(payload.node_id, payload.agent).stream(

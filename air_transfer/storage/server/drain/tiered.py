@@ -37,7 +37,7 @@ from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget, relative
 from air_transfer.storage.durable.tombstones import ClusterTombstones, Tombstones
-from air_transfer.storage.node_api import NodeDurable, NodeMetadata
+from air_transfer.storage.node_api import NodeDurable, NodeMetadata, ReplicaOf
 from air_transfer.storage.node_wire import Info, Listed
 from air_transfer.storage.server.drain.journal import ClusterJournal, Journal
 from air_transfer.storage.server.drain.leader import replica_leads
@@ -79,7 +79,7 @@ class TieredDisk(NodeMetadata, NodeDurable):
         root: str,
         target: DurableTarget,
         settings: DrainSettings,
-        replica: tuple[str, str] | None = None,
+        replica: ReplicaOf | None = None,
         tombstones: Tombstones | None = None,
         journal: Journal | None = None,
         resumed: bool = False,
@@ -120,7 +120,7 @@ class TieredDisk(NodeMetadata, NodeDurable):
         root: str,
         target: DurableTarget,
         settings: DrainSettings,
-        replica: tuple[str, str] | None,
+        replica: ReplicaOf | None,
     ) -> None:
         """Save the attachment for this node's next agent, without any credential."""
         assert self.node_id is not None
@@ -157,11 +157,7 @@ class TieredDisk(NodeMetadata, NodeDurable):
             tier.drainer.touch()
 
     def durable_attach(
-        self,
-        root: str,
-        target: DurableTarget,
-        settings: DrainSettings,
-        replica: tuple[str, str] | None = None,
+        self, root: str, target: DurableTarget, settings: DrainSettings, replica: ReplicaOf | None
     ) -> str:
         return self.attach(root, target, settings, replica)
 
