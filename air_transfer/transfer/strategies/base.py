@@ -118,8 +118,7 @@ class TransferStrategy(ABC):
     #: (object-store chunks, fresh ``bytes``): the reader then writes a large file's
     #: bytes from them in place while it moves on to the next chunk. Leave it False
     #: for a strategy that refills one buffer: each write then ends before the next
-    #: chunk is asked for. Default: True for a built-in layout (its chunks are objects
-    #: in the object store, pinned by the views written from them), else False.
+    #: chunk is asked for.
     chunks_kept: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -127,8 +126,6 @@ class TransferStrategy(ABC):
         ``submit_blocking`` would never be called (where a strategy is packed is
         now chosen from its ``layout``), which would change what it does unseen."""
         super().__init_subclass__(**kwargs)
-        if "chunks_kept" not in vars(cls) and cls.layout is not Layout.CUSTOM:
-            cls.chunks_kept = True
         gone = sorted({"submit", "submit_blocking"} & set(vars(cls)))
         if gone:
             raise TypeError(

@@ -30,6 +30,7 @@ class ChunkedStrategy(TransferStrategy):
 
     name = "chunked"
     layout = Layout.CHUNKS
+    chunks_kept = True  # object-store chunks, pinned by the views written from them
 
     def pack(self, request: PackRequest) -> Packed:
         refs: list[ChunkRef] = []

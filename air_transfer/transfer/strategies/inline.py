@@ -32,6 +32,7 @@ class InlineStrategy(TransferStrategy):
 
     name = "inline"
     layout = Layout.OBJECT
+    chunks_kept = True  # object-store chunks, pinned by the views written from them
 
     def pack(self, request: PackRequest) -> Packed:
         self.check(request.source, request.total_bytes, request.config)

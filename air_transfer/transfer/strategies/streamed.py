@@ -55,6 +55,7 @@ class StreamedStrategy(TransferStrategy):
 
     name = "streamed"
     layout = Layout.STREAMED
+    chunks_kept = True  # object-store chunks, pinned by the views written from them
 
     def pack(self, request: PackRequest) -> Packed:
         source = request.source
