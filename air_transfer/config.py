@@ -205,6 +205,10 @@ DURABLE_LAST = (
 )
 
 
+#: Ray's label of a node's availability zone (``StorageConfig.failure_domain``).
+ZONE_LABEL = "ray.io/availability-zone"
+
+
 @dataclass(frozen=True)
 class StorageConfig(_Replaceable):
     """How node storage (``storage_filesystem``) keeps its files: on how many nodes,
@@ -225,6 +229,10 @@ class StorageConfig(_Replaceable):
             large file's bytes live). ``"writer"`` needs ``replicas >= 2``, a
             ``replica_root`` with ``{node_id}``, no durable tier and no
             ``incremental``.
+        failure_domain: the node label whose value is a node's failure domain
+            (default: Ray's zone, ``ray.io/availability-zone``, which KubeRay and the
+            cloud launchers set): with ``placement="writer"``, a file's holders span
+            as many domains as live before a domain holds two. None: nodes only.
         incremental: a checkpoint stored there sends and stores only the chunks that
             earlier checkpoints under the root lack.
         cache_bytes: chunks of files read from node storage kept for N readers
@@ -256,6 +264,7 @@ class StorageConfig(_Replaceable):
     replica_nodes: tuple[str, ...] = ()
     replica_root: str | None = None
     placement: str = "storage"
+    failure_domain: str | None = ZONE_LABEL
     incremental: bool = False
     cache_bytes: int = 1 * GiB
     durable: Durable | None = None
@@ -295,6 +304,13 @@ class StorageConfig(_Replaceable):
             raise TypeError(
                 "StorageConfig.replica_nodes must be a tuple of node ids, "
                 f"got {self.replica_nodes!r}"
+            )
+        if self.failure_domain is not None and not (
+            isinstance(self.failure_domain, str) and self.failure_domain.strip()
+        ):
+            raise ValueError(
+                "StorageConfig.failure_domain must be a node label's key (or None), "
+                f"got {self.failure_domain!r}"
             )
         if self.replica_root is not None and not isinstance(self.replica_root, str):
             raise TypeError(f"StorageConfig.replica_root must be a str, got {self.replica_root!r}")

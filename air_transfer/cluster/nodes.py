@@ -67,6 +67,18 @@ def live_node_ids() -> set[str]:
     return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
 
 
+def node_labels(key: str | None) -> dict[str, str]:
+    """Label ``key``'s value on each live node that has it, by node id (none for
+    None): where Ray says a node's failure domain is."""
+    if key is None:
+        return {}
+    return {
+        n["NodeID"]: str(n["Labels"][key])
+        for n in ray.nodes()
+        if n.get("Alive") and key in (n.get("Labels") or {})
+    }
+
+
 def head_node_id() -> str:
     """The id of the cluster's head node."""
     for n in ray.nodes():

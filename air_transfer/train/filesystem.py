@@ -120,11 +120,13 @@ def _handler(chosen: StorageSettings) -> NodeStorageHandler:
     if not chosen.replicated:
         return NodeStorageHandler(node, root, config, durable, drain, install)
     storage = chosen.storage
-    kind = WriterPlacedHandler if storage.placement == "writer" else ReplicatedHandler
-    return kind(
+    args = (
         node, root, config, storage.replicas, storage.replica_nodes, storage.replica_root,
         durable, drain, install,
     )  # fmt: skip
+    if storage.placement == "writer":
+        return WriterPlacedHandler(*args, failure_domain=storage.failure_domain)
+    return ReplicatedHandler(*args)
 
 
 def _settle(handler: NodeStorageHandler) -> None:

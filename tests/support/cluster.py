@@ -20,6 +20,7 @@ from air_transfer.cluster._ray_core import object_store_free_bytes
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import NAMESPACE, agent_name
 from air_transfer.cluster.transfer_leases import HeldTransfers
+from air_transfer.config import ZONE_LABEL
 from tests.support import shared_ray
 from tests.support.procs import REPO_ROOT
 from tests.support.s3 import free_port
@@ -34,6 +35,7 @@ def start_cluster(
     system_config: dict[str, object] | None = None,
     node_resources: dict[str, float] | None = None,
     dashboard: bool = False,
+    labels: dict[str, dict[str, str]] | None = None,
 ) -> Cluster:
     """A head (the driver's node, resource ``head``) plus one node per name, each
     with that name as a resource and ``node_resources`` (e.g. a resource that only
@@ -42,13 +44,15 @@ def start_cluster(
 
     With ``dashboard`` the head runs Ray's dashboard (its job server and State API)
     at ``http://{cluster.webui_url}``, on a free port, as its dashboard agent is (two
-    clusters on one machine never meet there), both picked anew at each try."""
+    clusters on one machine never meet there), both picked anew at each try.
+    ``labels``: Ray node labels by node name (``head`` too)."""
     shared_ray.release()
     head: dict[str, object] = {
         "num_cpus": 1,
         "resources": {"head": 1},
         "object_store_memory": STORE_BYTES,
         "include_dashboard": dashboard,
+        "labels": (labels or {}).get("head", {}),
     }
     if system_config:
         head["_system_config"] = system_config
@@ -62,7 +66,12 @@ def start_cluster(
         cluster.add_node(**head)
         for name in node_names:
             resources = {name: 1.0, **(node_resources or {})}
-            cluster.add_node(num_cpus=1, resources=resources, object_store_memory=STORE_BYTES)
+            cluster.add_node(
+                num_cpus=1,
+                resources=resources,
+                object_store_memory=STORE_BYTES,
+                labels=(labels or {}).get(name, {}),
+            )
         cluster.wait_for_nodes()
         connect(cluster.address)
         return cluster
@@ -91,6 +100,12 @@ SHARED_NODES = ("node_a", "node_b")
 #: ``examples/torch_dcp.py`` puts its workers on where a cluster offers it, so that
 #: the example runs on this cluster as a user's script runs on theirs.
 WORKER_RESOURCES = {"trainer": 1.0, "examples_dcp_worker_node": 1.0}
+#: The shared cluster's failure domains, as a cloud's zones are labelled: the head
+#: and ``node_a`` in one, ``node_b`` in another.
+SHARED_ZONES = {
+    name: {ZONE_LABEL: zone}
+    for name, zone in (("head", "zone-1"), ("node_a", "zone-1"), ("node_b", "zone-2"))
+}
 
 
 def shared_cluster() -> Cluster:
@@ -101,7 +116,7 @@ def shared_cluster() -> Cluster:
     held = shared_ray.held_cluster()
     if held is not None and _intact(held):
         return held
-    cluster = start_cluster(*SHARED_NODES, node_resources=WORKER_RESOURCES)
+    cluster = start_cluster(*SHARED_NODES, node_resources=WORKER_RESOURCES, labels=SHARED_ZONES)
     shared_ray.hold_cluster(cluster)
     return cluster
 

@@ -82,10 +82,17 @@ def test_a_record_reads_back_only_whole_of_its_size_and_naming_placed_blobs() ->
 
 def test_each_writer_holds_its_own_file_and_every_node_one_copy() -> None:
     live = ["d", "a", "c", "b"]
-    holders = {w: choose_holders(w, live, 2) for w in live}
+    holders = {w: choose_holders(w, live, 2, {}) for w in live}
     assert all(h[0] == w for w, h in holders.items())
     received = sorted(h[1] for h in holders.values())
     assert received == ["a", "b", "c", "d"]
     with pytest.raises(ValueError, match="needs 3 live nodes"):
-        choose_holders("a", ["a", "b"], 3)
+        choose_holders("a", ["a", "b"], 3, {})
     assert placed_root(ROOT, "n1") == "/tmp/copies/n1.placed"
+
+
+def test_a_failure_domain_that_is_no_label_key_is_refused() -> None:
+    for wrong in ("", "  ", 3):
+        with pytest.raises(ValueError, match=r"failure_domain must be a node label's key"):
+            StorageConfig(failure_domain=wrong)  # type: ignore[arg-type]
+    assert StorageConfig(failure_domain=None).failure_domain is None

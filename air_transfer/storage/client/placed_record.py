@@ -18,7 +18,10 @@ import json
 import posixpath
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from air_transfer.core.spread import spread
 
 #: Files smaller than this stay whole on the storage node and its copies (Ray
 #: Train's run state, markers, torch DCP's ``.metadata``): only larger ones are placed.
@@ -111,16 +114,17 @@ def blob_path(key: str) -> str:
     return f"{digest}/{uuid.uuid4().hex}"
 
 
-def choose_holders(writer: str, live: list[str], replicas: int) -> list[str]:
+def choose_holders(
+    writer: str, live: list[str], replicas: int, domains: Mapping[str, str]
+) -> list[str]:
     """The ``replicas`` nodes to hold a file ``writer`` wrote: ``writer`` first (its
-    bytes do not leave its node), then the live nodes after it in id order, in turn:
-    when every node writes one file, each receives one, none more. ValueError when
-    fewer than ``replicas`` nodes live."""
-    ring = sorted(set(live) | {writer})
-    if len(ring) < replicas:
+    bytes do not leave its node), then the live nodes after it on the ring of
+    failure ``domains`` (``core.spread``): every domain before a second copy in one,
+    and when every node writes one file, each receives one, none more. ValueError
+    when fewer than ``replicas`` nodes live."""
+    if len(set(live) | {writer}) < replicas:
         raise ValueError(
             f"placement='writer' with replicas={replicas} needs {replicas} live nodes to "
-            f"hold a file; {len(ring)} live"
+            f"hold a file; {len(set(live) | {writer})} live"
         )
-    at = ring.index(writer)
-    return [ring[(at + i) % len(ring)] for i in range(replicas)]
+    return spread([writer], live, replicas, domains)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from air_transfer.cluster import _ray_core
 from air_transfer.cluster.nodes import live_node_ids
 from air_transfer.core.checksum import chunk_checksum
+from air_transfer.core.spread import spread
 from air_transfer.storage.client.placed_record import Holder, PlacedRecord, placed_root
 from air_transfer.storage.client.streams import AgentLink, read_chunk_bytes
 from air_transfer.storage.node_api import ChunkAt, Commit, NodeFiles, NodeMetadata, NodeReads
@@ -44,6 +45,8 @@ class PlacedHolders(Protocol):
     def placed_under(self, path: str) -> list[tuple[str, PlacedRecord]]: ...
 
     def placed_link(self, node: str, root: str) -> AgentLink: ...
+
+    def domains(self) -> dict[str, str]: ...
 
     def rel(self, path: str) -> str: ...
 
@@ -93,18 +96,16 @@ def _swap(handler: PlacedHolders, path: str, old: bytes, new: bytes) -> None:
 def _new_holders(
     handler: PlacedHolders, record: PlacedRecord, kept: list[Holder], live: list[str]
 ) -> list[Holder]:
-    """The live nodes after the first kept holder, in ring order, not holding it."""
-    ring = sorted(set(live) | {kept[0][0]})
-    at = ring.index(kept[0][0])
-    held = {n for n, _ in kept}
-    order = [ring[(at + i) % len(ring)] for i in range(1, len(ring))]
-    nodes = [n for n in order if n not in held][: handler.replicas - len(kept)]
-    if len(kept) + len(nodes) < handler.replicas:
+    """Live nodes after the first kept holder on the ring of failure domains
+    (``core.spread``), a domain no kept holder is in first."""
+    try:
+        nodes = spread([n for n, _ in kept], live, handler.replicas, handler.domains())
+    except ValueError:
         raise ConnectionError(
             f"placement='writer' with replicas={handler.replicas} needs that many live "
-            f"nodes to hold {record.blob!r}; {len(ring)} live"
-        )
-    return [(n, placed_root(handler.replica_root, n)) for n in nodes]
+            f"nodes to hold {record.blob!r}; {len(set(live))} live"
+        ) from None
+    return [(n, placed_root(handler.replica_root, n)) for n in nodes[len(kept) :]]
 
 
 def _copy_blob(

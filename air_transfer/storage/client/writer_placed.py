@@ -15,6 +15,7 @@ or a write or move over a placed file, deletes the bytes it no longer names.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import posixpath
@@ -29,7 +30,8 @@ import ray
 
 from air_transfer.cluster import _ray_core
 from air_transfer.cluster.liveness import this_process
-from air_transfer.cluster.nodes import live_node_ids, this_node_id
+from air_transfer.cluster.nodes import live_node_ids, node_labels, this_node_id
+from air_transfer.config import ZONE_LABEL
 from air_transfer.core.reader import ChunkFileReader
 from air_transfer.storage.client.placed_record import (
     PLACE_MIN_BYTES,
@@ -58,9 +60,19 @@ class WriterPlacedHandler(ReplicatedHandler):
     (see the module); made by ``storage_filesystem(placement="writer")``, whose
     ``StorageConfig`` has checked its settings."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, failure_domain: str | None = ZONE_LABEL, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        #: The node label that says a node's failure domain (``core.spread``).
+        self.failure_domain = failure_domain
         self._placed_links: dict[Holder, AgentLink] = {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        remake, args = super().__reduce__()
+        return functools.partial(remake, failure_domain=self.failure_domain), args
+
+    def domains(self) -> dict[str, str]:
+        """Each live node's failure domain, as its label says (see ``core.spread``)."""
+        return node_labels(self.failure_domain)
 
     # -- writes ------------------------------------------------------------------------
     def _open_output(self, path: str, append: bool) -> pa.NativeFile:
@@ -87,7 +99,7 @@ class WriterPlacedHandler(ReplicatedHandler):
         """A staging file for ``blob`` on each of the file's holders (this node first);
         every one, or the error of one that could not (the others' removed)."""
         live = sorted(live_node_ids() - set(_ray_core.draining_nodes()))
-        nodes = choose_holders(this_node_id(), live, self.replicas)
+        nodes = choose_holders(this_node_id(), live, self.replicas, self.domains())
         holders = [(n, placed_root(self.replica_root, n)) for n in nodes]
         calls = []
         for node, root in holders:

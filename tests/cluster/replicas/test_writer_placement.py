@@ -170,7 +170,7 @@ def test_holder_lost_mid_read_hands_over_to_another(
     ids, here = node_ids(), ray.get_runtime_context().get_node_id()
     live = sorted(ids.values())
     # A writer whose file this node does not hold: the read crosses the network.
-    writer = next(n for n in workers() if here not in choose_holders(ids[n], live, 2))
+    writer = next(n for n in workers() if here not in choose_holders(ids[n], live, 2, {}))
     h = placed(tmp_path, "head", named=(next(n for n in workers() if n != writer),))
     fs = fs_of(h)
     data = os.urandom(12 * MiB + 7)  # 7 read chunks of 2 MiB: more than a window ahead
