@@ -69,26 +69,20 @@ def test_ray_says_each_nodes_zone() -> None:
     assert node_labels(None) == {}
 
 
-def test_a_files_second_holder_is_in_another_zone_than_its_writer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("failure_domain", [ZONE_LABEL, None], ids=["zones", "no-domain"])
+def test_a_files_second_holder_is_in_another_zone_unless_zones_are_not_looked_at(
+    tmp_path: Path, failure_domain: str | None
+) -> None:
+    """The writer's next node by id shares its zone: by zone, the copy goes to the
+    other zone's node; with ``failure_domain=None``, to that next node."""
     writer, same_zone = _writer_next_to_its_zone()
-    h = _placed(tmp_path, ZONE_LABEL)
-    data = os.urandom(2 * MiB + 11)
-    ray.get(_write.options(**on(writer)).remote(pafs.PyFileSystem(h), f"{h.root}/shard.bin", data))
+    second = node_ids()["node_b"] if failure_domain else same_zone
+    h = _placed(tmp_path, failure_domain)
+    fs, data = pafs.PyFileSystem(h), os.urandom(2 * MiB + 11)
+    ray.get(_write.options(**on(writer)).remote(fs, f"{h.root}/shard.bin", data))
     record = h.record_of(f"{h.root}/shard.bin")
     assert record is not None
-    holders = [n for n, _ in record.holders]
-    assert holders == [node_ids()[writer], node_ids()["node_b"]], (holders, same_zone)
-    assert read(pafs.PyFileSystem(h), f"{h.root}/shard.bin") == data
+    assert [n for n, _ in record.holders] == [node_ids()[writer], second]
+    assert read(fs, f"{h.root}/shard.bin") == data
     for node, root in record.holders:
         assert (Path(root) / record.blob).read_bytes() == data, node
-
-
-def test_without_a_failure_domain_the_next_node_by_id_holds_the_copy(tmp_path: Path) -> None:
-    writer, same_zone = _writer_next_to_its_zone()
-    h = _placed(tmp_path, None)
-    data = os.urandom(2 * MiB + 13)
-    ray.get(_write.options(**on(writer)).remote(pafs.PyFileSystem(h), f"{h.root}/shard.bin", data))
-    record = h.record_of(f"{h.root}/shard.bin")
-    assert record is not None
-    assert [n for n, _ in record.holders] == [node_ids()[writer], same_zone]
-    assert read(pafs.PyFileSystem(h), f"{h.root}/shard.bin") == data
