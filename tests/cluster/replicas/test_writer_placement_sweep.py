@@ -109,6 +109,8 @@ def test_a_killed_writers_blobs_go_from_every_holder(
     before = placed_tree(tmp_path)
     doomed = {p for p in before if blob in p}
     assert sum(before[p] == orphan for p in doomed) == 2  # both holders committed it
+    pending = {p for p in before if ".writer-" in p}
+    assert pending == doomed - {p for p in doomed if before[p]}  # finished writes: none
     os.kill(pid, signal.SIGKILL)
     eventually(lambda: dead({process}), "the killed writer known dead")
     # A dry run says what would go, with its bytes, and removes nothing.
