@@ -2,7 +2,8 @@
 ``air-transfer clean``): a writer killed after its holders committed and before its
 stub leaves blobs that go from every holder, every named one staying byte for byte;
 a live writer's blobs in that gap stay, and its write then commits whole; writes
-committed while sweeps run read back whole; a dry run removes nothing.
+committed while sweeps run read back whole; the stubs are listed only while no
+change of the storage is in flight; a dry run removes nothing.
 
 The writers here are ``PlacedUpload`` itself, run in an actor and stopped between
 its two commits (its holders', then its stub's): the gap a sweep must judge."""
@@ -13,6 +14,7 @@ import json
 import os
 import signal
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +26,16 @@ from ray.cluster_utils import Cluster
 from air_transfer.cli.main import main
 from air_transfer.cluster.liveness import dead
 from air_transfer.core.process_locks import Process
+from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.handler import node_storage_handler
-from air_transfer.storage.client.placed_record import PlacedRecord
+from air_transfer.storage.client.placed_pending import Swept
+from air_transfer.storage.client.placed_record import PlacedRecord, blob_dir, placed_root
 from air_transfer.storage.client.placed_upload import PlacedUpload, publish_stub
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
+from air_transfer.storage.replica_wire import RegistryCalls
 from tests.cluster.replicas.test_writer_placement import SHARD, fs_of, placed, write
 from tests.support.checkpoints import on
+from tests.support.cluster import node_ids
 from tests.support.node_storage import read
 from tests.support.replicas import top_up, workers
 from tests.support.waiting import eventually
@@ -195,3 +201,40 @@ def test_writes_committed_while_sweeps_run_read_back_whole(
         assert read(fs, path) == d
     for w in writers:
         ray.kill(w)
+
+
+def in_line(key: str) -> bool:
+    """Whether a change of the whole storage is in flight or waits for one: a change
+    of another path than the one held then waits too (it is tried, and ended if not)."""
+    probe = uuid.uuid4().hex
+    got = replica_set.call(RegistryCalls.begin, key, ["elsewhere"], probe)
+    if got is not None:
+        replica_set.call(RegistryCalls.end, key, probe, [], [])
+    return got is None
+
+
+def test_the_stubs_are_listed_between_changes(replica_cluster: Cluster, tmp_path: Path) -> None:
+    """A sweep with a blob to judge lists the stubs only once no change of the storage
+    is in flight: a commit racing it cannot slip its stub past the listing."""
+    top_up(replica_cluster, 4)
+    h = placed(tmp_path, "head", named=(workers()[0],))
+    kept = named_files(h, 1)
+    holder = Path(placed_root(h.replica_root, node_ids()["head"]), blob_dir(h.key))
+    holder.mkdir(parents=True, exist_ok=True)
+    orphan = holder / uuid.uuid4().hex  # as a delete that missed this holder leaves it
+    orphan.write_bytes(os.urandom(SHARD))
+    op = uuid.uuid4().hex
+    replica_set.begin(h.key, ["ckpt/f0"], op)  # a change in flight, as a commit's
+    swept: list[Swept] = []
+    sweeper = threading.Thread(target=lambda: swept.extend(h.sweep_placed()))
+    sweeper.start()
+    try:
+        eventually(lambda: in_line(h.key), "the sweep waiting for the change in flight")
+        assert orphan.exists()  # nothing removed before the stubs are listed
+    finally:
+        replica_set.call(RegistryCalls.end, h.key, op, [], ["ckpt/f0"])
+        sweeper.join()
+    assert [(s.path, s.nbytes, s.action) for s in swept] == [(str(orphan), SHARD, "removed")]
+    assert not orphan.exists()
+    for path, data in kept.items():
+        assert read(fs_of(h), path) == data
