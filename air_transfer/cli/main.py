@@ -140,7 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Remove the hidden entries under ROOT that air-transfer's writers "
         "left when they died: staging directories and locks (only where the writer's "
         "lock proves it dead), the trash of interrupted deletes, and upload files left "
-        "untouched for --upload-age seconds. Nothing a live writer holds.",
+        "untouched for --upload-age seconds; for the root of a writer-placed storage, "
+        "the blobs on its holder nodes that no stub names and whose writer is proven "
+        "dead. Nothing a live writer holds.",
     )
     clean.add_argument("root", metavar="ROOT", help="a directory of node storage")
     clean.add_argument("--dry-run", action="store_true", help="remove nothing; say what would go")

@@ -21,8 +21,9 @@ from air_transfer.cli.connect import HANDSHAKE_TIMEOUT_S, join, say
 from air_transfer.cluster.nodes import NAMESPACE, REGISTRY_NAME, resolve_node
 from air_transfer.config import TransferConfig
 from air_transfer.storage.client import replica_set
-from air_transfer.storage.client.handler import NodeStorageHandler
+from air_transfer.storage.client.handler import NodeStorageHandler, node_storage_handler
 from air_transfer.storage.client.streams import AgentLink
+from air_transfer.storage.client.writer_placed import WriterPlacedHandler
 from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.view import TierView, find_tier
 from air_transfer.storage.node_api import NodeDurable
@@ -102,6 +103,29 @@ def open_storage(
         node=node, config=CONFIG, root=replicated, replicas=replicas, replica_root=template
     )
     return Storage(node, replicated, fs, fresh, members)
+
+
+def placed_handler(storage: Storage) -> WriterPlacedHandler | None:
+    """``storage`` opened with ``placement="writer"``, for what only that handler does
+    (its placed bytes swept), if the registry's copies of it live under a
+    ``replica_root`` with ``{node_id}`` in it (as such a storage's must); else None."""
+    key = storage_key(storage.node, storage.root)
+    view = replica_set.view(key) if len(storage.members) > 1 else None
+    if view is None:
+        return None
+    template = replica_set.call(RegistryCalls.template, key)
+    if not isinstance(template, str) or "{node_id}" not in template:
+        return None
+    fs = storage_filesystem(
+        node=storage.node,
+        config=CONFIG,
+        root=storage.root,
+        replicas=int(view[3]),
+        replica_root=template,
+        placement="writer",
+    )
+    handler = node_storage_handler(fs)
+    return handler if isinstance(handler, WriterPlacedHandler) else None
 
 
 def open_other(path: OtherPath) -> tuple[pafs.FileSystem, str]:

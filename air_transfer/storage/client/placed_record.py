@@ -110,8 +110,12 @@ def placed_root(replica_root: str, node: str) -> str:
 def blob_path(key: str) -> str:
     """A new blob's path under a placed root: one directory per storage (``key``),
     a name no other write uses (so racing writers of a path never share a blob)."""
-    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-    return f"{digest}/{uuid.uuid4().hex}"
+    return f"{blob_dir(key)}/{uuid.uuid4().hex}"
+
+
+def blob_dir(key: str) -> str:
+    """The directory under each placed root that holds storage ``key``'s blobs."""
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 def choose_holders(

@@ -81,6 +81,10 @@ class PlacedStorage(Protocol):
         """Delete blob ``wheres[i]`` on ``holders[i]``."""
         ...
 
+    def end_pending(self, holders: list[Holder], blob: str) -> None:
+        """Remove ``blob``'s pending markers from ``holders``."""
+        ...
+
 
 @dataclass(frozen=True)
 class HolderCommit:
@@ -176,6 +180,8 @@ class PlacedUpload(WriteStream):
             super().close()
             if self.failed and self.upload is not None:  # nothing of it is committed
                 self.upload.abort(OSError(errno.EIO, "the placed write did not finish", self.path))
+            if self.holders:  # its stub committed, or its blobs deleted: none pending
+                self.handler.end_pending(self.holders, self.blob)
 
     def _publish(self) -> None:
         handler = self.handler

@@ -21,7 +21,7 @@ import os
 import posixpath
 import shutil
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -33,6 +33,7 @@ from air_transfer.cluster.liveness import this_process
 from air_transfer.cluster.nodes import live_node_ids, node_labels, this_node_id
 from air_transfer.config import ZONE_LABEL
 from air_transfer.core.reader import ChunkFileReader
+from air_transfer.storage.client.placed_pending import Swept, marker
 from air_transfer.storage.client.placed_record import (
     PLACE_MIN_BYTES,
     RECORD_BYTES,
@@ -43,6 +44,7 @@ from air_transfer.storage.client.placed_record import (
     placed_root,
 )
 from air_transfer.storage.client.placed_repair import repair_holders
+from air_transfer.storage.client.placed_sweep import sweep_placed
 from air_transfer.storage.client.placed_upload import PlacedUpload, lost_holder
 from air_transfer.storage.client.replica_set import is_lost
 from air_transfer.storage.client.replicas import ReplicatedHandler
@@ -101,10 +103,12 @@ class WriterPlacedHandler(ReplicatedHandler):
         live = sorted(live_node_ids() - set(_ray_core.draining_nodes()))
         nodes = choose_holders(this_node_id(), live, self.replicas, self.domains())
         holders = [(n, placed_root(self.replica_root, n)) for n in nodes]
+        pending = marker(blob, this_process())  # declared before the blob exists
         calls = []
         for node, root in holders:
             link, where = self.placed_link(node, root), posixpath.join(root, blob)
-            made = link.submit(NodeMetadata.fs_create_dir, root, posixpath.dirname(where), True)
+            declared = posixpath.join(root, pending)
+            made = link.submit(NodeMetadata.fs_create_dir, root, declared, True)
             calls.append((node, link, where, made))
         staged: list[Staged] = []
         try:
@@ -120,8 +124,17 @@ class WriterPlacedHandler(ReplicatedHandler):
         except BaseException:
             for s in staged:
                 abort_copy(s)
+            self.end_pending(holders, blob)
             raise
         return holders, staged
+
+    def end_pending(self, holders: list[Holder], blob: str) -> None:
+        """Remove ``blob``'s pending markers (``placed_pending``) from ``holders``, once
+        its stub is committed or its bytes deleted; one left (a holder gone) is the
+        sweep's, after this process ends."""
+        pending = marker(blob, this_process())
+        wheres = [posixpath.join(root, pending) for _, root in holders]
+        self.delete_blobs(holders, wheres, NodeMetadata.fs_delete_dir)
 
     def placed_link(self, node: str, root: str) -> AgentLink:
         """The link to ``node``'s agent for its placed root ``root``."""
@@ -154,6 +167,11 @@ class WriterPlacedHandler(ReplicatedHandler):
         """The records of the placed files at or under ``path`` (none gone meanwhile)."""
         return [record for _, record in self.placed_under(path)]
 
+    def sweep_placed(self, dry_run: bool = False) -> list[Swept]:
+        """Remove, from every live node, the blobs of this storage that no stub names
+        and no live writer may still name (``placed_sweep``); what was judged."""
+        return sweep_placed(self, dry_run)
+
     def repair_holders(self, path: str) -> list[str]:
         """Give every placed file at or under ``path`` K live holders again, after a
         holder's node was lost (``placed_repair``); the files repaired."""
@@ -183,14 +201,19 @@ class WriterPlacedHandler(ReplicatedHandler):
         """Delete the bytes ``record`` names, no longer named by any file."""
         self.delete_blobs(list(record.holders), [record.where(h) for h in record.holders])
 
-    def delete_blobs(self, holders: list[Holder], wheres: list[str]) -> None:
+    def delete_blobs(
+        self,
+        holders: list[Holder],
+        wheres: list[str],
+        method: Callable[[NodeMetadata, str, str, str], None] = NodeMetadata.fs_delete_file,
+    ) -> None:
         """Delete blob ``wheres[i]`` on ``holders[i]``; a holder gone keeps its (then
-        unnamed) bytes, garbage rather than data."""
+        unnamed) bytes, garbage rather than data (``sweep_placed``'s)."""
         calls = []
         for (node, root), where in zip(holders, wheres, strict=True):
             try:
                 link = self.placed_link(node, root)
-                calls.append((link, link.submit(NodeMetadata.fs_delete_file, root, where, "")))
+                calls.append((link, link.submit(method, root, where, "")))
             except Exception as e:
                 logger.info("air-transfer: placed bytes %s on %s stay: %s", where, node[:12], e)
         for link, call in calls:
