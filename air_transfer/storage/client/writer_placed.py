@@ -220,7 +220,7 @@ class WriterPlacedHandler(ReplicatedHandler):
     def sums_of(self, path: str, record: PlacedRecord, order: list[Holder]) -> PlacedSums:
         """The checksums of placed file ``path`` from the first holder in ``order``
         whose copy of them matches ``record``."""
-        live, tried = live_node_ids(), []
+        live, tried, damaged = live_node_ids(), [], False
         for holder in order:
             if holder[0] not in live:
                 tried.append(f"{holder[0][:12]}: gone")
@@ -229,8 +229,8 @@ class WriterPlacedHandler(ReplicatedHandler):
                 return fetch_sums(self, path, record, holder)
             except (OSError, ValueError) as e:
                 tried.append(f"{holder[0][:12]}: {type(e).__name__}")
-                _skipped(path, holder, e)
-        raise not_matching(path, record, tried)
+                damaged = _skipped(path, holder, e) or damaged
+        raise _none_left(path, record, tried, damaged)
 
     def placed_chunks(
         self,
@@ -270,13 +270,8 @@ class WriterPlacedHandler(ReplicatedHandler):
                 if not (is_lost(e) or isinstance(e, OSError)):
                     raise
                 tried.append(f"{holder[0][:12]}: {type(e).__name__}")
-                damaged = damaged or _skipped(path, holder, e)
-        if damaged:
-            raise not_matching(path, record, tried)
-        raise ConnectionError(
-            f"no live holder of {path!r} is left to read from (placement='writer'; "
-            f"tried {', '.join(tried)})"
-        )
+                damaged = _skipped(path, holder, e) or damaged
+        raise _none_left(path, record, tried, damaged)
 
     # -- changes that drop placed bytes ------------------------------------------------
     def delete_file(self, path: str) -> None:
@@ -325,3 +320,14 @@ def _skipped(path: str, holder: Holder, error: Exception) -> bool:
         error,
     )
     return not lost
+
+
+def _none_left(path: str, record: PlacedRecord, tried: list[str], damaged: bool) -> OSError:
+    """The error of a read of ``path`` that no holder could serve: ChecksumError if
+    one held bytes that do not match its record, else ConnectionError (all lost)."""
+    if damaged:
+        return not_matching(path, record, tried)
+    return ConnectionError(
+        f"no live holder of {path!r} is left to read from (placement='writer'; "
+        f"tried {', '.join(tried)})"
+    )
