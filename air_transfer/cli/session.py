@@ -51,7 +51,8 @@ class Storage:
     """Node storage as the run opened it: ``filesystem`` with its storage ``root`` on
     node ``node``; ``copies``, the (node, root) of each fresh copy of a replicated one
     (else the one), and ``members``, every copy the registry names (stale ones too);
-    ``durable``, the URI of the durable tier it drains into."""
+    ``durable``, the URI of the durable tier it drains into; ``replica_root``, where
+    a replicated one's copies (and a writer-placed one's holders) live."""
 
     node: str
     root: str
@@ -59,6 +60,7 @@ class Storage:
     copies: tuple[tuple[str, str], ...]
     members: tuple[tuple[str, str], ...]
     durable: str | None = None
+    replica_root: str | None = None
 
     def copy_filesystem(self, node: str, root: str) -> pafs.FileSystem:
         """One copy's files alone (a replicated storage's copy on ``node``)."""
@@ -102,7 +104,7 @@ def open_storage(
     fs = storage_filesystem(
         node=node, config=CONFIG, root=replicated, replicas=replicas, replica_root=template
     )
-    return Storage(node, replicated, fs, fresh, members)
+    return Storage(node, replicated, fs, fresh, members, replica_root=template)
 
 
 def placed_handler(storage: Storage) -> WriterPlacedHandler | None:

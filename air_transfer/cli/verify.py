@@ -13,9 +13,14 @@ What passing proves:
 - a torch DCP checkpoint (one holding ``.metadata``): the metadata reads, and every
   byte range it names lies inside a file of the checkpoint (with torch installed).
 
-Node storage keeps no checksum of what the trainer wrote, so a file whose every
-copy was altered alike on disk reads back "whole"; the durable tier's records and the
-comparison of copies are what catch changes at rest.
+- with ``placement="writer"``: every copy holds the same stub of each placed file,
+  and every holder its record names holds its bytes as the writer recorded them
+  (``cli.verify_placed``).
+
+Node storage keeps no checksum of what the trainer wrote for the files it holds
+itself, so such a file whose every copy was altered alike on disk reads back
+"whole"; the durable tier's records and the comparison of copies are what catch
+changes at rest (a placed file's writer recorded its checksums: they catch them).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from air_transfer.cli.trees import (
     relative_to,
     tree_at,
 )
+from air_transfer.cli.verify_placed import holder_problems, stub_of
 from air_transfer.storage.durable.reads import TierReads, open_verified
 from air_transfer.storage.durable.records import FileRecord
 from air_transfer.storage.durable.target import DurableTarget
@@ -51,6 +57,7 @@ class FileCheck:
     nbytes: int
     copies: int = 0
     durable: str | None = None  # verified | not yet durable | missing
+    holders: int | None = None  # placed: the holders whose bytes match its record
     problems: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -58,6 +65,7 @@ class FileCheck:
             "path": self.path,
             "bytes": self.nbytes,
             "copies_read": self.copies,
+            "good_holders": self.holders,
             "durable": self.durable,
             "problems": self.problems,
             "ok": not self.problems,
@@ -125,6 +133,7 @@ def _read_copies(
     reads the durable tier for what node storage lacks); the first copy's sums."""
     copies = storage.copies if len(storage.copies) > 1 else ((storage.node, storage.root),)
     first: dict[str, FileSums] = {}
+    stubs: dict[str, bytes] = {}
     for index, (node, root) in enumerate(copies):
         fs = storage.filesystem if len(copies) == 1 else storage.copy_filesystem(node, root)
         where = path if len(copies) == 1 else join(root, relative_to(storage.root, path))
@@ -140,6 +149,12 @@ def _read_copies(
             if rel not in held:
                 check.problems.append(f"missing from {name}")
                 continue
+            stub = stub_of(storage, node, root, join(where, rel), check.nbytes)
+            if stub is not None:  # placed: its bytes are checked on its holders
+                check.copies += 1
+                if stubs.setdefault(rel, stub) != stub:
+                    check.problems.append(f"{name}'s stub names other holders than the first's")
+                continue
             try:
                 got = read_sums(fs, join(where, rel), chunk, progress)
             except (OSError, ValueError) as e:
@@ -152,6 +167,11 @@ def _read_copies(
                 first.setdefault(rel, got)
             elif got != first[rel]:
                 check.problems.append(f"{name} differs from the first copy read")
+    for rel, stub in stubs.items():
+        check = checks[rel]
+        good, problems = holder_problems(storage, check.path, check.nbytes, stub)
+        check.holders = good
+        check.problems += problems
     return first
 
 

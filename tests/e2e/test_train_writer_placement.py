@@ -19,6 +19,7 @@ from ray.train.torch import TorchTrainer
 
 import air_transfer
 from air_transfer.storage.client.handler import node_storage_handler
+from air_transfer.storage.client.placed_record import SUMS_SUFFIX
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
 from tests.support.checkpoints import MiB
 from tests.support.cluster import node_ids
@@ -37,12 +38,14 @@ def cluster() -> Iterator[Cluster]:
 
 
 def _placed_bytes(copies: Path) -> int:
+    """The bytes of the blobs under every placed root (not the checksums beside each)."""
     return sum(
         os.path.getsize(os.path.join(base, f))
         for entry in os.listdir(copies)
         if entry.endswith(".placed")
         for base, _, files in os.walk(copies / entry)
         for f in files
+        if not f.endswith(SUMS_SUFFIX)
     )
 
 

@@ -54,30 +54,38 @@ def test_storage_filesystem_takes_placement_as_a_keyword_or_in_storage() -> None
 
 N1, N2 = "1" * 56, "2" * 56
 BLOB = "a" * 24 + "/" + "b" * 32
+DIGEST = "c" * 64
+
+
+def made(blob: str, holders: tuple[tuple[str, str], ...], digest: str = DIGEST) -> bytes:
+    return PlacedRecord(5 << 20, blob, holders, digest).encode()
 
 
 def test_a_record_reads_back_only_whole_of_its_size_and_naming_placed_blobs() -> None:
     roots = tuple((n, placed_root(ROOT, n)) for n in (N1, N2))
-    record = PlacedRecord(5 << 20, BLOB, roots)
+    record = PlacedRecord(5 << 20, BLOB, roots, DIGEST)
     head = record.encode()
     assert decode(head + b"\x00" * 100, 5 << 20, "/s/f", ROOT) == record
     forged = {
         "another size": (head, (5 << 20) + 1),
         "cut short": (head[:-1], 5 << 20),
         "no record": (b"x" + head, 5 << 20),
-        "a blob leaving the placed root": (PlacedRecord(5 << 20, "../etc", roots).encode(), 0),
-        "a blob not of a write": (PlacedRecord(5 << 20, "ab/cd", roots).encode(), 0),
-        "a holder not a node id": (PlacedRecord(5 << 20, BLOB, (("n/..", "/r"),)).encode(), 0),
-        "a holder elsewhere": (PlacedRecord(5 << 20, BLOB, ((N1, "/etc"),)).encode(), 0),
-        "a holder twice": (PlacedRecord(5 << 20, BLOB, (roots[0], roots[0])).encode(), 0),
-        "no holder": (PlacedRecord(5 << 20, BLOB, ()).encode(), 0),
+        "a blob leaving the placed root": (made("../etc", roots), 0),
+        "a blob not of a write": (made("ab/cd", roots), 0),
+        "a holder not a node id": (made(BLOB, (("n/..", "/r"),)), 0),
+        "a holder elsewhere": (made(BLOB, ((N1, "/etc"),)), 0),
+        "a holder twice": (made(BLOB, (roots[0], roots[0])), 0),
+        "no holder": (made(BLOB, ()), 0),
+        "no digest": (head.replace(f',"sums":"{DIGEST}"'.encode(), b""), 0),
+        "a digest not a sha256": (made(BLOB, roots, "c" * 63), 0),
+        "a digest in capitals": (made(BLOB, roots, "C" * 64), 0),
     }
     for what, (data, size) in forged.items():
         with pytest.raises(ValueError, match=r"record of '/s/f' .*placement='writer'.*refused"):
             decode(data, size or 5 << 20, "/s/f", ROOT)
             pytest.fail(what)
     with pytest.raises(ValueError, match="does not fit the stub"):
-        PlacedRecord(100, BLOB, record.holders).encode()
+        PlacedRecord(100, BLOB, record.holders, DIGEST).encode()
 
 
 def test_each_writer_holds_its_own_file_and_every_node_one_copy() -> None:

@@ -14,6 +14,7 @@ A holder whose agent does not answer is left for a later sweep.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import posixpath
 import uuid
@@ -32,7 +33,12 @@ from air_transfer.storage.client.placed_pending import (
     needs_names,
     parse_marker,
 )
-from air_transfer.storage.client.placed_record import PlacedRecord, blob_dir, placed_root
+from air_transfer.storage.client.placed_record import (
+    SUMS_SUFFIX,
+    PlacedRecord,
+    blob_dir,
+    placed_root,
+)
 from air_transfer.storage.client.replica_set import is_lost
 from air_transfer.storage.node_api import NodeMetadata
 from air_transfer.storage.replica_wire import RegistryCalls
@@ -150,6 +156,9 @@ def _remove(handler: SweptStorage, found: list[Swept]) -> list[Swept]:
         try:
             link.call(method, root, v.path, "")
             action = "removed"
+            if v.kind == "placed":  # and the blob's checksums, if it has them
+                with contextlib.suppress(FileNotFoundError):
+                    link.call(method, root, v.path + SUMS_SUFFIX, "")
         except FileNotFoundError:
             action = "kept: removed meanwhile"
         except Exception as e:

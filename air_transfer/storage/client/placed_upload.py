@@ -4,8 +4,11 @@ Its first ``PLACE_MIN_BYTES`` are held here: a file that ends before them is
 written whole to the storage node and its copies, as any replicated file. A larger
 one is staged on its holders (``placed_record.choose_holders``: this node first),
 each chunk put in the object store once and written by every holder's agent from
-it (``uploads.NodeUpload``); at close every holder commits it under a name no other
-write uses (``HolderCommit``), and only then is its stub, whose record names them,
+it (``uploads.NodeUpload``), each chunk's checksum noted as it passes
+(``placed_record.ChunkSummer``); at close every holder commits it under a name no
+other write uses (``HolderCommit``) and the checksums beside it
+(``placed_sums.write_sums``), and only then is its stub, whose record names them
+and pins the checksums,
 committed on the storage node and its copies, within the replica registry's rules
 (``replica_write.ReplicaWrite``). Any holder failing fails the write, and what the
 others took is deleted: a file is visible only once every holder has its bytes.
@@ -24,12 +27,15 @@ from air_transfer.core.checksum import chunk_checksum
 from air_transfer.storage.client.placed_record import (
     PLACE_MIN_BYTES,
     RECORD_BYTES,
+    ChunkSummer,
     Holder,
     PlacedRecord,
     blob_path,
     decode,
 )
+from air_transfer.storage.client.placed_sums import write_sums
 from air_transfer.storage.client.replica_set import is_lost
+from air_transfer.storage.client.streams import AgentLink, read_chunk_bytes
 from air_transfer.storage.client.upload_copies import Mode, Route, Staged, abort_copy
 from air_transfer.storage.client.uploads import NodeUpload, WriteStream
 from air_transfer.storage.node_api import ChunkAt, Commit, NodeFiles, NodeReads
@@ -78,7 +84,11 @@ class PlacedStorage(Protocol):
         ...
 
     def delete_blobs(self, holders: list[Holder], wheres: list[str]) -> None:
-        """Delete blob ``wheres[i]`` on ``holders[i]``."""
+        """Delete blob ``wheres[i]`` on ``holders[i]`` (and its checksums)."""
+        ...
+
+    def placed_link(self, node: str, root: str) -> AgentLink:
+        """The link to ``node``'s agent for its placed root ``root``."""
         ...
 
     def end_pending(self, holders: list[Holder], blob: str) -> None:
@@ -138,6 +148,7 @@ class PlacedUpload(WriteStream):
         self.upload: NodeUpload | None = None
         self.holders: list[Holder] = []
         self.blob = ""
+        self.summer = ChunkSummer(read_chunk_bytes(handler.config))
         self.written = 0
         self.failed = False
 
@@ -146,6 +157,7 @@ class PlacedUpload(WriteStream):
         try:
             if self.upload is not None:
                 self.upload.write(view)
+                self.summer.update(view)
             else:
                 self.head += view
                 if len(self.head) >= PLACE_MIN_BYTES:
@@ -166,6 +178,7 @@ class PlacedUpload(WriteStream):
         self.upload = NodeUpload(mode, staged, handler.config, self.path, rules=rules)
         head, self.head = self.head, bytearray()
         self.upload.write(head)
+        self.summer.update(head)
 
     def close(self) -> None:
         if self.closed:
@@ -190,8 +203,10 @@ class PlacedUpload(WriteStream):
                 out.write(bytes(self.head))
             return
         self.upload.close()  # every holder commits, or none keeps it
-        record = PlacedRecord(self.written, self.blob, tuple(self.holders))
+        sums = self.summer.finish()
+        record = PlacedRecord(self.written, self.blob, tuple(self.holders), sums.digest())
         try:
+            write_sums(handler, record, sums)
             publish_stub(handler, self.path, record)
         except BaseException:
             handler.delete_blobs(list(record.holders), [record.where(h) for h in record.holders])

@@ -155,14 +155,15 @@ def read_chunk_bytes(config: TransferConfig) -> int:
 
 
 def _chunks(
-    link: AgentLink, local: str, size: int, first: int, last: int
+    link: AgentLink, local: str, size: int, first: int, last: int, chunk_bytes: int = 0
 ) -> Iterator[tuple[int, memoryview]]:
     """Chunks ``first``.. of the file at ``local``, each verified: first those up to
     ``last`` (what the read that opened the stream needs: a byte range, as torch DCP
     reads, costs only its chunks), then, once the reader asks for more, the rest
     with ``config.window`` fetched ahead. The storage agent packs each chunk once and
-    shares it between readers (``storage.server.chunk_cache``)."""
-    cb = read_chunk_bytes(link.config)
+    shares it between readers (``storage.server.chunk_cache``). Chunks of
+    ``chunk_bytes`` (0: ``read_chunk_bytes``)."""
+    cb = chunk_bytes or read_chunk_bytes(link.config)
     end = -(-size // cb)
     mid = max(first, min(last + 1, end))
     transfer = Transfer(
@@ -176,7 +177,8 @@ def _chunks(
         for start, stop in ((first, mid), (mid, end)):
             if start >= stop:
                 continue
-            pairs = fetch_in_order(_chunk_refs(link, local, size, start, stop), link.config.window)
+            refs = _chunk_refs(link, local, size, start, stop, cb)
+            pairs = fetch_in_order(refs, link.config.window)
             for index, (chunk, checksum) in enumerate(pairs, start):
                 view = _verified(link, local, index, chunk, checksum)
                 transfer.advance(len(view))
@@ -212,11 +214,10 @@ def _verified(link: AgentLink, local: str, index: int, chunk: Any, checksum: Any
 
 
 def _chunk_refs(
-    link: AgentLink, local: str, size: int, first: int, stop: int
+    link: AgentLink, local: str, size: int, first: int, stop: int, cb: int
 ) -> Iterator[list[Any]]:
-    """``[chunk ref, checksum ref]`` of chunks ``first``..``stop - 1``, asked of the
-    agent a batch of ``2 x window`` at a time, as the reader gets to them."""
-    cb = read_chunk_bytes(link.config)
+    """``[chunk ref, checksum ref]`` of chunks of ``cb`` bytes ``first``..``stop - 1``,
+    asked of the agent a batch of ``2 x window`` at a time, as the reader gets to them."""
     batch = 2 * link.config.window
     for index in range(first, stop, batch):
         count = min(batch, stop - index)

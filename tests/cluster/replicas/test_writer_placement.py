@@ -19,7 +19,7 @@ from ray.cluster_utils import Cluster
 
 from air_transfer import storage_filesystem
 from air_transfer.storage.client.handler import node_storage_handler
-from air_transfer.storage.client.placed_record import choose_holders, placed_root
+from air_transfer.storage.client.placed_record import SUMS_SUFFIX, choose_holders, placed_root
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
 from tests.support.checkpoints import MiB, on
 from tests.support.cluster import node_ids
@@ -62,12 +62,13 @@ def write(fs: pafs.FileSystem, path: str, data: bytes) -> str:
 
 
 def blobs(tmp: Path) -> dict[str, list[bytes]]:
-    """Node id -> the contents of every blob under its placed root."""
+    """Node id -> the contents of every blob under its placed root (not the
+    checksums beside each)."""
     out: dict[str, list[bytes]] = {}
     for entry in os.listdir(tmp / "copies"):
         if entry.endswith(".placed"):
             for base, _, files in os.walk(tmp / "copies" / entry):
-                for f in files:
+                for f in (f for f in files if not f.endswith(SUMS_SUFFIX)):
                     out.setdefault(entry[: -len(".placed")], []).append(Path(base, f).read_bytes())
     return out
 

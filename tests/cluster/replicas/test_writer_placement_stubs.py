@@ -21,6 +21,7 @@ from air_transfer import TransferConfig, storage_filesystem
 from air_transfer.cli.main import main
 from air_transfer.core.placed_mark import MARK, MARK_VALUE, is_stub
 from air_transfer.storage.client.placed_record import PlacedRecord, placed_root
+from air_transfer.storage.client.placed_sums import write_sums
 from air_transfer.storage.client.placed_upload import PlacedUpload, publish_stub
 from air_transfer.storage.node_api import NodeFiles, NodeReads
 from air_transfer.train import hooks
@@ -40,6 +41,7 @@ from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the order)
 
+SUMS = "0" * 64
 REFUSED = r"placed file of node storage with placement='writer'"
 
 
@@ -99,10 +101,11 @@ def test_a_forged_record_is_refused(replica_cluster: Cluster, tmp_path: Path, fo
     secret.parent.mkdir(parents=True)
     secret.write_bytes(os.urandom(SHARD))
     if forged == "holder elsewhere":
-        record = PlacedRecord(SHARD, "a" * 24 + "/" + "b" * 32, ((here, str(secret.parents[1])),))
+        elsewhere = ((here, str(secret.parents[1])),)
+        record = PlacedRecord(SHARD, "a" * 24 + "/" + "b" * 32, elsewhere, SUMS)
     else:
         rel = os.path.relpath(secret, placed_root(h.replica_root, here))
-        record = PlacedRecord(SHARD, rel, ((here, placed_root(h.replica_root, here)),))
+        record = PlacedRecord(SHARD, rel, ((here, placed_root(h.replica_root, here)),), SUMS)
     head = record.encode()
     for root in fresh_roots(h).values():
         stub = Path(root, "forged")
@@ -149,7 +152,11 @@ def test_a_races_loser_leaves_no_blob_and_a_blob_awaiting_its_stub_stays(
         upload.write(data[name])
         assert upload.upload is not None
         upload.upload.close()  # every holder has committed its blob
-    records = {name: PlacedRecord(SHARD, u.blob, tuple(u.holders)) for name, u in uploads.items()}
+    records = {}
+    for name, u in uploads.items():
+        sums = u.summer.finish()
+        records[name] = PlacedRecord(SHARD, u.blob, tuple(u.holders), sums.digest())
+        write_sums(h, records[name], sums)
     loser, winner = records["first"], records["second"]
     publish_stub(h, path, loser)
     assert all(Path(winner.where(x)).read_bytes() == data["second"] for x in winner.holders)
@@ -190,7 +197,7 @@ def test_a_lost_holder_is_replaced_by_a_live_one(replica_cluster: Cluster, tmp_p
     assert h.repair_holders(h.root) == []  # nothing left to repair
 
 
-def test_the_cli_and_a_drain_refuse_placed_files(
+def test_the_cli_verifies_placed_files_and_a_copy_and_a_drain_refuse_them(
     replica_cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     top_up(replica_cluster, 4)
@@ -199,8 +206,8 @@ def test_the_cli_and_a_drain_refuse_placed_files(
     fs.create_dir(f"{h.root}/ckpt")
     with fs.open_output_stream(f"{h.root}/ckpt/shard") as out:
         out.write(os.urandom(SHARD))
-    assert main(["verify", h.root, "ckpt"]) == 1  # every copy's read refused, named
-    assert "placement='writer'" in capsys.readouterr().out
+    assert main(["verify", h.root, "ckpt"]) == 0  # its holders checked, not its stubs read
+    assert "ckpt: verified" in capsys.readouterr().out
     backup = tmp_path / "backup"
     assert main(["cp", f"node://{h.root}/ckpt", f"file://{backup}"]) == 1
     assert "placement='writer'" in capsys.readouterr().err
