@@ -21,6 +21,7 @@ K copies before the node's deadline.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ class PlacedHolders(Protocol):
     def placed_under(self, path: str) -> list[tuple[str, PlacedRecord, float]]: ...
 
     def placed_link(self, node: str, root: str) -> AgentLink: ...
+
+    def record_of(self, path: str) -> PlacedRecord | None: ...
 
     def rel(self, path: str) -> str: ...
 
@@ -151,12 +154,12 @@ def repair_one(repair: Repair, nodes: Nodes) -> None:
             f"{', '.join(n[:12] for n, _ in record.holders)}); its bytes cannot be repaired"
         )
     added = _new_holders(handler, record, kept, sources[0], nodes.staying)
-    _copy_blob(handler, record, sources[0], added)
-    new = PlacedRecord(record.size, record.blob, (*kept, *added))
     try:
+        _copy_blob(handler, record, sources[0], added)
+        new = PlacedRecord(record.size, record.blob, (*kept, *added))
         _swap(handler, file, record.encode(), new.encode())
     except BaseException:
-        handler.delete_blobs(added, [new.where(h) for h in added])
+        _drop_unnamed(handler, file, record, added)
         raise
     gone = [h for h in record.holders if h[0] in nodes.live and h not in kept]
     handler.delete_blobs(gone, [record.where(h) for h in gone])  # leaving: unnamed now
@@ -165,6 +168,23 @@ def repair_one(repair: Repair, nodes: Nodes) -> None:
         file,
         ", ".join(n[:12] for n, _ in new.holders),
     )
+
+
+def _drop_unnamed(
+    handler: PlacedHolders, path: str, record: PlacedRecord, holders: list[Holder]
+) -> None:
+    """Delete ``record``'s blob from each of ``holders`` that ``path`` does not name
+    now: another repair of the file (the registry's, a user's) copies the blob to the
+    same path on the same node, and the one whose swap lost must not delete the
+    winner's. If the file's record cannot be read, they stay (garbage, not loss)."""
+    try:
+        now = handler.record_of(path)
+    except Exception as e:
+        logger.info("air-transfer: placed bytes of %s copied by a repair stay: %s", path, e)
+        return
+    named = set(now.holders) if now is not None and now.blob == record.blob else set()
+    drop = [h for h in holders if h not in named]
+    handler.delete_blobs(drop, [record.where(h) for h in drop])
 
 
 def _swap(handler: PlacedHolders, path: str, old: bytes, new: bytes) -> None:
@@ -205,15 +225,14 @@ def _copy_blob(
     handler: PlacedHolders, record: PlacedRecord, source: Holder, targets: list[Holder]
 ) -> None:
     """The blob copied from ``source`` to every one of ``targets``, committed there
-    (a target that fails: what the others took is deleted, and the error raised)."""
+    (a target that fails raises: the caller deletes what the others took)."""
     src = handler.placed_link(*source)
     where, cb = record.where(source), read_chunk_bytes(handler.config)
-    done: list[Holder] = []
-    try:
-        for target in targets:
-            link, dest = handler.placed_link(*target), record.where(target)
-            link.call(NodeMetadata.fs_create_dir, link.root, dest.rsplit("/", 1)[0], True)
-            staging, _, _ = link.call(NodeFiles.fs_open_write, link.root, dest, False)
+    for target in targets:
+        link, dest = handler.placed_link(*target), record.where(target)
+        link.call(NodeMetadata.fs_create_dir, link.root, dest.rsplit("/", 1)[0], True)
+        staging, _, _ = link.call(NodeFiles.fs_open_write, link.root, dest, False)
+        try:
             count = -(-record.size // cb)
             for first in range(0, count, 4):
                 n = min(4, count - first)
@@ -233,10 +252,10 @@ def _copy_blob(
                 ]
                 for w in writes:
                     link.wait(w)
-            empty = chunk_checksum(b"")
-            commit = Commit(dest, staging, record.size, b"", empty, record.size)
-            link.call(NodeFiles.fs_commit, link.root, commit)
-            done.append(target)
-    except BaseException:
-        handler.delete_blobs(done, [record.where(h) for h in done])
-        raise
+        except BaseException:
+            with contextlib.suppress(Exception):  # a target gone takes its staging file
+                link.call(NodeFiles.fs_abort, link.root, staging)
+            raise
+        empty = chunk_checksum(b"")
+        commit = Commit(dest, staging, record.size, b"", empty, record.size)
+        link.call(NodeFiles.fs_commit, link.root, commit)

@@ -84,7 +84,7 @@ class ReplicaHost(ReplicaRegistry):
         storages = []
         for key in self.keys():
             view = self.view(key)
-            if view is not None:
+            if view is not None and set(view[1]) & nodes[0]:  # none readable: not ours
                 storages.append((key, self.template(key), view[3]))
         try:
             failed = PLACED_PASS.get()(storages, set(nodes[0]), set(nodes[1]))
