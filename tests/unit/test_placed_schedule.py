@@ -1,9 +1,15 @@
 """When the replica registry runs its pass over placed files (``placed_schedule``):
 on a change of live or draining nodes, a recheck after it and while a node drains,
-a bounded backoff after a failed pass, and none at all otherwise."""
+a bounded backoff after a failed pass, and none at all otherwise; and the order a
+pass repairs files in (``placed_repair.Repair``): a leaving node's first, newest
+first."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from air_transfer.storage.client.placed_record import PlacedRecord
+from air_transfer.storage.client.placed_repair import Repair
 from air_transfer.storage.server.placed_schedule import (
     FIRST_RETRY_S,
     MAX_ATTEMPTS,
@@ -48,3 +54,13 @@ def test_a_failing_pass_backs_off_and_gives_up_until_the_nodes_change() -> None:
     assert not s.due(B_LOST, now + 1e6)  # a failing plan is not repeated forever
     assert s.due(A_DRAINS, now)  # until the nodes change
     assert not s.ran(A_DRAINS, now, ["/s/ckpt/f"]) and s.failures == 1
+
+
+def test_a_leaving_nodes_files_go_first_the_newest_first() -> None:
+    record = PlacedRecord(2 << 20, "0" * 24 + "/" + "0" * 32, (("a" * 16, "/p"),))
+    handler: Any = None  # the order is the repair's data alone
+    files = [("lost-old", 1.0, False), ("leaving-old", 2.0, True), ("lost-new", 9.0, False)]
+    files += [("leaving-new", 8.0, True)]
+    repairs = [Repair(handler, path, record, mtime, leaving) for path, mtime, leaving in files]
+    order = [r.path for r in sorted(repairs, key=lambda r: r.order)]
+    assert order == ["leaving-new", "leaving-old", "lost-new", "lost-old"]
