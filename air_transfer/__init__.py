@@ -37,6 +37,7 @@ from air_transfer.errors import (
 from air_transfer.storage.client.checkpoints import CheckpointInfo, list_checkpoints
 from air_transfer.storage.client.durable_wait import StorageState
 from air_transfer.storage.client.replica_set import REGISTRY_CLASS
+from air_transfer.storage.replica_wire import PLACED_PASS
 from air_transfer.transfer.future import TransferFuture
 from air_transfer.transfer.handle import TransferHandle
 from air_transfer.transfer.start import CHECKPOINT_OF
@@ -108,6 +109,12 @@ def _registry_class() -> type:
     return ReplicaHost
 
 
+def _placed_pass() -> Callable[[list[tuple[str, str, int]], set[str], set[str]], list[str]]:
+    from air_transfer.storage.client.placed_keeper import keep_placed
+
+    return keep_placed
+
+
 def _checkpoint_of() -> Callable[[TransferHandle], object]:
     from air_transfer.checkpoint import ChunkedCheckpoint
 
@@ -117,6 +124,7 @@ def _checkpoint_of() -> Callable[[TransferHandle], object]:
 warn_if_unsupported()  # once, in the importing process (not in Ray's workers)
 AGENT_CLASS.provide(_agent_class)
 REGISTRY_CLASS.provide(_registry_class)
+PLACED_PASS.provide(_placed_pass)
 CHECKPOINT_OF.provide(_checkpoint_of)
 
 

@@ -11,9 +11,11 @@ typed here, below both, so that neither imports the other.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
+
+from air_transfer.core.provided import Provided
 
 #: The prefix of every replica record's key in the GCS key-value store (the registry
 #: writes them; a drain reads which copy leads from them).
@@ -23,6 +25,13 @@ RECORD_PREFIX = "replicas/"
 #: of it failed and is tried again later), ``failed`` (repair gave up on it: see
 #: ``error``; a copy is made on another node if one is free).
 State = Literal["fresh", "syncing", "stale", "failing", "failed"]
+#: The caller side's pass over placed files (``placement="writer"``), which the
+#: registry's actor runs when nodes are lost or will go: ``(storages as (key,
+#: replica root template, K), live nodes, draining nodes) -> what failed``
+#: (``storage.client.placed_keeper.keep_placed``, handed down by the package root).
+PLACED_PASS: Provided[Callable[[list[tuple[str, str, int]], set[str], set[str]], list[str]]] = (
+    Provided("the background pass over placed files")
+)
 #: A copy: (node id, the root its files live under on that node).
 Copy = tuple[str, str]
 #: The answer of ``begin``: (op id, the copies to apply it to, the fresh ones).

@@ -61,7 +61,7 @@ class SweptStorage(Protocol):
 
     def ensure(self) -> Any: ...
 
-    def placed_under(self, path: str) -> list[tuple[str, PlacedRecord]]: ...
+    def placed_under(self, path: str) -> list[tuple[str, PlacedRecord, float]]: ...
 
     def placed_link(self, node: str, root: str) -> AgentLink: ...
 
@@ -137,7 +137,7 @@ def _named(handler: SweptStorage) -> frozenset[str]:
     op = uuid.uuid4().hex
     replica_set.begin(handler.key, [""], op)
     try:
-        return frozenset(record.blob for _, record in handler.placed_under(handler.root))
+        return frozenset(record.blob for _, record, _ in handler.placed_under(handler.root))
     finally:
         replica_set.call(RegistryCalls.end, handler.key, op, [], [])
 

@@ -173,7 +173,7 @@ class WriterPlacedHandler(ReplicatedHandler):
 
     def records_under(self, path: str) -> list[PlacedRecord]:
         """The records of the placed files at or under ``path`` (none gone meanwhile)."""
-        return [record for _, record in self.placed_under(path)]
+        return [record for _, record, _ in self.placed_under(path)]
 
     def sweep_placed(self, dry_run: bool = False) -> list[Swept]:
         """Remove, from every live node, the blobs of this storage that no stub names
@@ -181,12 +181,14 @@ class WriterPlacedHandler(ReplicatedHandler):
         return sweep_placed(self, dry_run)
 
     def repair_holders(self, path: str) -> list[str]:
-        """Give every placed file at or under ``path`` K live holders again, after a
-        holder's node was lost (``placed_repair``); the files repaired."""
+        """Give every placed file at or under ``path`` K live holders that stay again,
+        after a holder's node was lost or as Ray says it will go (``placed_repair``;
+        the replica registry does it in the background too); the files repaired."""
         return repair_holders(self, path)
 
-    def placed_under(self, path: str) -> list[tuple[str, PlacedRecord]]:
-        """``(path, record)`` of each placed file at or under ``path``."""
+    def placed_under(self, path: str) -> list[tuple[str, PlacedRecord, float]]:
+        """``(path, record, mtime)`` of each placed file at or under ``path`` (its
+        stub's mtime, in seconds)."""
         try:
             infos = [self.get_file_info([path])[0]]
             if infos[0].type == pafs.FileType.Directory:
@@ -202,7 +204,8 @@ class WriterPlacedHandler(ReplicatedHandler):
             except FileNotFoundError:
                 continue
             if record is not None:
-                records.append((info.path, record))
+                mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+                records.append((info.path, record, mtime))
         return records
 
     def delete_record(self, record: PlacedRecord) -> None:

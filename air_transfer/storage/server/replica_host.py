@@ -1,7 +1,9 @@
 """Node storage replicas, the host: the registry of copies (``ReplicaRegistry``)
 as the one actor of the cluster that runs it, on the head node, with background
-threads that resolve the changes whose caller died (``dead_ops``) and repair what
-is short of copies (``repair``), its record saved in the cluster's GCS key-value
+threads that resolve the changes whose caller died (``dead_ops``), repair what
+is short of copies (``repair``) and give placed files (``placement="writer"``) K
+holders that stay when nodes are lost or will go (``PLACED_PASS``, when
+``placed_schedule`` says), its record saved in the cluster's GCS key-value
 store (``GcsStore``), so that a registry started again after this one died knows
 every copy that is stale. Started by the first process that uses a replicated
 storage (``storage.client.replica_set``), from this class as the package root hands
@@ -12,6 +14,7 @@ it down. Callers reach it through one method, ``call``, naming a method of
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,8 +23,9 @@ from air_transfer.cluster.identity import Identity, this_process
 from air_transfer.cluster.nodes import NAMESPACE, live_node_ids
 from air_transfer.cluster.rpc import R, Services
 from air_transfer.core.threads import Periodic
-from air_transfer.storage.replica_wire import RECORD_PREFIX
+from air_transfer.storage.replica_wire import PLACED_PASS, RECORD_PREFIX
 from air_transfer.storage.server.dead_ops import resolve_dead
+from air_transfer.storage.server.placed_schedule import PlacedSchedule
 from air_transfer.storage.server.repair import repair_pass
 from air_transfer.storage.server.replica_registry import ReplicaRegistry
 
@@ -50,11 +54,14 @@ class ReplicaHost(ReplicaRegistry):
     def __init__(self) -> None:
         super().__init__(GcsStore())
         self._services = Services(self)
-        # Two threads: a repair waits while a change is in flight, and the change of a
-        # dead caller is in flight until the other resolves it.
+        # Three threads: a repair waits while a change is in flight, and the change of
+        # a dead caller is in flight until the other resolves it; a placed file's
+        # repair is a change, through this registry.
+        self._placed = PlacedSchedule()
         self._loops = [
             Periodic("air-transfer-dead-ops", lambda: POLL_S, self._resolve),
             Periodic("air-transfer-repair", lambda: POLL_S, self._repair),
+            Periodic("air-transfer-placed", lambda: POLL_S, self._keep_placed),
         ]
         for loop in self._loops:
             loop.start()
@@ -65,6 +72,33 @@ class ReplicaHost(ReplicaRegistry):
     def _repair(self) -> None:
         # A copy on a node Ray says will go is made elsewhere first.
         _logged(lambda: repair_pass(self, live_node_ids(), frozenset(_ray_core.draining_nodes())))
+
+    def _keep_placed(self) -> None:
+        _logged(self._placed_pass)
+
+    def _placed_pass(self) -> None:
+        live, now = live_node_ids(), time.monotonic()
+        nodes = (frozenset(live), frozenset(_ray_core.draining_nodes()) & frozenset(live))
+        if not self._placed.due(nodes, now):
+            return
+        storages = []
+        for key in self.keys():
+            view = self.view(key)
+            if view is not None and set(view[1]) & nodes[0]:  # none readable: not ours
+                storages.append((key, self.template(key), view[3]))
+        try:
+            failed = PLACED_PASS.get()(storages, set(nodes[0]), set(nodes[1]))
+        except Exception as e:
+            failed = [f"every storage ({type(e).__name__}: {e})"]
+            raise
+        finally:
+            if self._placed.ran(nodes, now, failed):
+                logger.error(
+                    "air-transfer: gave up giving %s K live holders that stay after %d "
+                    "passes in a row failed; tried again when nodes change",
+                    ", ".join(failed),
+                    self._placed.failures,
+                )
 
     def call(self, method: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         """``method(*args, **kwargs)`` of this registry, named by the caller

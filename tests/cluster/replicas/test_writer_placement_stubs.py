@@ -183,7 +183,8 @@ def test_a_lost_holder_is_replaced_by_a_live_one(replica_cluster: Cluster, tmp_p
     with stale:  # a swap of a stub that is not (or no longer) the one read
         h.link.call(NodeFiles.fs_swap_stub, h.root, path, b"another record", b"x", "")
     remove(replica_cluster, writer)
-    assert h.repair_holders(h.root) == [path]
+    # The registry's background pass may repair it first: either way, K holders after.
+    assert h.repair_holders(h.root) in ([path], [])
     after = h.record_of(path)
     assert after is not None and after.blob == before.blob
     live = set(node_ids().values())
