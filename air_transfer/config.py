@@ -178,6 +178,13 @@ def _require_int(
         raise ValueError(f"{owner}.{name} = {value} is outside the allowed range [{low}, {upper}]")
 
 
+def _require_strs(config: object, name: str, what: str) -> None:
+    """``config.name`` a tuple of non-empty strings (``what`` they are)."""
+    value = getattr(config, name)
+    if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
+        raise TypeError(f"{type(config).__name__}.{name} must be a tuple of {what}, got {value!r}")
+
+
 _USERINFO = re.compile(r"([a-zA-Z][\w+.-]*://[^:/@?\s]*):[^?\s]*@")
 
 
@@ -298,19 +305,11 @@ class StorageConfig(_Replaceable):
                 _require_int(self, name, 1, 1 << 62)
         if not isinstance(self.incremental, bool):
             raise TypeError(f"StorageConfig.incremental must be a bool, got {self.incremental!r}")
-        if not isinstance(self.replica_nodes, tuple) or not all(
-            isinstance(n, str) for n in self.replica_nodes
-        ):
-            raise TypeError(
-                "StorageConfig.replica_nodes must be a tuple of node ids, "
-                f"got {self.replica_nodes!r}"
-            )
-        if self.failure_domain is not None and not (
-            isinstance(self.failure_domain, str) and self.failure_domain.strip()
-        ):
+        _require_strs(self, "replica_nodes", "node ids")
+        domain = self.failure_domain
+        if domain is not None and not (isinstance(domain, str) and domain.strip()):
             raise ValueError(
-                "StorageConfig.failure_domain must be a node label's key (or None), "
-                f"got {self.failure_domain!r}"
+                f"StorageConfig.failure_domain must be a node label's key (or None), got {domain!r}"
             )
         if self.replica_root is not None and not isinstance(self.replica_root, str):
             raise TypeError(f"StorageConfig.replica_root must be a str, got {self.replica_root!r}")
@@ -320,13 +319,7 @@ class StorageConfig(_Replaceable):
                 "StorageConfig.durable must be a URI or a (pyarrow.fs.FileSystem, path) "
                 f"pair, got {type(self.durable).__name__}"
             )
-        if not isinstance(self.durable_last, tuple) or not all(
-            isinstance(p, str) and p for p in self.durable_last
-        ):
-            raise TypeError(
-                "StorageConfig.durable_last must be a tuple of name patterns, "
-                f"got {self.durable_last!r}"
-            )
+        _require_strs(self, "durable_last", "name patterns")
 
     def _check_placement(self) -> None:
         """``placement`` one of ``PLACEMENTS``, and ``"writer"`` only with what it is

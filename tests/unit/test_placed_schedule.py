@@ -57,7 +57,7 @@ def test_a_failing_pass_backs_off_and_gives_up_until_the_nodes_change() -> None:
 
 
 def test_a_leaving_nodes_files_go_first_the_newest_first() -> None:
-    record = PlacedRecord(2 << 20, "0" * 24 + "/" + "0" * 32, (("a" * 16, "/p"),))
+    record = PlacedRecord(2 << 20, "0" * 24 + "/" + "0" * 32, (("a" * 16, "/p"),), "0" * 64)
     handler: Any = None  # the order is the repair's data alone
     files = [("lost-old", 1.0, False), ("leaving-old", 2.0, True), ("lost-new", 9.0, False)]
     files += [("leaving-new", 8.0, True)]

@@ -20,44 +20,34 @@ import logging
 import os
 import posixpath
 import shutil
-import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-import ray
 
 from air_transfer.cluster import _ray_core
 from air_transfer.cluster.liveness import this_process
 from air_transfer.cluster.nodes import live_node_ids, node_labels, this_node_id
 from air_transfer.config import ZONE_LABEL
-from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.reader import ChunkFileReader
-from air_transfer.errors import ChecksumError
 from air_transfer.storage.client.placed_pending import Swept, marker
+from air_transfer.storage.client.placed_reads import placed_chunks, read_order, sums_of
 from air_transfer.storage.client.placed_record import (
     PLACE_MIN_BYTES,
     RECORD_BYTES,
     SUMS_SUFFIX,
     Holder,
     PlacedRecord,
-    PlacedSums,
     choose_holders,
     decode,
     placed_root,
 )
 from air_transfer.storage.client.placed_repair import repair_holders
-from air_transfer.storage.client.placed_sums import (
-    fetch_sums,
-    local_chunks,
-    not_matching,
-)
 from air_transfer.storage.client.placed_sweep import sweep_placed
 from air_transfer.storage.client.placed_upload import PlacedUpload, lost_holder
-from air_transfer.storage.client.replica_set import is_lost
 from air_transfer.storage.client.replicas import ReplicatedHandler
-from air_transfer.storage.client.streams import AgentLink, _chunks
+from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.client.upload_copies import Staged, abort_copy
 from air_transfer.storage.node_api import NodeFiles, NodeMetadata, NodeReads
 from air_transfer.storage.replica_wire import on_copy
@@ -244,75 +234,11 @@ class WriterPlacedHandler(ReplicatedHandler):
         record = self.record_of(path)
         if record is None:
             return ReplicatedHandler._open_input(self, path)
-        order = self.read_order(record)
-        sums = self.sums_of(path, record, order)
-        chunks = lambda first, last: self.placed_chunks(path, record, sums, order, first, last)  # noqa: E731
+        order = read_order(record)
+        sums = sums_of(self, path, record, order)
+        chunks = lambda first, last: placed_chunks(self, path, record, sums, order, first, last)  # noqa: E731
         reader = ChunkFileReader(path, record.size, 0, sums.chunk_bytes, chunks)
         return pa.PythonFile(reader, mode="r")
-
-    def read_order(self, record: PlacedRecord) -> list[Holder]:
-        """The holders a read of ``record`` tries: this node's first, then the others
-        in an order drawn from this node's id (readers spread over them)."""
-        here = this_node_id() if ray.is_initialized() else ""
-        others = sorted(h for h in record.holders if h[0] != here)
-        turn = zlib.crc32(f"{here}:{record.blob}".encode()) % max(1, len(others))
-        return [h for h in record.holders if h[0] == here] + others[turn:] + others[:turn]
-
-    def sums_of(self, path: str, record: PlacedRecord, order: list[Holder]) -> PlacedSums:
-        """The checksums of placed file ``path`` from the first holder in ``order``
-        whose copy of them matches ``record``."""
-        live, tried, damaged = live_node_ids(), [], False
-        for holder in order:
-            if holder[0] not in live:
-                tried.append(f"{holder[0][:12]}: gone")
-                continue
-            try:
-                return fetch_sums(self, path, record, holder)
-            except (OSError, ValueError) as e:
-                tried.append(f"{holder[0][:12]}: {type(e).__name__}")
-                damaged = _skipped(path, holder, e) or damaged
-        raise _none_left(path, record, tried, damaged)
-
-    def placed_chunks(
-        self,
-        path: str,
-        record: PlacedRecord,
-        sums: PlacedSums,
-        order: list[Holder],
-        first: int,
-        last: int,
-    ) -> Iterator[tuple[int, memoryview]]:
-        """The chunks of placed file ``path`` from ``first``, each checked against
-        ``sums``, from one holder (in ``order``: this node's from its disk, the others
-        through their agents); when one is lost, lacks them or holds bytes that do not
-        match, from the next, resuming at the chunk not yet handed out."""
-        here = this_node_id() if ray.is_initialized() else ""
-        live, tried, damaged = live_node_ids(), [], False
-        for holder in order:
-            if holder[0] not in live:
-                tried.append(f"{holder[0][:12]}: gone")
-                continue
-            where, cb = record.where(holder), sums.chunk_bytes
-            try:
-                if holder[0] == here:
-                    got = local_chunks(holder[1], where, record.size, cb, first)
-                else:
-                    link = self.placed_link(*holder)
-                    got = _chunks(link, where, record.size, first, last, cb)
-                for index, view in got:
-                    if chunk_checksum(view) != sums.sums[index]:
-                        raise ChecksumError(
-                            errno.EIO, f"chunk {index} does not match its record", where
-                        )
-                    yield index, view
-                    first = index + 1
-                return
-            except Exception as e:
-                if not (is_lost(e) or isinstance(e, OSError)):
-                    raise
-                tried.append(f"{holder[0][:12]}: {type(e).__name__}")
-                damaged = _skipped(path, holder, e) or damaged
-        raise _none_left(path, record, tried, damaged)
 
     # -- changes that drop placed bytes ------------------------------------------------
     def delete_file(self, path: str) -> None:
@@ -345,30 +271,3 @@ class WriterPlacedHandler(ReplicatedHandler):
         delete of one would take the other's)."""
         with self._open_input(src) as reader, self._open_output(dest, False) as writer:
             shutil.copyfileobj(reader, writer, self.config.chunk_bytes)
-
-
-def _skipped(path: str, holder: Holder, error: Exception) -> bool:
-    """Log that holder ``holder`` of ``path`` failed a read (lost, or bytes that do
-    not match the record) and the read goes on from another; whether it was the
-    bytes."""
-    lost = is_lost(error) or isinstance(error, FileNotFoundError)
-    logger.warning(
-        "air-transfer: the holder of %s on node %s %s (%s: %s); reading on from another holder",
-        path,
-        holder[0][:12],
-        "failed mid-read" if lost else "holds bytes that do not match its record",
-        type(error).__name__,
-        error,
-    )
-    return not lost
-
-
-def _none_left(path: str, record: PlacedRecord, tried: list[str], damaged: bool) -> OSError:
-    """The error of a read of ``path`` that no holder could serve: ChecksumError if
-    one held bytes that do not match its record, else ConnectionError (all lost)."""
-    if damaged:
-        return not_matching(path, record, tried)
-    return ConnectionError(
-        f"no live holder of {path!r} is left to read from (placement='writer'; "
-        f"tried {', '.join(tried)})"
-    )
