@@ -236,10 +236,9 @@ class StorageConfig(_Replaceable):
             large file's bytes live). ``"writer"`` needs ``replicas >= 2``, a
             ``replica_root`` with ``{node_id}``, no durable tier and no
             ``incremental``.
-        failure_domain: the node label whose value is a node's failure domain
-            (default: Ray's zone, ``ray.io/availability-zone``, which KubeRay and the
-            cloud launchers set): with ``placement="writer"``, a file's holders span
-            as many domains as live before a domain holds two. None: nodes only.
+        failure_domain: the node label naming a node's failure domain (default Ray's
+            zone, ``ZONE_LABEL``): with ``placement="writer"``, a file's holders span
+            every live domain before one holds two. None: nodes only.
         incremental: a checkpoint stored there sends and stores only the chunks that
             earlier checkpoints under the root lack.
         cache_bytes: chunks of files read from node storage kept for N readers
