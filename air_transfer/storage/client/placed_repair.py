@@ -27,9 +27,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from air_transfer.cluster import _ray_core
 from air_transfer.cluster.nodes import live_node_ids
@@ -42,39 +42,15 @@ from air_transfer.storage.client.placed_record import (
     PlacedSums,
     placed_root,
 )
+from air_transfer.storage.client.placed_storage import PlacedStorage
 from air_transfer.storage.client.placed_sums import fetch_sums, holder_problem, write_sums
-from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.node_api import ChunkAt, Commit, NodeFiles, NodeMetadata, NodeReads
 from air_transfer.storage.replica_wire import on_copy
 
 if TYPE_CHECKING:
-    from air_transfer.config import TransferConfig
+    pass
 
 logger = logging.getLogger(__name__)
-
-
-class PlacedHolders(Protocol):
-    """What a repair of holders asks of its storage (``writer_placed``'s handler)."""
-
-    replicas: int
-    replica_root: str
-
-    @property
-    def config(self) -> TransferConfig: ...
-
-    def placed_under(self, path: str) -> list[tuple[str, PlacedRecord, float]]: ...
-
-    def placed_link(self, node: str, root: str) -> AgentLink: ...
-
-    def record_of(self, path: str) -> PlacedRecord | None: ...
-
-    def domains(self) -> dict[str, str]: ...
-
-    def rel(self, path: str) -> str: ...
-
-    def change(self, paths: list[str], method: Callable[[AgentLink, str, str], Any]) -> None: ...
-
-    def delete_blobs(self, holders: list[Holder], wheres: list[str]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -99,7 +75,7 @@ class Repair:
     """A placed file to repair: its handler, path, record, and the order it is
     repaired in (a leaving holder's files first, newest first)."""
 
-    handler: PlacedHolders
+    handler: PlacedStorage
     path: str
     record: PlacedRecord
     mtime: float
@@ -110,7 +86,7 @@ class Repair:
         return (not self.leaving, -self.mtime)
 
 
-def plan(handler: PlacedHolders, path: str, nodes: Nodes, every: bool = False) -> list[Repair]:
+def plan(handler: PlacedStorage, path: str, nodes: Nodes, every: bool = False) -> list[Repair]:
     """The placed files at or under ``path`` short of K staying holders (``every``:
     all of them, their bytes to be checked), in the order to repair them."""
     found = []
@@ -122,7 +98,7 @@ def plan(handler: PlacedHolders, path: str, nodes: Nodes, every: bool = False) -
     return sorted(found, key=lambda r: r.order)
 
 
-def repair_holders(handler: PlacedHolders, path: str) -> list[str]:
+def repair_holders(handler: PlacedStorage, path: str) -> list[str]:
     """Give every placed file at or under ``path`` ``handler.replicas`` live staying
     holders whose bytes match its record; the files repaired. ConnectionError naming
     a file none of whose holders is live (its bytes are lost), or when too few nodes
@@ -195,7 +171,7 @@ def repair_one(repair: Repair, nodes: Nodes) -> bool:
 
 
 def _judge(
-    handler: PlacedHolders, file: str, record: PlacedRecord, nodes: Nodes
+    handler: PlacedStorage, file: str, record: PlacedRecord, nodes: Nodes
 ) -> tuple[list[Holder], list[Holder], list[Holder]]:
     """``record``'s live holders whose bytes match it, staying and leaving, and
     those whose bytes do not (each named in a warning)."""
@@ -218,7 +194,7 @@ def _judge(
 
 
 def _drop_unnamed(
-    handler: PlacedHolders, path: str, record: PlacedRecord, holders: list[Holder]
+    handler: PlacedStorage, path: str, record: PlacedRecord, holders: list[Holder]
 ) -> None:
     """Delete ``record``'s blob from each of ``holders`` that ``path`` does not name
     now: another repair of the file (the registry's, a user's) copies the blob to the
@@ -234,7 +210,7 @@ def _drop_unnamed(
     handler.delete_blobs(drop, [record.where(h) for h in drop])
 
 
-def _swap(handler: PlacedHolders, path: str, old: bytes, new: bytes) -> None:
+def _swap(handler: PlacedStorage, path: str, old: bytes, new: bytes) -> None:
     """Every copy's stub ``path`` given record ``new`` if it still holds ``old``."""
     rel = handler.rel(path)
     handler.change(
@@ -246,7 +222,7 @@ def _swap(handler: PlacedHolders, path: str, old: bytes, new: bytes) -> None:
 
 
 def _new_holders(
-    handler: PlacedHolders,
+    handler: PlacedStorage,
     record: PlacedRecord,
     kept: list[Holder],
     source: Holder,
@@ -267,7 +243,7 @@ def _new_holders(
 
 
 def _copy_blob(
-    handler: PlacedHolders,
+    handler: PlacedStorage,
     record: PlacedRecord,
     sums: PlacedSums,
     source: Holder,

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import posixpath
 import uuid
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 
@@ -35,10 +35,10 @@ from air_transfer.storage.client.placed_pending import (
 )
 from air_transfer.storage.client.placed_record import (
     SUMS_SUFFIX,
-    PlacedRecord,
     blob_dir,
     placed_root,
 )
+from air_transfer.storage.client.placed_storage import PlacedStorage
 from air_transfer.storage.client.replica_set import is_lost
 from air_transfer.storage.node_api import NodeMetadata
 from air_transfer.storage.replica_wire import RegistryCalls
@@ -50,23 +50,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class SweptStorage(Protocol):
-    """What the sweep asks of its storage (``writer_placed``'s handler)."""
-
-    root: str
-    replica_root: str
-
-    @property
-    def key(self) -> str: ...
-
-    def ensure(self) -> Any: ...
-
-    def placed_under(self, path: str) -> list[tuple[str, PlacedRecord, float]]: ...
-
-    def placed_link(self, node: str, root: str) -> AgentLink: ...
-
-
-def sweep_placed(handler: SweptStorage, dry_run: bool = False) -> list[Swept]:
+def sweep_placed(handler: PlacedStorage, dry_run: bool = False) -> list[Swept]:
     """Every orphan blob of ``handler``'s storage on its live nodes (and every dead
     writer's marker), judged and, unless ``dry_run``, removed; a live writer's blob
     listed as kept. Named blobs are not listed."""
@@ -83,7 +67,7 @@ def sweep_placed(handler: SweptStorage, dry_run: bool = False) -> list[Swept]:
     return _remove(handler, found)
 
 
-def _scan(handler: SweptStorage, directory: str) -> list[HolderScan]:
+def _scan(handler: PlacedStorage, directory: str) -> list[HolderScan]:
     """Each live node's listing of ``directory`` under its placed root: its blobs,
     then (a second listing) its markers."""
     links = []
@@ -131,7 +115,7 @@ def _listings(
     return out
 
 
-def _named(handler: SweptStorage) -> frozenset[str]:
+def _named(handler: PlacedStorage) -> frozenset[str]:
     """The blob of every stub of the storage, listed on a fresh copy while the
     replica registry holds the whole storage (see the module)."""
     op = uuid.uuid4().hex
@@ -142,7 +126,7 @@ def _named(handler: SweptStorage) -> frozenset[str]:
         replica_set.call(RegistryCalls.end, handler.key, op, [], [])
 
 
-def _remove(handler: SweptStorage, found: list[Swept]) -> list[Swept]:
+def _remove(handler: PlacedStorage, found: list[Swept]) -> list[Swept]:
     """Each ``would remove`` entry removed through its holder's agent, in order (a
     blob before its marker); the entries with what was done."""
     out = []

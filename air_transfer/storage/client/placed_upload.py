@@ -21,7 +21,7 @@ import errno
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.storage.client.placed_record import (
@@ -33,9 +33,10 @@ from air_transfer.storage.client.placed_record import (
     blob_path,
     decode,
 )
+from air_transfer.storage.client.placed_storage import PlacedStorage
 from air_transfer.storage.client.placed_sums import write_sums
 from air_transfer.storage.client.replica_set import is_lost
-from air_transfer.storage.client.streams import AgentLink, read_chunk_bytes
+from air_transfer.storage.client.streams import read_chunk_bytes
 from air_transfer.storage.client.upload_copies import Mode, Route, Staged, abort_copy
 from air_transfer.storage.client.uploads import NodeUpload, WriteStream
 from air_transfer.storage.node_api import ChunkAt, Commit, NodeFiles, NodeReads
@@ -43,57 +44,8 @@ from air_transfer.storage.node_api import ChunkAt, Commit, NodeFiles, NodeReads
 if TYPE_CHECKING:
     from collections.abc import Buffer
 
-    import pyarrow as pa
-
-    from air_transfer.config import TransferConfig
-    from air_transfer.storage.client.replica_write import ReplicaWrite
 
 logger = logging.getLogger(__name__)
-
-
-class PlacedStorage(Protocol):
-    """What a placed write asks of its storage (``writer_placed.PlacedStorage``)."""
-
-    @property
-    def key(self) -> str: ...
-
-    @property
-    def config(self) -> TransferConfig: ...
-
-    @property
-    def replica_root(self) -> str: ...
-
-    def stage_holders(self, blob: str) -> tuple[list[Holder], list[Staged]]:
-        """A staging file for ``blob`` on each of the file's holders."""
-        ...
-
-    def stage_copies(self, path: str, append: bool) -> tuple[list[Staged], ReplicaWrite]:
-        """A staging file for ``path`` on the storage node and its copies."""
-        ...
-
-    def open_inline(self, path: str) -> pa.NativeFile:
-        """``path`` written whole to the storage node and its copies."""
-        ...
-
-    def record_of(self, path: str) -> PlacedRecord | None:
-        """Where ``path``'s bytes are, if it is placed."""
-        ...
-
-    def delete_record(self, record: PlacedRecord) -> None:
-        """Delete the bytes ``record`` names."""
-        ...
-
-    def delete_blobs(self, holders: list[Holder], wheres: list[str]) -> None:
-        """Delete blob ``wheres[i]`` on ``holders[i]`` (and its checksums)."""
-        ...
-
-    def placed_link(self, node: str, root: str) -> AgentLink:
-        """The link to ``node``'s agent for its placed root ``root``."""
-        ...
-
-    def end_pending(self, holders: list[Holder], blob: str) -> None:
-        """Remove ``blob``'s pending markers from ``holders``."""
-        ...
 
 
 @dataclass(frozen=True)
