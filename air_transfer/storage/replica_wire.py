@@ -20,6 +20,10 @@ from air_transfer.core.provided import Provided
 #: The prefix of every replica record's key in the GCS key-value store (the registry
 #: writes them; a drain reads which copy leads from them).
 RECORD_PREFIX = "replicas/"
+#: The prefix of a writer-placed storage's key in the same store: its value, the
+#: settings its background pass needs (JSON: ``failure_domain``), written by its first
+#: user; a storage without one is not writer-placed, and no pass looks into it.
+PLACED_PREFIX = "placed/"
 #: A copy's state: ``fresh`` (complete, read), ``syncing`` (being made again by
 #: repair), ``stale`` (missed a change; repair makes it again), ``failing`` (repair
 #: of it failed and is tried again later), ``failed`` (repair gave up on it: see

@@ -6,6 +6,7 @@ launchers set it) even where the next node by id shares the writer's zone; with
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -14,10 +15,12 @@ import pytest
 import ray
 
 from air_transfer import StorageConfig, storage_filesystem
-from air_transfer.cluster.nodes import node_labels
+from air_transfer.cluster._ray_core import kv_get
+from air_transfer.cluster.nodes import NAMESPACE, node_labels
 from air_transfer.config import ZONE_LABEL
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
+from air_transfer.storage.replica_wire import PLACED_PREFIX
 from tests.support.checkpoints import MiB, on
 from tests.support.cluster import SHARED_ZONES, node_ids
 from tests.support.node_storage import CONFIG, read
@@ -86,3 +89,21 @@ def test_a_files_second_holder_is_in_another_zone_unless_zones_are_not_looked_at
     assert read(fs, f"{h.root}/shard.bin") == data
     for node, root in record.holders:
         assert (Path(root) / record.blob).read_bytes() == data, node
+    # The registry's background pass repairs by the same domains.
+    announced = kv_get(NAMESPACE, PLACED_PREFIX + h.key)
+    assert announced is not None and json.loads(announced) == {"failure_domain": failure_domain}
+
+
+def test_a_storage_of_the_storage_layout_is_not_announced_as_placed(tmp_path: Path) -> None:
+    """The background pass over placed files never looks into it."""
+    head = node_ids()["head"]
+    fs = storage_filesystem(
+        node=head,
+        config=CONFIG,
+        root=str(tmp_path / "copies" / head),
+        replicas=2,
+        replica_root=str(tmp_path / "copies" / "{node_id}"),
+    )
+    with fs.open_output_stream(f"{tmp_path}/copies/{head}/f") as out:
+        out.write(os.urandom(2 * MiB))
+    assert kv_get(NAMESPACE, PLACED_PREFIX + node_storage_handler(fs).key) is None

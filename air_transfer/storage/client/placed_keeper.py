@@ -11,11 +11,14 @@ the latest checkpoint has K copies before the node's deadline.
 
 from __future__ import annotations
 
+import json
 import logging
 
+from air_transfer.cluster import _ray_core
+from air_transfer.cluster.nodes import NAMESPACE
 from air_transfer.storage.client.placed_repair import Nodes, Repair, keep_holders, plan
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
-from air_transfer.storage.replica_wire import key_parts
+from air_transfer.storage.replica_wire import PLACED_PREFIX, key_parts
 
 logger = logging.getLogger(__name__)
 
@@ -25,14 +28,22 @@ def keep_placed(
 ) -> list[str]:
     """Repair the placed files of ``storages`` (each ``(key, replica root template,
     K)``) that name a node not ``live`` or ``leaving``: the files (or storages) that
-    could not be repaired, each logged naming it and why."""
+    could not be repaired, each logged naming it and why. Only a storage that its
+    users made known as writer-placed (``PLACED_PREFIX``) is looked into, with the
+    failure domain they gave it."""
     nodes = Nodes(frozenset(live), frozenset(leaving) & frozenset(live))
     repairs: list[Repair] = []
     failed: list[str] = []
     for key, template, wanted in storages:
         node, root = key_parts(key)
         try:
-            handler = WriterPlacedHandler(node, root, replicas=wanted, replica_root=template)
+            settings = _ray_core.kv_get(NAMESPACE, PLACED_PREFIX + key)
+            if settings is None:  # not writer-placed: nothing of it is placed
+                continue
+            domain = json.loads(settings)["failure_domain"]
+            handler = WriterPlacedHandler(
+                node, root, replicas=wanted, replica_root=template, failure_domain=domain
+            )
             repairs += plan(handler, root, nodes)
         except Exception as e:
             failed.append(key)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import json
 import logging
 import os
 import posixpath
@@ -28,7 +29,7 @@ import pyarrow.fs as pafs
 
 from air_transfer.cluster import _ray_core
 from air_transfer.cluster.liveness import this_process
-from air_transfer.cluster.nodes import live_node_ids, node_labels, this_node_id
+from air_transfer.cluster.nodes import NAMESPACE, live_node_ids, node_labels, this_node_id
 from air_transfer.config import ZONE_LABEL
 from air_transfer.core.reader import ChunkFileReader
 from air_transfer.storage.client.placed_pending import Swept, marker
@@ -50,7 +51,7 @@ from air_transfer.storage.client.replicas import ReplicatedHandler
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.client.upload_copies import Staged, abort_copy
 from air_transfer.storage.node_api import NodeFiles, NodeMetadata, NodeReads
-from air_transfer.storage.replica_wire import on_copy
+from air_transfer.storage.replica_wire import PLACED_PREFIX, Copy, on_copy
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +66,21 @@ class WriterPlacedHandler(ReplicatedHandler):
         #: The node label that says a node's failure domain (``core.spread``).
         self.failure_domain = failure_domain
         self._placed_links: dict[Holder, AgentLink] = {}
+        self._announced = False
 
     def __reduce__(self) -> tuple[Any, ...]:
         remake, args = super().__reduce__()
         return functools.partial(remake, failure_domain=self.failure_domain), args
+
+    def ensure(self) -> tuple[list[Copy], list[str], list[str], int]:
+        """``ReplicatedHandler.ensure``, and the storage made known as writer-placed to
+        the registry's background pass (``placed_keeper``), with its failure domain."""
+        found = super().ensure()
+        if not self._announced:
+            settings = json.dumps({"failure_domain": self.failure_domain}).encode()
+            _ray_core.kv_put(NAMESPACE, PLACED_PREFIX + self.key, settings)
+            self._announced = True
+        return found
 
     def domains(self) -> dict[str, str]:
         """Each live node's failure domain, as its label says (see ``core.spread``)."""
