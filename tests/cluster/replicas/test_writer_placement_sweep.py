@@ -29,7 +29,13 @@ from air_transfer.core.process_locks import Process
 from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.placed_pending import Swept
-from air_transfer.storage.client.placed_record import PlacedRecord, blob_dir, placed_root
+from air_transfer.storage.client.placed_record import (
+    SUMS_SUFFIX,
+    PlacedRecord,
+    blob_dir,
+    placed_root,
+)
+from air_transfer.storage.client.placed_sums import write_sums
 from air_transfer.storage.client.placed_upload import PlacedUpload, publish_stub
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
 from air_transfer.storage.replica_wire import RegistryCalls
@@ -55,15 +61,18 @@ class GapWriter:
         self.up.write(data)
         assert self.up.upload is not None
         self.up.upload.close()  # every holder commits its blob
+        sums = self.up.summer.finish()
+        up = self.up
+        self.record = PlacedRecord(up.written, up.blob, tuple(up.holders), sums.digest())
+        write_sums(handler, self.record, sums)  # and its checksums beside it
         from air_transfer.cluster.liveness import this_process
 
         return self.up.blob, this_process(), os.getpid()
 
     def finish(self) -> None:
         """The rest of ``PlacedUpload.close``: the stub, then the markers."""
-        up = self.up
-        publish_stub(self.handler, self.path, PlacedRecord(up.written, up.blob, tuple(up.holders)))
-        self.handler.end_pending(up.holders, up.blob)
+        publish_stub(self.handler, self.path, self.record)
+        self.handler.end_pending(self.up.holders, self.up.blob)
 
 
 def placed_tree(tmp: Path) -> dict[str, bytes | None]:
@@ -113,8 +122,9 @@ def test_a_killed_writers_blobs_go_from_every_holder(
     orphan = os.urandom(SHARD)
     blob, process, pid = ray.get(writer.stage.remote(fs_of(h), f"{h.root}/ckpt/lost", orphan))
     before = placed_tree(tmp_path)
-    doomed = {p for p in before if blob in p}
+    doomed = {p for p in before if blob in p and not p.endswith(SUMS_SUFFIX)}
     assert sum(before[p] == orphan for p in doomed) == 2  # both holders committed it
+    assert sum(p.endswith(SUMS_SUFFIX) for p in before if blob in p) == 2  # its checksums
     pending = {p for p in before if ".writer-" in p}
     assert pending == doomed - {p for p in doomed if before[p]}  # finished writes: none
     os.kill(pid, signal.SIGKILL)
@@ -134,7 +144,7 @@ def test_a_killed_writers_blobs_go_from_every_holder(
         p: "removed" for p in doomed
     }
     after = placed_tree(tmp_path)
-    assert after == {p: b for p, b in before.items() if p not in doomed}
+    assert after == {p: b for p, b in before.items() if blob not in p}  # its checksums too
     for path, data in kept.items():
         assert read(fs_of(h), path) == data
     assert fs_of(h).get_file_info(f"{h.root}/ckpt/lost").type == pafs.FileType.NotFound

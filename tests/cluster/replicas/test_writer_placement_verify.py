@@ -62,7 +62,7 @@ def far_writer() -> str:
     """A worker whose file this driver's node does not hold (read through agents)."""
     ids, here = node_ids(), ray.get_runtime_context().get_node_id()
     live = sorted(ids.values())
-    return next(n for n in workers() if here not in choose_holders(ids[n], live, 2))
+    return next(n for n in workers() if here not in choose_holders(ids[n], live, 2, {}))
 
 
 def first_read(record: PlacedRecord) -> tuple[str, str]:
