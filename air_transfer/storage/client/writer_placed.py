@@ -143,8 +143,8 @@ class WriterPlacedHandler(ReplicatedHandler):
         its stub is committed or its bytes deleted; one left (a holder gone) is the
         sweep's, after this process ends."""
         pending = marker(blob, this_process())
-        wheres = [posixpath.join(root, pending) for _, root in holders]
-        self.delete_blobs(holders, wheres, NodeMetadata.fs_delete_dir)
+        markers = [(h, posixpath.join(h[1], pending)) for h in holders]
+        self._delete_on(markers, NodeMetadata.fs_delete_dir)
 
     def placed_link(self, node: str, root: str) -> AgentLink:
         """The link to ``node``'s agent for its placed root ``root``."""
@@ -214,23 +214,29 @@ class WriterPlacedHandler(ReplicatedHandler):
         """Delete the bytes ``record`` names, no longer named by any file."""
         self.delete_blobs(list(record.holders), [record.where(h) for h in record.holders])
 
-    def delete_blobs(
+    def delete_blobs(self, holders: list[Holder], wheres: list[str]) -> None:
+        """Delete blob ``wheres[i]`` on ``holders[i]``, and its checksums beside it; a
+        holder gone keeps its (then unnamed) bytes, garbage rather than data
+        (``sweep_placed``'s)."""
+        gone = [
+            (holder, path)
+            for holder, where in zip(holders, wheres, strict=True)
+            for path in (where, where + SUMS_SUFFIX)
+        ]
+        self._delete_on(gone, NodeMetadata.fs_delete_file)
+
+    def _delete_on(
         self,
-        holders: list[Holder],
-        wheres: list[str],
-        method: Callable[[NodeMetadata, str, str, str], None] = NodeMetadata.fs_delete_file,
+        targets: list[tuple[Holder, str]],
+        method: Callable[[NodeMetadata, str, str, str], None],
     ) -> None:
-        """Delete blob ``wheres[i]`` on ``holders[i]`` (with ``method``; a blob's file
-        goes with its checksums); a holder gone keeps its (then unnamed) bytes,
-        garbage rather than data (``sweep_placed``'s)."""
+        """``method`` (a delete) of each ``(holder, path)`` through the holder's agent,
+        all at once; one that fails is logged and stays."""
         calls: list[tuple[AgentLink, Any]] = []
-        for (node, root), where in zip(holders, wheres, strict=True):
+        for (node, root), where in targets:
             try:
                 link = self.placed_link(node, root)
-                gone = [where]
-                if method is NodeMetadata.fs_delete_file:
-                    gone.append(where + SUMS_SUFFIX)
-                calls.extend((link, link.submit(method, root, g, "")) for g in gone)
+                calls.append((link, link.submit(method, root, where, "")))
             except Exception as e:
                 logger.info("air-transfer: placed bytes %s on %s stay: %s", where, node[:12], e)
         for link, call in calls:
