@@ -68,6 +68,13 @@ def assert_whole(
             assert Path(record.where(holder)).read_bytes() == files[rel], (rel, holder[0])
 
 
+def reads_back(h: WriterPlacedHandler, files: dict[str, bytes]) -> None:
+    """Every file read through the storage byte-identical to what was written."""
+    fs = fs_of(h)
+    for rel, data in files.items():
+        assert read(fs, f"{h.root}/{rel}") == data, rel
+
+
 def files_of(tag: str, count: int) -> dict[str, bytes]:
     """``count`` placed files of two checkpoints (the second the newer)."""
     return {f"ckpt-{i % 2}/{tag}-{i}.bin": os.urandom(MiB + 4096 * i) for i in range(count)}
@@ -96,9 +103,7 @@ def test_a_draining_nodes_files_are_copied_off_before_its_deadline(
     finally:
         remove(cluster4, leaving)  # it goes (a draining node takes no new task)
     assert held_by_staying(h, files, leaving) == found  # K holders outlived it
-    fs = fs_of(h)
-    for rel, data in files.items():
-        assert read(fs, f"{h.root}/{rel}") == data
+    reads_back(h, files)
 
 
 def test_a_lost_holders_files_get_k_holders_again_with_no_call(
@@ -117,9 +122,7 @@ def test_a_lost_holders_files_get_k_holders_again_with_no_call(
         90,
     )
     assert_whole(h, files, found)
-    fs = fs_of(h)
-    for rel, data in files.items():
-        assert read(fs, f"{h.root}/{rel}") == data
+    reads_back(h, files)
 
 
 def test_a_write_racing_the_evacuation_keeps_its_own_whole_version(
