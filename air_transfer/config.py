@@ -336,8 +336,6 @@ class StorageConfig(_Replaceable):
              f"a replica_root with '{{node_id}}' in it (got {self.replica_root!r}): each "
              "node keeps the bytes it holds under replica_root formatted with "
              "'<node id>.placed'"),
-            (self.durable is not None, "no durable tier (durable=None): the drain from "
-             "every holder of a file's bytes is not built yet"),
             (self.incremental, "incremental=False: saves reusing a holder's chunks are "
              "not built yet"),
         ]  # fmt: skip

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from air_transfer.cli.session import CONFIG, Storage
 from air_transfer.cluster.nodes import live_node_ids
-from air_transfer.storage.client.placed_record import PLACE_MIN_BYTES, RECORD_BYTES, decode
 from air_transfer.storage.client.placed_sums import Links, holder_problem
 from air_transfer.storage.client.streams import AgentLink
 from air_transfer.storage.node_api import NodeReads
+from air_transfer.storage.placed_record import PLACE_MIN_BYTES, RECORD_BYTES, decode
 
 
 def stub_of(storage: Storage, node: str, root: str, path: str, size: int) -> bytes | None:

@@ -73,9 +73,10 @@ def mark_root(root: str) -> None:
 
 def refuse_placed_root(root: str, what: str) -> None:
     """ValueError if node storage ``root`` holds stubs (``mark_root``): ``what`` (a
-    drain into a durable tier) would read records and zeros for their bytes."""
+    drain that does not know where their bytes are) would read records and zeros."""
     if os.path.isdir(root) and is_stub(root):
         raise ValueError(
             f"node storage {root!r} holds placed files of placement='writer' (their "
-            f"bytes on their holder nodes, not in it): cannot {what} (not built yet)"
+            f"bytes on their holder nodes, not in it): cannot {what}; open it as "
+            "storage_filesystem(..., placement='writer', durable=...) does"
         )

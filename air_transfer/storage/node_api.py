@@ -34,7 +34,7 @@ from air_transfer.storage.durable.records import FileRecord
 from air_transfer.storage.durable.settings import DrainSettings
 from air_transfer.storage.durable.status import DrainStatus
 from air_transfer.storage.durable.target import DurableTarget
-from air_transfer.storage.node_wire import Expect, Info, Listed
+from air_transfer.storage.node_wire import Expect, Info, Listed, PlacedSend
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
@@ -317,4 +317,24 @@ class NodeDurable(Protocol):
 
     def durable_whole(self, root: str, path: str) -> tuple[bool, str]:
         """Whether the tier holds ``path`` whole now, and if not, what is wrong."""
+        ...
+
+
+class NodePlacedSends(Protocol):
+    """A holder's part in the durable drain of a writer-placed storage: what the
+    storage node's drain asks of a node that holds a placed file's bytes, so that
+    they go to the tier from where they are, never through the storage node."""
+
+    def placed_sums_bytes(self, root: str, path: str) -> bytes:
+        """The checksum list at ``path`` (beside a blob) under this node's placed root
+        ``root``, as it is on disk: the caller checks it against the file's record."""
+        ...
+
+    def placed_send(
+        self, root: str, send: PlacedSend, target: DurableTarget, settings: DrainSettings
+    ) -> FileRecord:
+        """Upload ``send``'s blob, under this node's placed root ``root``, to its path
+        in ``target`` as ``settings`` say (codec, parts, rate), each chunk checked
+        against ``send.record`` before it leaves the node; the record of what was
+        stored, with the tier's tag, which the caller confirms itself."""
         ...

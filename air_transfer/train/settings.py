@@ -53,6 +53,7 @@ class StorageSettings:
             read_wait_s=storage.durable_read_wait_s,
             part_bytes=storage.durable_part_bytes,
             codec=storage.durable_codec,
+            placed_root=storage.replica_root if storage.placement == "writer" else None,
         )
 
 

@@ -19,8 +19,8 @@ from ray.train.torch import TorchTrainer
 
 import air_transfer
 from air_transfer.storage.client.handler import node_storage_handler
-from air_transfer.storage.client.placed_record import SUMS_SUFFIX
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
+from air_transfer.storage.placed_record import SUMS_SUFFIX
 from tests.support.checkpoints import MiB
 from tests.support.cluster import node_ids
 from tests.support.train_commit import NUM_TO_KEEP, SHARD, resumed_from, returned, sharded_loop

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from air_transfer.storage.client.placed_record import PlacedRecord
 from air_transfer.storage.client.placed_repair import Repair
+from air_transfer.storage.placed_record import PlacedRecord
 from air_transfer.storage.server.placed_schedule import (
     FIRST_RETRY_S,
     MAX_ATTEMPTS,

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from air_transfer.core.checksum import chunk_checksum
-from air_transfer.storage.client.placed_record import (
+from air_transfer.storage.placed_record import (
     ChunkSummer,
     PlacedRecord,
     PlacedSums,

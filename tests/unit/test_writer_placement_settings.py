@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from air_transfer import StorageConfig, storage_filesystem
-from air_transfer.storage.client.placed_record import (
+from air_transfer.storage.placed_record import (
     PlacedRecord,
     choose_holders,
     decode,
@@ -29,7 +29,6 @@ def test_the_default_placement_is_the_storage_node() -> None:
         ({"replicas": 1}, r"placement='writer' needs replicas >= 2"),
         ({"replica_root": None}, r"placement='writer' needs a replica_root with '\{node_id\}'"),
         ({"replica_root": "/tmp/copies"}, r"needs a replica_root with '\{node_id\}'"),
-        ({"durable": "file:///tmp/tier"}, r"placement='writer' needs no durable tier"),
         ({"incremental": True}, r"placement='writer' needs incremental=False"),
     ],
 )

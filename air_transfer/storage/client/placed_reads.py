@@ -17,7 +17,6 @@ import ray
 from air_transfer.cluster.nodes import live_node_ids, this_node_id
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.errors import ChecksumError
-from air_transfer.storage.client.placed_record import Holder, PlacedRecord, PlacedSums
 from air_transfer.storage.client.placed_sums import (
     HolderLinks,
     fetch_sums,
@@ -26,6 +25,7 @@ from air_transfer.storage.client.placed_sums import (
 )
 from air_transfer.storage.client.replica_set import is_lost
 from air_transfer.storage.client.streams import _chunks
+from air_transfer.storage.placed_record import Holder, PlacedRecord, PlacedSums
 
 logger = logging.getLogger(__name__)
 

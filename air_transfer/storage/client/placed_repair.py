@@ -36,15 +36,15 @@ from air_transfer.cluster.nodes import live_node_ids
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.spread import spread
 from air_transfer.errors import ChecksumError
-from air_transfer.storage.client.placed_record import (
+from air_transfer.storage.client.placed_storage import PlacedStorage
+from air_transfer.storage.client.placed_sums import fetch_sums, holder_problem, write_sums
+from air_transfer.storage.node_api import ChunkAt, Commit, NodeFiles, NodeMetadata, NodeReads
+from air_transfer.storage.placed_record import (
     Holder,
     PlacedRecord,
     PlacedSums,
     placed_root,
 )
-from air_transfer.storage.client.placed_storage import PlacedStorage
-from air_transfer.storage.client.placed_sums import fetch_sums, holder_problem, write_sums
-from air_transfer.storage.node_api import ChunkAt, Commit, NodeFiles, NodeMetadata, NodeReads
 from air_transfer.storage.replica_wire import on_copy
 
 if TYPE_CHECKING:

@@ -14,10 +14,10 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from air_transfer.config import TransferConfig
-    from air_transfer.storage.client.placed_record import Holder, PlacedRecord
     from air_transfer.storage.client.replica_write import ReplicaWrite
     from air_transfer.storage.client.streams import AgentLink
     from air_transfer.storage.client.upload_copies import Staged
+    from air_transfer.storage.placed_record import Holder, PlacedRecord
 
 
 class PlacedStorage(Protocol):

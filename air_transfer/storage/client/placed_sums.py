@@ -24,14 +24,14 @@ from air_transfer.cluster.liveness import this_process
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.confine import open_regular
 from air_transfer.errors import ChecksumError
-from air_transfer.storage.client.placed_record import (
+from air_transfer.storage.client.streams import AgentLink, _chunks
+from air_transfer.storage.node_api import ChunkAt, Commit, NodeFiles, NodeMetadata, NodeReads
+from air_transfer.storage.placed_record import (
     Holder,
     PlacedRecord,
     PlacedSums,
     decode_sums,
 )
-from air_transfer.storage.client.streams import AgentLink, _chunks
-from air_transfer.storage.node_api import ChunkAt, Commit, NodeFiles, NodeMetadata, NodeReads
 
 if TYPE_CHECKING:
     from air_transfer.config import TransferConfig

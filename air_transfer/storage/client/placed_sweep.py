@@ -33,14 +33,14 @@ from air_transfer.storage.client.placed_pending import (
     needs_names,
     parse_marker,
 )
-from air_transfer.storage.client.placed_record import (
+from air_transfer.storage.client.placed_storage import PlacedStorage
+from air_transfer.storage.client.replica_set import is_lost
+from air_transfer.storage.node_api import NodeMetadata
+from air_transfer.storage.placed_record import (
     SUMS_SUFFIX,
     blob_dir,
     placed_root,
 )
-from air_transfer.storage.client.placed_storage import PlacedStorage
-from air_transfer.storage.client.replica_set import is_lost
-from air_transfer.storage.node_api import NodeMetadata
 from air_transfer.storage.replica_wire import RegistryCalls
 
 if TYPE_CHECKING:

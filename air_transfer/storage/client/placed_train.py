@@ -14,10 +14,10 @@ from __future__ import annotations
 import logging
 import os
 
-from air_transfer.storage.client.placed_record import RECORD_BYTES, PlacedRecord, decode
 from air_transfer.storage.client.replica_set import is_lost
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
 from air_transfer.storage.node_api import NodeCheckpoints
+from air_transfer.storage.placed_record import RECORD_BYTES, PlacedRecord, decode
 from air_transfer.storage.replica_wire import on_copy
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from air_transfer.core.checksum import chunk_checksum
-from air_transfer.storage.client.placed_record import (
+from air_transfer.storage.client.placed_storage import PlacedStorage
+from air_transfer.storage.client.placed_sums import write_sums
+from air_transfer.storage.client.replica_set import is_lost
+from air_transfer.storage.client.streams import read_chunk_bytes
+from air_transfer.storage.client.upload_copies import Mode, Route, Staged, abort_copy
+from air_transfer.storage.client.uploads import NodeUpload, WriteStream
+from air_transfer.storage.node_api import ChunkAt, Commit, NodeFiles, NodeReads
+from air_transfer.storage.placed_record import (
     PLACE_MIN_BYTES,
     RECORD_BYTES,
     ChunkSummer,
@@ -33,13 +40,6 @@ from air_transfer.storage.client.placed_record import (
     blob_path,
     decode,
 )
-from air_transfer.storage.client.placed_storage import PlacedStorage
-from air_transfer.storage.client.placed_sums import write_sums
-from air_transfer.storage.client.replica_set import is_lost
-from air_transfer.storage.client.streams import read_chunk_bytes
-from air_transfer.storage.client.upload_copies import Mode, Route, Staged, abort_copy
-from air_transfer.storage.client.uploads import NodeUpload, WriteStream
-from air_transfer.storage.node_api import ChunkAt, Commit, NodeFiles, NodeReads
 
 if TYPE_CHECKING:
     from collections.abc import Buffer

@@ -34,7 +34,14 @@ from air_transfer.config import ZONE_LABEL
 from air_transfer.core.reader import ChunkFileReader
 from air_transfer.storage.client.placed_pending import Swept, marker
 from air_transfer.storage.client.placed_reads import placed_chunks, read_order, sums_of
-from air_transfer.storage.client.placed_record import (
+from air_transfer.storage.client.placed_repair import repair_holders
+from air_transfer.storage.client.placed_sweep import sweep_placed
+from air_transfer.storage.client.placed_upload import PlacedUpload, lost_holder
+from air_transfer.storage.client.replicas import ReplicatedHandler
+from air_transfer.storage.client.streams import AgentLink
+from air_transfer.storage.client.upload_copies import Staged, abort_copy
+from air_transfer.storage.node_api import NodeFiles, NodeMetadata, NodeReads
+from air_transfer.storage.placed_record import (
     PLACE_MIN_BYTES,
     RECORD_BYTES,
     SUMS_SUFFIX,
@@ -44,13 +51,6 @@ from air_transfer.storage.client.placed_record import (
     decode,
     placed_root,
 )
-from air_transfer.storage.client.placed_repair import repair_holders
-from air_transfer.storage.client.placed_sweep import sweep_placed
-from air_transfer.storage.client.placed_upload import PlacedUpload, lost_holder
-from air_transfer.storage.client.replicas import ReplicatedHandler
-from air_transfer.storage.client.streams import AgentLink
-from air_transfer.storage.client.upload_copies import Staged, abort_copy
-from air_transfer.storage.node_api import NodeFiles, NodeMetadata, NodeReads
 from air_transfer.storage.replica_wire import PLACED_PREFIX, Copy, on_copy
 
 logger = logging.getLogger(__name__)
@@ -249,7 +249,12 @@ class WriterPlacedHandler(ReplicatedHandler):
 
     # -- reads -------------------------------------------------------------------------
     def _open_input(self, path: str) -> pa.NativeFile:
-        record = self.record_of(path)
+        try:
+            record = self.record_of(path)
+        except FileNotFoundError:
+            if self.durable is None:
+                raise
+            record = None  # perhaps the durable tier's alone (a run resumed elsewhere)
         if record is None:
             return ReplicatedHandler._open_input(self, path)
         order = read_order(record)

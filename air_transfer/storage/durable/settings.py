@@ -37,7 +37,10 @@ class DrainSettings:
     ``part_bytes_in_flight``: S3 multipart uploads (parts of at least ``part_bytes``,
     larger where a file needs more than ``max_parts``, at most
     ``part_bytes_in_flight`` bytes of parts sent at once); ``codec``: how the
-    tier stores files (``codecs``)."""
+    tier stores files (``codecs``); ``placed_root``: a writer-placed storage's
+    ``replica_root``, under which (formatted per node) the nodes that hold its
+    placed files' bytes keep them, and send them to the tier from there (None: a
+    storage with no placed files, whose drain refuses one)."""
 
     concurrency: int = 4
     bytes_per_s: int | None = None
@@ -57,6 +60,7 @@ class DrainSettings:
     max_parts: int = MAX_PARTS
     part_bytes_in_flight: int = 256 * MiB
     codec: str = IDENTITY
+    placed_root: str | None = None
 
     def __post_init__(self) -> None:
         _positive_int("durable_concurrency", self.concurrency, 256)

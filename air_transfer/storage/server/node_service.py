@@ -33,6 +33,7 @@ from air_transfer.storage.server.directory_transfers import (
     Relay,
     StartTransfer,
 )
+from air_transfer.storage.server.drain.holder_sends import HolderSends
 from air_transfer.storage.server.drain.tiered import TieredDisk
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.metadata import DiskStorage, storage_path
@@ -71,6 +72,8 @@ class NodeStorageService(NodeCopies, NodeReads, NodeCheckpoints):
         #: Metadata, with the durable tier of each root that has one (its drain).
         self._disk = TieredDisk(DiskStorage(), node_id)
         self._disk.resume()
+        #: This node's part in writer-placed storages' drains: the bytes it holds, sent.
+        self._holder_sends = HolderSends()
         self._ops = OpFence()  # replicated changes of a caller that died: refused
         #: What every change obeys: its fence, then the drain's wake (``changes``).
         self.rules = ChangeRules(self._ops, self._disk.touch)
@@ -91,12 +94,13 @@ class NodeStorageService(NodeCopies, NodeReads, NodeCheckpoints):
     @property
     def services(self) -> tuple[object, ...]:
         """What the agent hosts for node storage, each behind its Protocols."""
-        return (self, self._uploads, self._disk, self.streams)
+        return (self, self._uploads, self._disk, self.streams, self._holder_sends)
 
     def counters(self) -> dict[str, int]:
         """What node storage cost this node: bytes read from disk, served and held
         (file chunks and whole-directory transfers), transfers packed and their
-        readers in flight, checkpoints stored."""
+        readers in flight, checkpoints stored, placed files' bytes sent to a durable
+        tier from here."""
         counters = self._files.counters()
         counters["bytes_read"] += self._directories.bytes_read
         counters["bytes_served"] += self._directories.bytes_served
@@ -107,6 +111,7 @@ class NodeStorageService(NodeCopies, NodeReads, NodeCheckpoints):
             "transfers_relayed": self._directories.relays,
             "transfer_readers": self._directories.readers(),
             "checkpoints_stored": self._stored,
+            "placed_bytes_sent": self._holder_sends.bytes_sent,
         }
 
     def clear_cache(self) -> None:

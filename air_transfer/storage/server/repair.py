@@ -47,7 +47,7 @@ from air_transfer.storage.server.replica_registry import Copy, ReplicaRegistry
 
 logger = logging.getLogger(__name__)
 #: What of a placed file's stub is read to copy it: its record (at most 16 KiB,
-#: ``storage.client.placed_record.RECORD_BYTES``), zeros after it.
+#: ``storage.placed_record.RECORD_BYTES``), zeros after it.
 STUB_HEAD_BYTES = 16 * 1024
 
 #: Repair's bandwidth bound, per registry (MiB/s of file bytes copied).

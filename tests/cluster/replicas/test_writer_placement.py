@@ -19,8 +19,8 @@ from ray.cluster_utils import Cluster
 
 from air_transfer import storage_filesystem
 from air_transfer.storage.client.handler import node_storage_handler
-from air_transfer.storage.client.placed_record import SUMS_SUFFIX, choose_holders, placed_root
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
+from air_transfer.storage.placed_record import SUMS_SUFFIX, choose_holders, placed_root
 from tests.support.checkpoints import MiB, on
 from tests.support.cluster import node_ids
 from tests.support.node_storage import CONFIG, read

@@ -16,8 +16,8 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from air_transfer.storage.client.placed_record import PlacedRecord
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
+from air_transfer.storage.placed_record import PlacedRecord
 from tests.cluster.replicas.test_replica_draining import _drain
 from tests.cluster.replicas.test_writer_placement import blobs, fs_of, placed, write
 from tests.support.checkpoints import MiB, on

@@ -20,10 +20,10 @@ from ray.train import Checkpoint
 from air_transfer import TransferConfig, storage_filesystem
 from air_transfer.cli.main import main
 from air_transfer.core.placed_mark import MARK, MARK_VALUE, is_stub
-from air_transfer.storage.client.placed_record import PlacedRecord, placed_root
 from air_transfer.storage.client.placed_sums import write_sums
 from air_transfer.storage.client.placed_upload import PlacedUpload, publish_stub
 from air_transfer.storage.node_api import NodeFiles, NodeReads
+from air_transfer.storage.placed_record import PlacedRecord, placed_root
 from air_transfer.train import hooks
 from tests.cluster.replicas.test_writer_placement import (
     SHARD,
@@ -227,7 +227,8 @@ def test_the_cli_verifies_placed_files_and_a_copy_and_a_drain_refuse_them(
     assert not (backup / "shard").exists()
     tier = (pafs.LocalFileSystem(), str(tmp_path / "tier"))
     draining = storage_filesystem(node=node_ids()["head"], config=CONFIG, root=h.root, durable=tier)
-    with pytest.raises(ValueError, match=r"placement='writer'.*cannot drain it into a durable"):
+    refused = r"placement='writer'.*cannot drain it without its replica_root"
+    with pytest.raises(ValueError, match=refused):
         draining.get_file_info(f"{h.root}/ckpt")  # its first call attaches the drain
 
 

@@ -29,15 +29,15 @@ from air_transfer.core.process_locks import Process
 from air_transfer.storage.client import replica_set
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.placed_pending import Swept
-from air_transfer.storage.client.placed_record import (
+from air_transfer.storage.client.placed_sums import write_sums
+from air_transfer.storage.client.placed_upload import PlacedUpload, publish_stub
+from air_transfer.storage.client.writer_placed import WriterPlacedHandler
+from air_transfer.storage.placed_record import (
     SUMS_SUFFIX,
     PlacedRecord,
     blob_dir,
     placed_root,
 )
-from air_transfer.storage.client.placed_sums import write_sums
-from air_transfer.storage.client.placed_upload import PlacedUpload, publish_stub
-from air_transfer.storage.client.writer_placed import WriterPlacedHandler
 from air_transfer.storage.replica_wire import RegistryCalls
 from tests.cluster.replicas.test_writer_placement import SHARD, fs_of, placed, write
 from tests.support.checkpoints import on

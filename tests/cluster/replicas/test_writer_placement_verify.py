@@ -20,8 +20,8 @@ from ray.cluster_utils import Cluster
 
 from air_transfer.cli.main import main
 from air_transfer.core.checksum import chunk_checksum
-from air_transfer.storage.client.placed_record import PlacedRecord, choose_holders
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
+from air_transfer.storage.placed_record import PlacedRecord, choose_holders
 from tests.cluster.replicas.test_writer_placement import SHARD, fs_of, placed, write
 from tests.support.checkpoints import MiB, on
 from tests.support.cluster import node_ids

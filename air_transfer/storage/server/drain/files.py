@@ -16,6 +16,7 @@ import errno
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -80,38 +81,64 @@ def send(
     """Upload node storage's file ``seen`` (measured as ``record``) to its path in the
     tier, each chunk checked against ``record`` and stored by ``codec``; the record
     of what was stored (tag and all, confirmed), or None if the file was replaced."""
-    path = objects.target.path(seen.rel)
     fd, st = open_regular(root, storage_path(root, seen.rel))
     try:
         if Seen.of(seen.rel, st).version != seen.version:
             return None
-        writer = objects.writer(path, record.size, record.digest)
-        stored: list[int] = []
-        try:
-            for index in range(len(record.sums)):
-                data = os.pread(fd, record.chunk_length(index), index * record.chunk_bytes)
-                if chunk_checksum(data) != record.sums[index]:
-                    raise SourceChangedError(
-                        errno.EAGAIN,
-                        f"chunk {index} changed between two reads of the file; the next "
-                        "drain pass takes it as it is then",
-                        seen.rel,
-                    )
-                out = _stored(codec, index, data)
-                if out is None:  # the first chunk does not shrink: the file goes as it is
-                    codec, out = IDENTITY, data
-                stored.append(len(memoryview(out)))
-                limit.take(stored[-1])
-                writer.write(out)
-            _unchanged(fd, seen)
-        except BaseException:
-            writer.abort()
-            raise
-        tag = writer.commit()
+        made = upload(objects, seen.rel, record, codec, limit, _read_again(fd, seen, record))
     finally:
         os.close(fd)
+    return confirm(objects, seen.rel, made, check_tag=True)
+
+
+def upload(
+    objects: TierObjects,
+    rel: str,
+    record: FileRecord,
+    codec: str,
+    limit: RateLimit,
+    chunks: Iterator[bytes],
+) -> FileRecord:
+    """Upload the file ``record`` describes to ``rel`` in the tier, whole or not at
+    all, from ``chunks`` (its chunks in order, each checked against ``record`` by
+    whoever yields it, which raises where one does not match), each stored by
+    ``codec``; the record of what was stored, with the tier's tag (not yet
+    confirmed: ``confirm``)."""
+    writer = objects.writer(objects.target.path(rel), record.size, record.digest)
+    stored: list[int] = []
+    try:
+        for index, data in enumerate(chunks):
+            out = _stored(codec, index, data)
+            if out is None:  # the first chunk does not shrink: the file goes as it is
+                codec, out = IDENTITY, data
+            stored.append(len(memoryview(out)))
+            limit.take(stored[-1])
+            writer.write(out)
+        if len(stored) != len(record.sums):
+            raise OSError(f"{len(stored)} of the {len(record.sums)} chunks of {rel} were read")
+    except BaseException:
+        writer.abort()
+        raise
+    tag = writer.commit()
     made = record if codec == IDENTITY else replace(record, codec=codec, stored=tuple(stored))
-    return confirm(objects, seen.rel, made.confirmed(tag), check_tag=True)
+    return made.confirmed(tag)
+
+
+def _read_again(fd: int, seen: Seen, record: FileRecord) -> Iterator[bytes]:
+    """The chunks of node storage's open file ``fd``, read a second time, each as
+    ``record`` measured it; SourceChangedError for one that is not, or a file
+    changed by the end."""
+    for index in range(len(record.sums)):
+        data = os.pread(fd, record.chunk_length(index), index * record.chunk_bytes)
+        if chunk_checksum(data) != record.sums[index]:
+            raise SourceChangedError(
+                errno.EAGAIN,
+                f"chunk {index} changed between two reads of the file; the next "
+                "drain pass takes it as it is then",
+                seen.rel,
+            )
+        yield data
+    _unchanged(fd, seen)
 
 
 def _stored(codec: str, index: int, data: bytes) -> Buffer | None:

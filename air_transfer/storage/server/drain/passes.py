@@ -44,6 +44,7 @@ from air_transfer.storage.durable.target import DurableTarget
 from air_transfer.storage.durable.tombstones import Tombstones
 from air_transfer.storage.server.drain import confirm, deletes, files, manifests
 from air_transfer.storage.server.drain.journal import Journal, MemoryJournal
+from air_transfer.storage.server.drain.placed import PlacedFiles
 from air_transfer.storage.server.drain.scan import Seen, read_last, scan_storage
 from air_transfer.storage.server.drain.state import background
 from air_transfer.storage.server.drain.tree import TierTree
@@ -93,6 +94,8 @@ class Drain:
         self.objects = TierObjects(target, settings.part_bytes, settings.max_parts, budget)
         self.reads = TierReads(target, settings.read_wait_s)
         self.limit = files.RateLimit(settings.bytes_per_s)
+        #: Node storage's placed files (a writer-placed storage's), sent by their holders.
+        self.placed = PlacedFiles(root, settings.placed_root)
         self.lock = threading.Lock()
         self.tree: TierTree | None = None
         #: Node storage's version of each file the tier holds (confirmed by this drain).
@@ -130,6 +133,7 @@ class Drain:
             self._abort_leftovers()
         tree = self.tree
         assert tree is not None
+        self.placed.clear()
         if confirm_all:
             confirm.confirm_all(self, tree)
         last, big = read_last(self.root, self.settings)
@@ -221,6 +225,8 @@ class Drain:
         """``seen``'s record (its checksums), None if it is gone or was replaced since
         the scan, or why it could not be read."""
         try:
+            if self.placed.holds(seen):
+                return self.placed.measure(seen)
             return files.measure(self.root, seen, self.settings.chunk_bytes)
         except FileNotFoundError:
             return None  # deleted since the scan: its tombstone tells the tier
@@ -265,6 +271,8 @@ class Drain:
         if done is None:
             if content is not None:
                 done = files.send_bytes(self.objects, rel, record, content)
+            elif self.placed.holds(seen):
+                done = self.placed.send(seen, record, self.objects, self.settings)
             else:
                 done = files.send(
                     self.root, self.objects, seen, record, self.settings.codec, self.limit

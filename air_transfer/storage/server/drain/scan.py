@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from air_transfer.core.confine import Where, at, open_listable, open_regular, storage_path
 from air_transfer.core.dirtree import Level, walk_dirs
 from air_transfer.core.internal_names import is_internal
+from air_transfer.core.placed_mark import is_stub
 from air_transfer.storage.durable.settings import LAST_FILE_MAX_BYTES, DrainSettings
 
 
@@ -122,7 +123,8 @@ def exists(root: str, rel: str) -> bool:
 
 def read_last(root: str, settings: DrainSettings) -> tuple[list[tuple[Seen, bytes]], list[Seen]]:
     """The files uploaded last, read now, before the rest is scanned; and those
-    too large to hold (``LAST_FILE_MAX_BYTES``), uploaded last as they are then."""
+    too large to hold (``LAST_FILE_MAX_BYTES``) or held by other nodes (a placed
+    file's stub), uploaded last as they are then."""
     out, big = [], []
     for rel, seen in scan_storage(root).files.items():
         if not settings.is_last(rel):
@@ -131,10 +133,13 @@ def read_last(root: str, settings: DrainSettings) -> tuple[list[tuple[Seen, byte
             big.append(seen)
             continue
         try:
-            fd, st = open_regular(root, storage_path(root, rel))
+            fd, st = open_regular(root, storage_path(root, rel), stubs_ok=True)
         except (FileNotFoundError, NotADirectoryError):
             continue
         try:
+            if is_stub(fd):  # a placed file's: its bytes are on its holders
+                big.append(seen)
+                continue
             content = os.pread(fd, st.st_size, 0)
             now = Seen.of(rel, os.fstat(fd))
         finally:

@@ -87,8 +87,8 @@ class TieredDisk(NodeMetadata, NodeDurable):
         """Drain ``root`` into ``target`` from this agent (idempotent); its epoch.
         ``replica``: ``(storage key, storage node)`` of a replicated storage whose
         copy ``root`` is: it drains only while it leads (``drain_leader``)."""
-        if not resumed:  # a drain attached before it held any: its reads refuse them
-            refuse_placed_root(root, "drain it into a durable tier")
+        if settings.placed_root is None:  # a drain attached before any: it refuses them
+            refuse_placed_root(root, "drain it without its replica_root")
         with self._lock:
             tier = self._tiers.get(root)
             if tier is not None:

@@ -1,0 +1,185 @@
+"""Writer-placed node storage with a durable tier (moto's S3 server over HTTP): each
+placed file's bytes go to the tier from a node that holds them, the writer's first,
+never through the storage node; a holder lost or whose bytes do not match is passed
+over; with no good holder the file never reaches the tier and no manifest names it;
+a file replaced while its bytes are sent is taken as it is then; and what only the
+tier holds is read back, verified, through the same storage."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+import air_transfer
+from air_transfer import StorageConfig
+from air_transfer.cluster.nodes import node_agent
+from air_transfer.storage.client.handler import node_storage_handler
+from air_transfer.storage.client.writer_placed import WriterPlacedHandler
+from air_transfer.storage.placed_record import PlacedRecord
+from tests.cluster.replicas.test_replica_durable import _bucket
+from tests.cluster.replicas.test_writer_placement import SHARD, placed, write
+from tests.support.checkpoints import MiB, on
+from tests.support.cluster import node_ids
+from tests.support.node_storage import CONFIG, read
+from tests.support.replicas import fresh_roots, remove, top_up, workers
+from tests.support.s3 import S3Server, bucket_server
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the order)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    yield from bucket_server(tmp_path_factory.mktemp("moto"), "tier")
+
+
+def drained(s3: S3Server, tmp: Path, prefix: str, **settings: Any) -> WriterPlacedHandler:
+    """Writer-placed node storage on the head node, drained into ``tier/prefix``."""
+    head = node_ids()["head"]
+    storage = StorageConfig(
+        replicas=2,
+        replica_root=str(tmp / "copies" / "{node_id}"),
+        placement="writer",
+        durable=(s3.filesystem(attempts=1), f"tier/{prefix}"),
+        **settings,
+    )
+    fs = air_transfer.storage_filesystem(
+        node=head, config=CONFIG, root=str(tmp / "copies" / head), storage=storage
+    )
+    handler = node_storage_handler(fs)
+    assert isinstance(handler, WriterPlacedHandler)
+    return handler
+
+
+def sent() -> dict[str, int]:
+    """Bytes of placed files each live node's agent sent to a durable tier."""
+    return {
+        node: ray.get(node_agent(node).read_counters.remote())["placed_bytes_sent"]
+        for node in node_ids().values()
+    }
+
+
+def shards_by(h: WriterPlacedHandler, writers: list[str]) -> dict[str, bytes]:
+    """One placed shard per writer node, each written there, and a small file."""
+    fs = pafs.PyFileSystem(h)
+    fs.create_dir(f"{h.root}/ckpt")
+    shards = {f"ckpt/{n}": os.urandom(SHARD + i) for i, n in enumerate(writers)}
+    ray.get(
+        [
+            write.options(**on(n)).remote(fs, f"{h.root}/ckpt/{n}", shards[f"ckpt/{n}"])
+            for n in writers
+        ]
+    )
+    ray.get(write.options(**on(writers[0])).remote(fs, f"{h.root}/ckpt/state.json", b"{}"))
+    return {**shards, "ckpt/state.json": b"{}"}
+
+
+def damage(record: PlacedRecord, holder: int) -> None:
+    """Flip one byte of the blob on ``record``'s holder ``holder``."""
+    where = record.where(record.holders[holder])
+    with open(where, "r+b") as f:
+        f.seek(SHARD // 2)
+        byte = f.read(1)
+        f.seek(SHARD // 2)
+        f.write(bytes([byte[0] ^ 1]))
+
+
+def test_each_writer_node_sends_its_own_bytes_and_the_tier_reads_back(
+    replica_cluster: Cluster, s3: S3Server, tmp_path: Path
+) -> None:
+    top_up(replica_cluster, 4)
+    h = drained(s3, tmp_path, "own")
+    writers, ids = workers()[:3], node_ids()
+    before = sent()
+    files = shards_by(h, writers)
+    air_transfer.wait_durable(pafs.PyFileSystem(h), timeout=120)
+    assert _bucket(s3, "own") == files  # bit-identical, the stubs' records nowhere
+    after = sent()
+    for i, n in enumerate(writers):  # the writer's node sent its shard, once
+        assert after[ids[n]] - before[ids[n]] == SHARD + i, n
+    assert after[ids["head"]] == before[ids["head"]]  # the storage node sent none of them
+    # As on a new cluster: only the tier holds the checkpoint; read back, verified.
+    for root in fresh_roots(h).values():
+        for name in files:
+            os.unlink(os.path.join(root, name))
+    fs = pafs.PyFileSystem(h)
+    for name, data in files.items():
+        assert read(fs, f"{h.root}/{name}") == data, name
+
+
+def test_a_holder_lost_or_damaged_is_passed_over(
+    replica_cluster: Cluster, s3: S3Server, tmp_path: Path
+) -> None:
+    top_up(replica_cluster, 4)
+    undrained = placed(tmp_path)  # the same storage, its drain attached below
+    writers = workers()[:2]
+    files = shards_by(undrained, writers)
+    damaged = undrained.record_of(f"{undrained.root}/ckpt/{writers[0]}")
+    lost = undrained.record_of(f"{undrained.root}/ckpt/{writers[1]}")
+    assert damaged is not None and lost is not None
+    damage(damaged, 0)  # the writer's own copy: the other holder's is sent
+    remove(replica_cluster, lost.holders[0][0])  # the writer's node, gone
+    before = sent()
+    h = drained(s3, tmp_path, "passed")
+    air_transfer.wait_durable(pafs.PyFileSystem(h), timeout=120)
+    assert _bucket(s3, "passed") == files
+    expected = {node: 0 for node in node_ids().values()}
+    expected[damaged.holders[1][0]] += damaged.size
+    expected[lost.holders[1][0]] += lost.size
+    after = sent()
+    assert {node: after[node] - before[node] for node in expected} == expected
+
+
+def test_with_no_good_holder_the_file_never_reaches_the_tier(
+    replica_cluster: Cluster, s3: S3Server, tmp_path: Path
+) -> None:
+    top_up(replica_cluster, 4)
+    undrained = placed(tmp_path)
+    [writer] = workers()[:1]
+    files = shards_by(undrained, [writer])
+    record = undrained.record_of(f"{undrained.root}/ckpt/{writer}")
+    assert record is not None
+    damage(record, 0)
+    damage(record, 1)
+    h = drained(s3, tmp_path, "bad")
+    fs = pafs.PyFileSystem(h)
+    with pytest.raises(TimeoutError, match=f"ckpt/{writer}.*no holder"):
+        air_transfer.wait_durable(fs, timeout=10)
+    assert f"ckpt/{writer}" not in _bucket(s3, "bad")
+    assert air_transfer.storage_state(fs, f"{h.root}/ckpt").durable is False
+    # Written again, it drains.
+    with fs.open_output_stream(f"{h.root}/ckpt/{writer}") as out:
+        out.write(files[f"ckpt/{writer}"])
+    air_transfer.wait_durable(fs, timeout=120)
+    assert _bucket(s3, "bad") == files
+
+
+def test_a_file_replaced_while_its_bytes_are_sent_drains_as_it_is_then(
+    replica_cluster: Cluster, s3: S3Server, tmp_path: Path
+) -> None:
+    top_up(replica_cluster, 4)
+    h = drained(s3, tmp_path, "replaced", durable_bytes_per_s=2 * MiB, durable_part_bytes=5 * MiB)
+    writer = workers()[0]
+    fs = pafs.PyFileSystem(h)
+    fs.create_dir(f"{h.root}/ckpt")
+    path, first = f"{h.root}/ckpt/big", os.urandom(12 * MiB)
+    ray.get(write.options(**on(writer)).remote(fs, path, first))
+    client: Any = s3.client()
+
+    def uploading() -> bool:
+        found = client.list_multipart_uploads(Bucket="tier").get("Uploads", [])
+        return any(u["Key"] == "replaced/ckpt/big" for u in found)
+
+    eventually(uploading, "the holder's upload to start", 60)
+    second = os.urandom(12 * MiB + 1)
+    ray.get(write.options(**on(workers()[1])).remote(fs, path, second))  # its blob deleted
+    air_transfer.wait_durable(fs, timeout=120)
+    assert _bucket(s3, "replaced") == {"ckpt/big": second}
+    assert read(fs, path) == second
