@@ -18,11 +18,16 @@ from ray.cluster_utils import Cluster
 from ray.train.torch import TorchTrainer
 
 import air_transfer
+from air_transfer.cluster.nodes import node_agent
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
+from air_transfer.storage.durable.target import DurableTarget
+from air_transfer.storage.durable.view import TierView
 from air_transfer.storage.placed_record import SUMS_SUFFIX
 from tests.support.checkpoints import MiB
 from tests.support.cluster import node_ids
+from tests.support.node_storage import read
+from tests.support.s3 import S3Server, bucket_server
 from tests.support.train_commit import NUM_TO_KEEP, SHARD, resumed_from, returned, sharded_loop
 from tests.support.train_failures import (
     SMALL_SIZE,
@@ -35,6 +40,11 @@ from tests.support.train_failures import (
 @pytest.fixture(scope="module", autouse=True)
 def cluster() -> Iterator[Cluster]:
     yield from trainer_cluster()
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    yield from bucket_server(tmp_path_factory.mktemp("moto"), "runs")
 
 
 def _placed_bytes(copies: Path) -> int:
@@ -124,3 +134,61 @@ def test_rank_0_alone_reporting_keeps_its_checkpoints_on_its_node(tmp_path: Path
         os.stat(os.path.join(b, f)).st_blocks * 512 for b, _, fs_ in os.walk(tmp_path) for f in fs_
     )
     assert stored < SMALL_SIZE // 2
+
+
+def test_each_rank_drains_its_own_shards_and_the_tier_holds_what_train_keeps(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    """A worker fails right after its report of step 1 and the run resumes from it; the
+    bucket then holds every file of the kept checkpoints bit-identical, each shard
+    sent by a node of Train's ranks, none by the storage node, and read back by the
+    tier's manifests, every chunk checked."""
+    head, copies = node_ids()["head"], tmp_path / "copies"
+    fs = air_transfer.storage_filesystem(
+        node=head,
+        config=air_transfer.TransferConfig(chunk_bytes=MiB, window=4),
+        root=str(copies / head),
+        replicas=2,
+        replica_root=str(copies / "{node_id}"),
+        placement="writer",
+        durable=s3.uri("runs", "placed"),
+    )
+    handler = node_storage_handler(fs)
+    before = {n: _sent(n) for n in node_ids().values()}
+    (tmp_path / "returned").mkdir()
+    result = TorchTrainer(
+        sharded_loop,
+        train_loop_config={"out": str(tmp_path), "kill_rank": 1, "kill_after": 1},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=2, resources_per_worker={"CPU": 1, "trainer": 1}
+        ),
+        run_config=ray.train.RunConfig(
+            name="run",
+            storage_path=f"{handler.root}/storage",
+            storage_filesystem=fs,
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=NUM_TO_KEEP),
+            failure_config=ray.train.FailureConfig(max_failures=1),
+        ),
+    ).fit()
+    step_1 = returned(tmp_path, 1)
+    assert step_1 is not None and resumed_from(result) == (1, step_1)
+    air_transfer.wait_durable(fs, timeout=180)
+    tier = pafs.PyFileSystem(TierView(DurableTarget.parse((s3.filesystem(), "runs/placed"))))
+    kept = [c for c, _ in result.best_checkpoints]
+    shards = 0
+    for checkpoint in kept:
+        rel = checkpoint.path[len(handler.root) + 1 :]
+        for info in fs.get_file_info(pafs.FileSelector(checkpoint.path)):
+            name = f"runs/placed/{rel}/{info.base_name}"
+            assert read(tier, name) == read(fs, info.path), name  # by the manifests, checked
+            shards += info.base_name.startswith("shard-")
+    assert shards == 2 * len(kept)
+    sent = {n: _sent(n) - before[n] for n in node_ids().values()}
+    assert sent[head] == 0  # the storage node: no shard's bytes went through it
+    assert sum(sent.values()) >= shards * SHARD  # the ranks' nodes sent them
+
+
+def _sent(node: str) -> int:
+    """Bytes of placed files ``node``'s agent sent to a durable tier."""
+    counters: dict[str, int] = ray.get(node_agent(node).read_counters.remote())
+    return counters["placed_bytes_sent"]
