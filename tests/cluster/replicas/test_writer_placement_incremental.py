@@ -3,7 +3,8 @@ the blobs it already holds. A second save of a mostly unchanged file sends each
 holder only the chunks it lacks (its agent's ``incremental_counters``: what it
 fetched, what it copied from its own disk), and every holder's blob is the written
 bytes; a damaged chunk of a held blob is never copied (it is sent); the file a
-save reuses deleted mid-write leaves the new one whole."""
+save reuses deleted mid-write leaves the new one whole; racing writers leave one
+whole version and no other blob."""
 
 from __future__ import annotations
 
@@ -174,6 +175,28 @@ def test_the_reused_file_deleted_mid_write_leaves_the_new_one_whole(
     sent = delta(other, before)
     assert sent["bytes_sent"] >= SIZE - half  # written after the delete: nothing to reuse
     assert sent["bytes_sent"] + sent["bytes_reused"] == SIZE
+
+
+def test_racing_incremental_writers_leave_one_whole_version(
+    replica_cluster: Cluster, tmp_path: Path
+) -> None:
+    top_up(replica_cluster, 4)
+    w = workers()
+    h = incremental(tmp_path, w[0])
+    fs = pafs.PyFileSystem(h)
+    first = os.urandom(SIZE)
+    saved(h, f"{h.root}/f", first, w[1])
+    versions = [changed(first, 0), changed(first, 7)]  # each reusing most of the first
+    racing = zip(w[1:3], versions, strict=True)
+    ray.get([write.options(**on(n)).remote(fs, f"{h.root}/f", v) for n, v in racing])
+    got = read(fs, f"{h.root}/f")
+    assert got in versions
+    record = h.record_of(f"{h.root}/f")
+    assert record is not None
+    for holder in record.holders:
+        assert Path(record.where(holder)).read_bytes() == got
+    # The first version's blobs and the race's loser's went: only the winner's stay.
+    assert sorted(b for held in blobs(tmp_path).values() for b in held) == [got, got]
 
 
 def test_appends_stay_refused_with_incremental(replica_cluster: Cluster, tmp_path: Path) -> None:
