@@ -4,17 +4,24 @@ holder only the chunks it lacks (its agent's ``incremental_counters``: what it
 fetched, what it copied from its own disk), and every holder's blob is the written
 bytes; a damaged chunk of a held blob is never copied (it is sent); the file a
 save reuses deleted mid-write leaves the new one whole; racing writers leave one
-whole version and no other blob."""
+whole version and no other blob; a Ray Train run's reports (each rank's shard
+written from its worker through the filesystem) reuse their earlier shards."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow.fs as pafs
 import pytest
 import ray
+import ray.train
 from ray.cluster_utils import Cluster
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from air_transfer import StorageConfig, node_agent, storage_filesystem
 from air_transfer.storage.client.handler import node_storage_handler
@@ -207,3 +214,57 @@ def test_appends_stay_refused_with_incremental(replica_cluster: Cluster, tmp_pat
         out.write(os.urandom(2 * MiB))
     with pytest.raises(OSError, match=r"appending is not supported.*placement='writer'"):
         fs.open_append_stream(f"{h.root}/f")
+
+
+STEPS = 3
+
+
+def loop(config: dict[str, Any]) -> None:
+    """Each step every rank reports its shard: the same bytes every step but for
+    the first chunk; the sha256 of each noted once its report returned."""
+    rank = ray.train.get_context().get_world_rank()
+    base = np.random.default_rng(rank).bytes(SIZE)
+    for step in range(STEPS):
+        d = Path(tempfile.mkdtemp(prefix=f"step{step}-{rank}-"))
+        shard = os.urandom(CHUNK) + base[CHUNK:]
+        (d / f"shard-{rank}.bin").write_bytes(shard)
+        ray.train.report({"step": step}, checkpoint=ray.train.Checkpoint.from_directory(str(d)))
+        (Path(config["out"]) / f"{step}-{rank}").write_text(hashlib.sha256(shard).hexdigest())
+
+
+def test_a_train_run_sends_each_holder_only_the_changed_chunk(
+    replica_cluster: Cluster, tmp_path: Path
+) -> None:
+    top_up(replica_cluster, 4)
+    h, ids = incremental(tmp_path, workers()[0]), node_ids()
+    out = tmp_path / "out"
+    out.mkdir()
+    before = {n: counters(n) for n in ids.values()}
+    result = DataParallelTrainer(
+        loop,
+        train_loop_config={"out": str(out)},
+        scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+        run_config=ray.train.RunConfig(
+            name="run",
+            storage_path=f"{h.root}/runs",
+            storage_filesystem=pafs.PyFileSystem(h),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+        ),
+    ).fit()
+    moved = [delta(n, before[n]) for n in ids.values()]
+    # Two ranks, two holders each: the first step sent whole, each later one the
+    # changed chunk and the tail, the rest copied by each holder from its disk.
+    later = 2 * 2 * (STEPS - 1)
+    assert sum(m["bytes_sent"] for m in moved) == 2 * 2 * SIZE + later * (CHUNK + TAIL)
+    assert sum(m["bytes_reused"] for m in moved) == later * (CHUNKS - 1) * CHUNK
+    assert sum(m["chunks_rejected"] for m in moved) == 0
+    assert result.checkpoint is not None
+    fs = pafs.PyFileSystem(h)
+    for rank in (0, 1):
+        path = f"{result.checkpoint.path}/shard-{rank}.bin"
+        record = h.record_of(path)
+        assert record is not None
+        wrote = (out / f"{STEPS - 1}-{rank}").read_text()
+        for holder in record.holders:
+            assert hashlib.sha256(Path(record.where(holder)).read_bytes()).hexdigest() == wrote
+        assert hashlib.sha256(read(fs, path)).hexdigest() == wrote
