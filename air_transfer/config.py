@@ -234,13 +234,13 @@ class StorageConfig(_Replaceable):
             ``replica_root`` formatted with ``"<node id>.placed"``; the storage node
             and its copies keep the names, directories, small files and where each
             large file's bytes live). ``"writer"`` needs ``replicas >= 2``, a
-            ``replica_root`` with ``{node_id}``, no durable tier and no
-            ``incremental``.
+            ``replica_root`` with ``{node_id}``.
         failure_domain: the node label naming a node's failure domain (default Ray's
             zone, ``ZONE_LABEL``): with ``placement="writer"``, a file's holders span
             every live domain before one holds two. None: nodes only.
         incremental: a checkpoint stored there sends and stores only the chunks that
-            earlier checkpoints under the root lack.
+            earlier checkpoints under the root lack (with ``placement="writer"``:
+            that the blobs each holder holds lack).
         cache_bytes: chunks of files read from node storage kept for N readers
             (at most a quarter of the storage node's object store).
         durable: the durable tier: a URI ``pyarrow.fs.FileSystem.from_uri`` accepts
@@ -336,8 +336,6 @@ class StorageConfig(_Replaceable):
              f"a replica_root with '{{node_id}}' in it (got {self.replica_root!r}): each "
              "node keeps the bytes it holds under replica_root formatted with "
              "'<node id>.placed'"),
-            (self.incremental, "incremental=False: saves reusing a holder's chunks are "
-             "not built yet"),
         ]  # fmt: skip
         for wrong, needs in refused:
             if wrong:

@@ -5,9 +5,13 @@ the last two is deleted (Ray Train's ``num_to_keep=2``). Printed: per round, the
 most any node's raylet received (Ray's ``ray_object_manager_bytes``, ``Received``)
 in shards; at the end, the bytes the storage node's own root holds on disk
 (allocated blocks), whether each rank's node holds its shard, and all placed bytes
-over the kept shards' bytes.
+over the kept shards' bytes. With ``--incremental --changed F``, storage is
+``incremental=True`` and each rank's shard keeps its bytes from round to round but
+for its first ``F`` of them (the chunks are ``--chunk-mib``): what a holder
+receives after the first round is the changed chunks only.
 
     python -m benchmarks.placement_probe --placement writer --shard-mib 48
+    python -m benchmarks.placement_probe --incremental --changed 0.1 --chunk-mib 4
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pyarrow.fs as pafs
 import ray
 from ray.cluster_utils import Cluster
 
-from air_transfer import storage_filesystem
+from air_transfer import StorageConfig, TransferConfig, storage_filesystem
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.writer_placed import WriterPlacedHandler
 from benchmarks.bench import pushed
@@ -43,6 +48,18 @@ def _write(fs: pafs.FileSystem, path: str, size: int, seed: int) -> str:
     return str(ray.get_runtime_context().get_node_id())
 
 
+@ray.remote(num_cpus=0)
+def _write_again(fs: pafs.FileSystem, path: str, size: int, rank: int, new: int) -> str:
+    """Write rank ``rank``'s ``size`` bytes at ``path``, the same every round but for
+    its first ``new`` bytes, drawn afresh; this node's id."""
+    data = bytearray(np.random.default_rng(rank).bytes(size))
+    data[:new] = os.urandom(new)
+    with fs.open_output_stream(path) as out:
+        for at in range(0, size, 8 * MiB):
+            out.write(data[at : min(size, at + 8 * MiB)])
+    return str(ray.get_runtime_context().get_node_id())
+
+
 def _allocated(root: Path) -> int:
     return sum(
         os.stat(os.path.join(b, f)).st_blocks * 512 for b, _, fs in os.walk(root) for f in fs
@@ -53,8 +70,12 @@ def main() -> None:
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args.add_argument("--placement", default="writer", choices=("storage", "writer"))
     args.add_argument("--shard-mib", type=int, default=48)
+    args.add_argument("--incremental", action="store_true")
+    args.add_argument("--changed", type=float, default=0.1)
+    args.add_argument("--chunk-mib", type=int, default=32)
     opts = args.parse_args()
     shard = opts.shard_mib * MiB
+    new = round(opts.changed * shard) if opts.incremental else shard
     store = max(256 * MiB, 3 * shard)
     config = {"metrics_report_interval_ms": pushed.REPORT_MS, "preallocate_plasma_memory": False}
     cluster = Cluster()
@@ -68,20 +89,27 @@ def main() -> None:
         head = ray.get_runtime_context().get_node_id()
         fs = storage_filesystem(
             node=head,
+            config=TransferConfig(chunk_bytes=opts.chunk_mib * MiB),
             root=str(tmp / head),
-            replicas=2,
-            replica_root=str(tmp / "{node_id}"),
-            placement=opts.placement,
+            storage=StorageConfig(
+                replicas=2,
+                replica_root=str(tmp / "{node_id}"),
+                placement=opts.placement,
+                incremental=opts.incremental,
+            ),
         )
         urls = pushed.endpoints()
         busiest, nodes = [], {}
         for r in range(ROUNDS):
             fs.create_dir(f"{tmp / head}/checkpoint_{r}")
             before = pushed.snapshot(urls)
+            path = f"{tmp / head}/checkpoint_{r}/shard-"
+            on = [_write.options(resources={f"rank{i}": 0.01}) for i in range(RANKS)]
+            again = [_write_again.options(resources={f"rank{i}": 0.01}) for i in range(RANKS)]
             ranks = [
-                _write.options(resources={f"rank{i}": 0.01}).remote(
-                    fs, f"{tmp / head}/checkpoint_{r}/shard-{i}", shard, 7 * r + i
-                )
+                again[i].remote(fs, f"{path}{i}", shard, i, new if r else 0)
+                if opts.incremental
+                else on[i].remote(fs, f"{path}{i}", shard, 7 * r + i)
                 for i in range(RANKS)
             ]
             nodes = dict(enumerate(ray.get(ranks)))
@@ -112,6 +140,9 @@ def main() -> None:
                 {
                     "placement": opts.placement,
                     "shard_mib": opts.shard_mib,
+                    "incremental": opts.incremental,
+                    "changed": opts.changed if opts.incremental else 1.0,
+                    "chunk_mib": opts.chunk_mib,
                     "busiest_node_received_shards_per_round": busiest,
                     "storage_root_shards_on_disk": round(_allocated(tmp / head) / shard, 3),
                     "each_rank_node_holds_its_shards": own,

@@ -76,8 +76,8 @@ def storage_filesystem(
             names, directories, files under 1 MiB and, for each larger file, a sparse
             stub of its size that records its holders. Reads go to the reader's own
             node first, then fail over between holders. Needs ``replicas >= 2`` and a
-            ``replica_root`` with ``{node_id}``; refused with ``durable`` or
-            ``incremental`` (not built yet). Appends to a file are refused.
+            ``replica_root`` with ``{node_id}``; refused with ``durable`` (not built
+            yet). Appends to a file are refused.
         durable: a durable tier beyond the cluster (a URI
             ``pyarrow.fs.FileSystem.from_uri`` accepts, or a ``(filesystem, path)``
             pair), fed in the background, that reads fall through to where node

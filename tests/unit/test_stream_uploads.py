@@ -18,7 +18,7 @@ from air_transfer.core.checksum import chunk_checksum
 from air_transfer.errors import ManifestError
 from air_transfer.storage.node_api import ChunkAt, IndexedCommit
 from air_transfer.storage.server import stored_chunks, uploads
-from air_transfer.storage.server.chunk_index import KEEP, ChunkIndex
+from air_transfer.storage.server.chunk_index import GROUP_CHUNKS, KEEP, ChunkIndex
 from air_transfer.storage.server.incremental import IncrementalStore
 from air_transfer.storage.server.senders import local_chunks
 from air_transfer.storage.server.stream_uploads import StreamUploads
@@ -196,6 +196,27 @@ def test_files_committed_into_one_directory_are_one_checkpoint_of_the_index() ->
     for i in range(KEEP):
         index.add("/r", [(f"/r/d{i}/f", 1, (chunk_checksum(b"b"),))], CHUNK, f"/r/d{i}")
     assert list(index.files("/r", 1, sums)) == []  # KEEP newer checkpoints since
+
+
+def test_a_group_that_goes_on_stays_bounded_and_newest() -> None:
+    """A writer-placed storage's blobs, one group per holder that only grows: its
+    oldest files stop being offered beyond ``GROUP_CHUNKS``, a path stored again
+    offers only its new bytes, and a group written to again is the newest."""
+    index, half = ChunkIndex(), GROUP_CHUNKS // 2 + 1
+    old, new = (tuple(f"{k:032x}" for k in range(i * half, (i + 1) * half)) for i in (0, 1))
+    index.add("/r", [("/r/g/old", half * CHUNK, old)], CHUNK, "/r/g")
+    index.add("/r", [("/r/g/new", half * CHUNK, new)], CHUNK, "/r/g")
+    assert list(index.chunks("/r", old[0], CHUNK)) == []
+    assert list(index.files("/r", half * CHUNK, old)) == []
+    assert list(index.chunks("/r", new[-1], CHUNK)) == [("/r/g/new", (half - 1) * CHUNK)]
+    index.add("/r", [("/r/g/new", CHUNK, ("f" * 32,))], CHUNK, "/r/g")  # stored again
+    assert list(index.chunks("/r", new[0], CHUNK)) == []
+    for i in range(KEEP - 1):
+        index.add("/r", [(f"/r/d{i}/f", 1, (f"{i:032x}",))], CHUNK, f"/r/d{i}")
+    index.add("/r", [("/r/g/last", CHUNK, ("e" * 32,))], CHUNK, "/r/g")
+    index.add("/r", [("/r/d9/f", 1, ("d" * 32,))], CHUNK, "/r/d9")  # pushes d0 out, not g
+    assert list(index.chunks("/r", "f" * 32, CHUNK)) == [("/r/g/new", 0)]
+    assert list(index.chunks("/r", f"{0:032x}", 1)) == []
 
 
 def test_a_stream_of_bytes_a_stored_file_holds_becomes_a_link_of_it(tmp_path: Path) -> None:

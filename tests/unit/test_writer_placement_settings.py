@@ -22,6 +22,13 @@ def test_the_default_placement_is_the_storage_node() -> None:
     assert StorageConfig(replicas=2, replica_root=ROOT, placement="writer").placement == "writer"
 
 
+def test_writer_placement_takes_incremental_saves() -> None:
+    chosen = StorageConfig(replicas=2, replica_root=ROOT, placement="writer", incremental=True)
+    assert chosen.incremental
+    with pytest.raises(TypeError, match=r"StorageConfig.incremental must be a bool, got 'yes'"):
+        StorageConfig(replicas=2, replica_root=ROOT, placement="writer", incremental="yes")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("settings", "named"),
     [
@@ -29,7 +36,6 @@ def test_the_default_placement_is_the_storage_node() -> None:
         ({"replicas": 1}, r"placement='writer' needs replicas >= 2"),
         ({"replica_root": None}, r"placement='writer' needs a replica_root with '\{node_id\}'"),
         ({"replica_root": "/tmp/copies"}, r"needs a replica_root with '\{node_id\}'"),
-        ({"incremental": True}, r"placement='writer' needs incremental=False"),
     ],
 )
 def test_combinations_not_built_are_refused(settings: dict[str, object], named: str) -> None:

@@ -5,13 +5,21 @@ written whole to the storage node and its copies, as any replicated file. A larg
 one is staged on its holders (``placed_record.choose_holders``: this node first),
 each chunk put in the object store once and written by every holder's agent from
 it (``uploads.NodeUpload``), each chunk's checksum noted as it passes
-(``placed_record.ChunkSummer``); at close every holder commits it under a name no
+(``placed_record.ChunkSummer``). At close every holder commits it under a name no
 other write uses (``HolderCommit``) and the checksums beside it
 (``placed_sums.write_sums``), and only then is its stub, whose record names them
-and pins the checksums,
-committed on the storage node and its copies, within the replica registry's rules
-(``replica_write.ReplicaWrite``). Any holder failing fails the write, and what the
-others took is deleted: a file is visible only once every holder has its bytes.
+and pins the checksums, committed on the storage node and its copies, within the
+replica registry's rules (``replica_write.ReplicaWrite``). Any holder failing
+fails the write, and what the others took is deleted: a file is visible only once
+every holder has its bytes.
+
+With ``incremental``, each chunk is offered to every holder by its checksum
+(``Route.OFFER``, as an incremental DCP stream is offered to the storage node):
+a holder's agent that finds it in a blob it holds under its placed root (its
+``chunk_index``: every blob is committed indexed) copies it from there, read and
+hashed now, and only a holder lacking it, or whose stored copy no longer matches
+(deleted, damaged), fetches it over the network; a blob whose every byte a held
+blob proves to have becomes a hard link of it. The rest is as above.
 """
 
 from __future__ import annotations
@@ -125,7 +133,9 @@ class PlacedUpload(WriteStream):
         handler = self.handler
         self.blob = blob_path(handler.key)
         self.holders, staged = handler.stage_holders(self.blob)
-        mode = Mode(Route.SEND)
+        # Incremental: each holder's agent is offered each chunk by checksum and copies
+        # it from a blob it holds, read and proven now, else fetches it (see the module).
+        mode = Mode(Route.OFFER, indexed=True) if handler.config.incremental else Mode(Route.SEND)
         rules = HolderCommit(handler, self.path)
         self.upload = NodeUpload(mode, staged, handler.config, self.path, rules=rules)
         head, self.head = self.head, bytearray()
