@@ -23,8 +23,9 @@ LAST_FILE_MAX_BYTES = 64 * MiB
 @dataclass(frozen=True)
 class DrainSettings:
     """``concurrency`` files uploaded at once; ``bytes_per_s``: a cap on the upload
-    rate (None: none); ``chunk_bytes``: the checksum granularity of the records (a
-    reader verifies whole chunks of this size); ``last``: name patterns of the files
+    rate (None: none; a writer-placed storage's: on each node's); ``chunk_bytes``:
+    the checksum granularity of the records (a reader verifies whole chunks of this
+    size); ``last``: name patterns of the files
     uploaded last (``LAST_FILES``); ``rescan_s``: the longest a change waits for a
     pass when nothing announced it (a write made outside the library);
     ``max_lag_bytes``: past this many bytes not yet in the durable tier, a report

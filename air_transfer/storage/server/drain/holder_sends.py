@@ -39,6 +39,9 @@ class HolderSends(NodePlacedSends):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.bytes_sent = 0
+        #: One cap per tier and rate: a drain's ``bytes_per_s`` holds for all of this
+        #: node's sends into that tier, however many files it sends at once.
+        self._limits: dict[tuple[str, int | None], RateLimit] = {}
 
     def placed_sums_bytes(self, root: str, path: str) -> bytes:
         fd, st = open_regular(root, path)
@@ -66,7 +69,9 @@ class HolderSends(NodePlacedSends):
                     where,
                 )
             chunks = _checked(fd, where, send.record)
-            limit = RateLimit(settings.bytes_per_s)
+            with self._lock:
+                key = (target.uri, settings.bytes_per_s)
+                limit = self._limits.setdefault(key, RateLimit(settings.bytes_per_s))
             made = upload(objects, send.rel, send.record, settings.codec, limit, chunks)
         finally:
             os.close(fd)
