@@ -119,11 +119,14 @@ def test_a_holder_lost_or_damaged_is_passed_over(
 ) -> None:
     top_up(replica_cluster, 4)
     undrained = placed(tmp_path)  # the same storage, its drain attached below
-    writers = workers()[:2]
+    writers = workers()[:3]
     files = shards_by(undrained, writers)
-    damaged = undrained.record_of(f"{undrained.root}/ckpt/{writers[0]}")
-    lost = undrained.record_of(f"{undrained.root}/ckpt/{writers[1]}")
-    assert damaged is not None and lost is not None
+    records = [undrained.record_of(f"{undrained.root}/ckpt/{n}") for n in writers]
+    assert all(r is not None for r in records)
+    damaged = records[0]
+    assert damaged is not None
+    # A file whose writer's node holds no copy of the damaged one (2 of 3 do not).
+    lost = next(r for r in records[1:] if r and r.holders[0][0] not in dict(damaged.holders))
     damage(damaged, 0)  # the writer's own copy: the other holder's is sent
     remove(replica_cluster, lost.holders[0][0])  # the writer's node, gone
     before = sent()
@@ -133,6 +136,9 @@ def test_a_holder_lost_or_damaged_is_passed_over(
     expected = {node: 0 for node in node_ids().values()}
     expected[damaged.holders[1][0]] += damaged.size
     expected[lost.holders[1][0]] += lost.size
+    for record in records[1:]:  # the third file: its writer's node sent it
+        if record is not lost and record is not None:
+            expected[record.holders[0][0]] += record.size
     after = sent()
     assert {node: after[node] - before[node] for node in expected} == expected
 
@@ -183,3 +189,27 @@ def test_a_file_replaced_while_its_bytes_are_sent_drains_as_it_is_then(
     air_transfer.wait_durable(fs, timeout=120)
     assert _bucket(s3, "replaced") == {"ckpt/big": second}
     assert read(fs, path) == second
+
+
+def test_a_holder_lost_mid_send_is_passed_over(
+    replica_cluster: Cluster, s3: S3Server, tmp_path: Path
+) -> None:
+    top_up(replica_cluster, 4)
+    h = drained(s3, tmp_path, "mid", durable_bytes_per_s=2 * MiB, durable_part_bytes=5 * MiB)
+    writer = workers()[0]
+    fs = pafs.PyFileSystem(h)
+    fs.create_dir(f"{h.root}/ckpt")
+    data = os.urandom(12 * MiB + 3)
+    ray.get(write.options(**on(writer)).remote(fs, f"{h.root}/ckpt/big", data))
+    record = h.record_of(f"{h.root}/ckpt/big")
+    assert record is not None and record.holders[0][0] == node_ids()[writer]
+    client: Any = s3.client()
+
+    def uploading() -> bool:
+        found = client.list_multipart_uploads(Bucket="tier").get("Uploads", [])
+        return any(u["Key"] == "mid/ckpt/big" for u in found)
+
+    eventually(uploading, "the writer's node to start its upload", 60)
+    remove(replica_cluster, record.holders[0][0])  # mid-send: its peer sends instead
+    air_transfer.wait_durable(fs, timeout=120)
+    assert _bucket(s3, "mid") == {"ckpt/big": data}
