@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
@@ -59,9 +60,9 @@ def _placed_bytes(copies: Path) -> int:
     )
 
 
-def test_a_train_run_restores_shards_kept_where_they_were_written(tmp_path: Path) -> None:
+def _placed(copies: Path, **storage: Any) -> tuple[pafs.FileSystem, WriterPlacedHandler]:
+    """Writer-placed node storage on the head node, its copies under ``copies``."""
     head = node_ids()["head"]
-    copies = tmp_path / "copies"
     fs = air_transfer.storage_filesystem(
         node=head,
         config=air_transfer.TransferConfig(chunk_bytes=MiB, window=4),
@@ -69,11 +70,18 @@ def test_a_train_run_restores_shards_kept_where_they_were_written(tmp_path: Path
         replicas=2,
         replica_root=str(copies / "{node_id}"),
         placement="writer",
+        **storage,
     )
     handler = node_storage_handler(fs)
     assert isinstance(handler, WriterPlacedHandler)
+    return fs, handler
+
+
+def _sharded_run(tmp_path: Path, fs: pafs.FileSystem, root: str) -> ray.train.Result:
+    """Two ranks each reporting a shard, rank 1 killed right after its report of
+    step 1 (``tests.support.train_commit``), into ``fs`` under ``root``."""
     (tmp_path / "returned").mkdir()
-    result = TorchTrainer(
+    return TorchTrainer(
         sharded_loop,
         train_loop_config={"out": str(tmp_path), "kill_rank": 1, "kill_after": 1},
         scaling_config=ray.train.ScalingConfig(
@@ -81,12 +89,18 @@ def test_a_train_run_restores_shards_kept_where_they_were_written(tmp_path: Path
         ),
         run_config=ray.train.RunConfig(
             name="run",
-            storage_path=f"{handler.root}/storage",
+            storage_path=f"{root}/storage",
             storage_filesystem=fs,
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=NUM_TO_KEEP),
             failure_config=ray.train.FailureConfig(max_failures=1),
         ),
     ).fit()
+
+
+def test_a_train_run_restores_shards_kept_where_they_were_written(tmp_path: Path) -> None:
+    copies = tmp_path / "copies"
+    fs, handler = _placed(copies)
+    result = _sharded_run(tmp_path, fs, handler.root)
     step_1 = returned(tmp_path, 1)
     assert step_1 is not None and set(step_1) == {"shard-0.bin", "shard-1.bin", "state.json"}
     assert resumed_from(result) == (1, step_1)
@@ -143,33 +157,10 @@ def test_each_rank_drains_its_own_shards_and_the_tier_holds_what_train_keeps(
     bucket then holds every file of the kept checkpoints bit-identical, each shard
     sent by a node of Train's ranks, none by the storage node, and read back by the
     tier's manifests, every chunk checked."""
-    head, copies = node_ids()["head"], tmp_path / "copies"
-    fs = air_transfer.storage_filesystem(
-        node=head,
-        config=air_transfer.TransferConfig(chunk_bytes=MiB, window=4),
-        root=str(copies / head),
-        replicas=2,
-        replica_root=str(copies / "{node_id}"),
-        placement="writer",
-        durable=s3.uri("runs", "placed"),
-    )
-    handler = node_storage_handler(fs)
+    head = node_ids()["head"]
+    fs, handler = _placed(tmp_path / "copies", durable=s3.uri("runs", "placed"))
     before = {n: _sent(n) for n in node_ids().values()}
-    (tmp_path / "returned").mkdir()
-    result = TorchTrainer(
-        sharded_loop,
-        train_loop_config={"out": str(tmp_path), "kill_rank": 1, "kill_after": 1},
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=2, resources_per_worker={"CPU": 1, "trainer": 1}
-        ),
-        run_config=ray.train.RunConfig(
-            name="run",
-            storage_path=f"{handler.root}/storage",
-            storage_filesystem=fs,
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=NUM_TO_KEEP),
-            failure_config=ray.train.FailureConfig(max_failures=1),
-        ),
-    ).fit()
+    result = _sharded_run(tmp_path, fs, handler.root)
     step_1 = returned(tmp_path, 1)
     assert step_1 is not None and resumed_from(result) == (1, step_1)
     air_transfer.wait_durable(fs, timeout=180)

@@ -81,6 +81,25 @@ def shards_by(h: WriterPlacedHandler, writers: list[str]) -> dict[str, bytes]:
     return {**shards, "ckpt/state.json": b"{}"}
 
 
+def uploading(s3: S3Server, key: str) -> bool:
+    """Whether a multipart upload of ``key`` is in flight in the bucket."""
+    client: Any = s3.client()
+    found = client.list_multipart_uploads(Bucket="tier").get("Uploads", [])
+    return any(u["Key"] == key for u in found)
+
+
+def sent_slowly(s3: S3Server, tmp: Path, prefix: str) -> tuple[WriterPlacedHandler, bytes]:
+    """A storage whose drain sends at 2 MiB/s, and the 12 MiB file ``ckpt/big`` its
+    first worker wrote, once its holder's upload to the tier is under way."""
+    h = drained(s3, tmp, prefix, durable_bytes_per_s=2 * MiB, durable_part_bytes=5 * MiB)
+    fs = pafs.PyFileSystem(h)
+    fs.create_dir(f"{h.root}/ckpt")
+    data = os.urandom(12 * MiB)
+    ray.get(write.options(**on(workers()[0])).remote(fs, f"{h.root}/ckpt/big", data))
+    eventually(lambda: uploading(s3, f"{prefix}/ckpt/big"), "the holder's upload to start", 60)
+    return h, data
+
+
 def damage(record: PlacedRecord, holder: int) -> None:
     """Flip one byte of the blob on ``record``'s holder ``holder``."""
     where = record.where(record.holders[holder])
@@ -171,19 +190,8 @@ def test_a_file_replaced_while_its_bytes_are_sent_drains_as_it_is_then(
     replica_cluster: Cluster, s3: S3Server, tmp_path: Path
 ) -> None:
     top_up(replica_cluster, 4)
-    h = drained(s3, tmp_path, "replaced", durable_bytes_per_s=2 * MiB, durable_part_bytes=5 * MiB)
-    writer = workers()[0]
-    fs = pafs.PyFileSystem(h)
-    fs.create_dir(f"{h.root}/ckpt")
-    path, first = f"{h.root}/ckpt/big", os.urandom(12 * MiB)
-    ray.get(write.options(**on(writer)).remote(fs, path, first))
-    client: Any = s3.client()
-
-    def uploading() -> bool:
-        found = client.list_multipart_uploads(Bucket="tier").get("Uploads", [])
-        return any(u["Key"] == "replaced/ckpt/big" for u in found)
-
-    eventually(uploading, "the holder's upload to start", 60)
+    h, _ = sent_slowly(s3, tmp_path, "replaced")
+    fs, path = pafs.PyFileSystem(h), f"{h.root}/ckpt/big"
     second = os.urandom(12 * MiB + 1)
     ray.get(write.options(**on(workers()[1])).remote(fs, path, second))  # its blob deleted
     air_transfer.wait_durable(fs, timeout=120)
@@ -195,21 +203,10 @@ def test_a_holder_lost_mid_send_is_passed_over(
     replica_cluster: Cluster, s3: S3Server, tmp_path: Path
 ) -> None:
     top_up(replica_cluster, 4)
-    h = drained(s3, tmp_path, "mid", durable_bytes_per_s=2 * MiB, durable_part_bytes=5 * MiB)
-    writer = workers()[0]
+    h, data = sent_slowly(s3, tmp_path, "mid")
     fs = pafs.PyFileSystem(h)
-    fs.create_dir(f"{h.root}/ckpt")
-    data = os.urandom(12 * MiB + 3)
-    ray.get(write.options(**on(writer)).remote(fs, f"{h.root}/ckpt/big", data))
     record = h.record_of(f"{h.root}/ckpt/big")
-    assert record is not None and record.holders[0][0] == node_ids()[writer]
-    client: Any = s3.client()
-
-    def uploading() -> bool:
-        found = client.list_multipart_uploads(Bucket="tier").get("Uploads", [])
-        return any(u["Key"] == "mid/ckpt/big" for u in found)
-
-    eventually(uploading, "the writer's node to start its upload", 60)
+    assert record is not None and record.holders[0][0] == node_ids()[workers()[0]]
     remove(replica_cluster, record.holders[0][0])  # mid-send: its peer sends instead
     air_transfer.wait_durable(fs, timeout=120)
     assert _bucket(s3, "mid") == {"ckpt/big": data}
