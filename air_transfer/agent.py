@@ -128,6 +128,7 @@ class NodeAgent(AgentSelf):
             "window_bytes_pulled": self._windows.bytes_pulled,
             "window_bytes_served": self._windows.bytes_served,
             "window_peak_bytes": self._windows.peak_bytes,
+            "window_streams_refused": self._windows.streams_refused,
         }
 
     def incremental_counters(self) -> dict[str, int]:

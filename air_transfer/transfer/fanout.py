@@ -19,9 +19,11 @@ of copies: they cost that store one checkpoint for as long as the relay's checkp
 is referenced, beside its own reader's chunks; the chunk pulled there is a secondary
 copy again once copied (Ray may evict it). A larger checkpoint gets a *windowed*
 relay (``transfer.relay_window``): its readers stream the chunks from that node's
-agent, which keeps at most ``WINDOW_SHARE`` of its store of them, and each stream at
-most ``STREAM_SHARE`` in flight (its window of chunks ahead shrunk to fit), so the
-relay costs that store a bounded window whatever the checkpoint's size.
+agent, which keeps at most ``WINDOW_SHARE`` of its store of them, each stream at most
+``STREAM_SHARE`` in flight (its window of chunks ahead shrunk to fit) and only as many
+streams at once as fit the rest of ``RELAY_SHARE`` (a reader beyond them reads from
+the packing node), so the relay costs that store at most ``RELAY_SHARE`` whatever the
+checkpoint's size and the number of readers.
 """
 
 from __future__ import annotations
@@ -44,9 +46,11 @@ from air_transfer.transfer.strategies.base import Layout
 
 #: The most of a node's object store a relay's copies may take.
 RELAY_SHARE = 0.5
-#: The most of a node's object store a windowed relay keeps chunks in, and the most
-#: each of its readers' streams has in flight there (``relay_window``).
-WINDOW_SHARE = 0.2
+#: A windowed relay (``relay_window``) takes at most ``RELAY_SHARE`` of its node's
+#: store too: the most it keeps chunks in, the most its readers' streams have in
+#: flight there together, and the most one of them has (it then fetches fewer ahead).
+WINDOW_SHARE = 0.15
+STREAMS_SHARE = RELAY_SHARE - WINDOW_SHARE
 STREAM_SHARE = 0.1
 
 
@@ -100,12 +104,15 @@ def relay(
 
 def _windowed(handle: TransferHandle, agent: AgentClient, store: int) -> TransferHandle:
     """``handle`` read through a window of ``agent``'s node, whose object store is
-    ``store`` bytes: the window keeps ``WINDOW_SHARE`` of it, and each reader's stream
-    at most ``STREAM_SHARE`` in flight (``2 x window`` chunks; one chunk ahead at least)."""
-    ahead = stream_window(store, handle.manifest.chunk_bytes, handle.config.window)
+    ``store`` bytes: the window keeps ``WINDOW_SHARE`` of it, each reader's stream at
+    most ``STREAM_SHARE`` in flight (``2 x window`` chunks; one chunk ahead at least),
+    and as many streams at once as fit ``STREAMS_SHARE`` (one at least)."""
+    chunk_bytes = handle.manifest.chunk_bytes
+    ahead = stream_window(store, chunk_bytes, handle.config.window)
+    streams = max(1, int(store * STREAMS_SHARE) // (2 * ahead * chunk_bytes))
     payload = WindowedRelay(
         agent.actor, agent.node_id, handle.transfer_id, tuple(handle.payload),
-        int(store * WINDOW_SHARE),
+        int(store * WINDOW_SHARE), streams,
     )  # fmt: skip
     return dataclasses.replace(
         handle,

@@ -12,8 +12,9 @@ yet) has it, and yields it: a new object
 on the relay node, owned by the reader, freed once it has read it. So the packing
 node pushes each chunk about once for all readers in step, and the relay node's
 store holds at most ``cap_bytes`` plus each stream's objects in flight
-(``2 x window`` chunks), whatever the checkpoint's size. The window goes when its
-last stream ends.
+(``2 x window`` chunks), whatever the checkpoint's size, for at most ``max_streams``
+streams at once: a reader beyond them is refused (CheckpointLostError, before any
+chunk) and reads the transfer itself. The window goes when its last stream ends.
 
 Every chunk is still checked against the manifest's checksum by the reader
 (``TransferHandle.verified_chunks``). A relay node or agent lost mid-read fails the
@@ -43,6 +44,7 @@ from air_transfer.config import TransferConfig
 from air_transfer.core.knobs import KNOBS
 from air_transfer.core.manifest import Manifest
 from air_transfer.core.threads import pool
+from air_transfer.errors import CheckpointLostError
 from air_transfer.transfer.strategies.base import Chunks, Packed, PackRequest, TransferStrategy
 
 
@@ -57,6 +59,7 @@ class WindowedRelay:
     key: str
     chunks: tuple[ChunkRef, ...]
     cap_bytes: int
+    max_streams: int
 
 
 class WindowedRelayStrategy(TransferStrategy):
@@ -86,6 +89,7 @@ class WindowedRelayStrategy(TransferStrategy):
             start,
             relay.cap_bytes,
             config.window,
+            relay.max_streams,
         )
         yield from fetch_in_order(refs, config.window)
 
@@ -127,17 +131,33 @@ class RelayWindows:
         self.bytes_pulled = 0  # chunk bytes pulled to this node for windows
         self.bytes_served = 0  # chunk bytes yielded to readers
         self.peak_bytes = 0  # the most bytes one window kept
+        self.streams_refused = 0  # streams over a window's max_streams
 
     @served
     def relayed_chunks(
-        self, key: str, chunks: Sequence[ChunkRef], start: int, cap_bytes: int, window: int
+        self,
+        key: str,
+        chunks: Sequence[ChunkRef],
+        start: int,
+        cap_bytes: int,
+        window: int,
+        max_streams: int,
     ) -> Iterator[np.ndarray]:
         """Chunks ``start``.. of the transfer ``key`` (``chunks``: their refs, in
         order), each from this node's window of ``key`` or pulled into it, pulls
-        ``window`` ahead of what is yielded; what a pull raises, raised."""
+        ``window`` ahead of what is yielded; what a pull raises, raised.
+        CheckpointLostError before any chunk while ``max_streams`` streams of ``key``
+        run here (the reader then reads the transfer itself)."""
         stream = next(self._streams)
         with self._lock:
             held = self._windows.setdefault(key, _Window(cap_bytes))
+            if len(held.next_index) >= max_streams:
+                self.streams_refused += 1
+                raise CheckpointLostError(
+                    f"the relay of transfer {key} on this node already streams to "
+                    f"{len(held.next_index)} readers, all that its share of this node's "
+                    "object store allows: read the checkpoint from the node that packed it"
+                )
             held.next_index[stream] = start
         pulls = pool("air-transfer-relay-window", min(window, KNOBS.max_fetch_threads))
         ahead: deque[Future[np.ndarray]] = deque()

@@ -7,10 +7,12 @@ source's bytes, and a relay lost mid-read is read again from the storage node.""
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.fs as pafs
 import pytest
 import ray
@@ -18,6 +20,7 @@ import ray
 from air_transfer import storage_filesystem
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import node_agent
+from air_transfer.errors import CheckpointLostError
 from air_transfer.transfer.fanout import WINDOW_SHARE
 from air_transfer.transfer.relay_window import RelayWindows
 from tests.support.checkpoints import MiB, digest_tree, kill_and_wait, make_checkpoint, on
@@ -182,3 +185,22 @@ def test_a_windowed_relays_reader_killed_mid_read_closes_its_window(tmp_path: Pa
         ray.get(state["gate"].open.remote())
         assert ray.get(first, timeout=180) == digest_tree(state["src"])
     eventually(lambda: ray.get(relay_agent.call(RelayWindows.relay_windows)) == 0, "window", 60)
+
+
+def test_a_window_refuses_a_stream_over_its_share_of_the_store() -> None:
+    """A relay node's agent streams a window to at most ``max_streams`` readers at
+    once (their chunks in flight within the relay's share of its store): one more
+    is refused before any chunk, with CheckpointLostError (its reader then reads the
+    transfer from the node that packed it), and the window closes after the first."""
+    relay = AgentClient(node_ids()["node_b"])
+    chunks = [ray.put(np.full(MiB, i, dtype=np.uint8)) for i in range(4)]
+    key = f"refusal-{uuid.uuid4().hex}"
+    first = relay.stream(1, RelayWindows.relayed_chunks, key, chunks, 0, 4 * MiB, 1, 1)
+    assert ray.get(next(first))[0] == 0  # the first stream runs: one chunk read, more held
+    second = relay.stream(1, RelayWindows.relayed_chunks, key, chunks, 0, 4 * MiB, 1, 1)
+    with pytest.raises(ray.exceptions.RayTaskError) as refused:
+        ray.get(next(second))
+    assert isinstance(refused.value.cause, CheckpointLostError)
+    assert "already streams to 1 readers" in str(refused.value.cause)
+    assert [ray.get(ref)[0] for ref in first] == [1, 2, 3]
+    eventually(lambda: ray.get(relay.call(RelayWindows.relay_windows)) == 0, "window", 60)
