@@ -41,6 +41,7 @@ from air_transfer.transfer.handle import TransferHandle
 from air_transfer.transfer.node_owned import NodeOwnedTransfers
 from air_transfer.transfer.packing_service import PackingService
 from air_transfer.transfer.relay import Relays
+from air_transfer.transfer.relay_window import RelayWindows
 from air_transfer.transfer.route import start_on_this_thread
 
 
@@ -72,6 +73,7 @@ class NodeAgent(AgentSelf):
         self._packing = PackingService()
         self._owned = NodeOwnedTransfers()
         self._copies = fanout.ChunkCopies()
+        self._windows = RelayWindows()
         node = str(ray.get_runtime_context().get_node_id())
         self._storage = NodeStorageService(
             node,
@@ -87,6 +89,7 @@ class NodeAgent(AgentSelf):
             self._packing,
             Relays(),
             self._copies,
+            self._windows,
             self._owned,
             *self._storage.services,
             around=self._storage.rules.around,  # every change fenced, then the drain woken
@@ -122,6 +125,10 @@ class NodeAgent(AgentSelf):
             "bytes_reused": live.bytes_reused,
             "chunks_relayed": self._copies.chunks_copied,
             "bytes_relayed": self._copies.bytes_copied,
+            "window_bytes_pulled": self._windows.bytes_pulled,
+            "window_bytes_served": self._windows.bytes_served,
+            "window_peak_bytes": self._windows.peak_bytes,
+            "window_streams_refused": self._windows.streams_refused,
         }
 
     def incremental_counters(self) -> dict[str, int]:
