@@ -68,6 +68,14 @@ def sweeping_registry(replica_cluster: Cluster) -> Iterator[None]:
         registry_with(had)
 
 
+def gone_from(tmp: Path, doomed: set[str]) -> bool:
+    """Whether none of ``doomed`` is under the placed roots now."""
+    try:
+        return not doomed & set(placed_tree(tmp))
+    except FileNotFoundError:  # removed by the sweep while it was walked: look again
+        return False
+
+
 def test_a_killed_writers_blobs_go_with_no_call(sweeping_registry: None, tmp_path: Path) -> None:
     h = placed(tmp_path, "head", named=(workers()[0],))
     kept = named_files(h, 3)
@@ -84,7 +92,7 @@ def test_a_killed_writers_blobs_go_with_no_call(sweeping_registry: None, tmp_pat
     os.kill(pid, signal.SIGKILL)
     eventually(lambda: dead({process}), "the killed writer known dead")
     eventually(
-        lambda: not doomed & set(placed_tree(tmp_path)),
+        lambda: gone_from(tmp_path, doomed),
         "the killed writer's blobs, checksums and markers swept with no call",
         timeout_s=60,
     )
