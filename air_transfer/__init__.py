@@ -37,7 +37,7 @@ from air_transfer.errors import (
 from air_transfer.storage.client.checkpoints import CheckpointInfo, list_checkpoints
 from air_transfer.storage.client.durable_wait import StorageState
 from air_transfer.storage.client.replica_set import REGISTRY_CLASS
-from air_transfer.storage.replica_wire import PLACED_PASS
+from air_transfer.storage.replica_wire import PLACED_PASS, PLACED_SWEEP
 from air_transfer.transfer.future import TransferFuture
 from air_transfer.transfer.handle import TransferHandle
 from air_transfer.transfer.start import CHECKPOINT_OF
@@ -115,6 +115,12 @@ def _placed_pass() -> Callable[[list[tuple[str, str, int]], set[str], set[str]],
     return keep_placed
 
 
+def _placed_sweep() -> Callable[[list[tuple[str, str, int]]], list[str]]:
+    from air_transfer.storage.client.placed_keeper import sweep_dead_writers
+
+    return sweep_dead_writers
+
+
 def _checkpoint_of() -> Callable[[TransferHandle], object]:
     from air_transfer.checkpoint import ChunkedCheckpoint
 
@@ -125,6 +131,7 @@ warn_if_unsupported()  # once, in the importing process (not in Ray's workers)
 AGENT_CLASS.provide(_agent_class)
 REGISTRY_CLASS.provide(_registry_class)
 PLACED_PASS.provide(_placed_pass)
+PLACED_SWEEP.provide(_placed_sweep)
 CHECKPOINT_OF.provide(_checkpoint_of)
 
 

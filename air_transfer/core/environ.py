@@ -19,6 +19,7 @@ PROGRESS = "AIR_TRANSFER_PROGRESS"
 METRICS = "AIR_TRANSFER_METRICS"
 TRAIN_HOOKS = "AIR_TRANSFER_TRAIN_HOOKS"
 REPAIR_MIB_S = "AIR_TRANSFER_REPAIR_MIB_S"
+PLACED_SWEEP_S = "AIR_TRANSFER_PLACED_SWEEP_S"
 
 #: Every setting, and what it does (the one list: a test checks that the package
 #: reads no other ``AIR_TRANSFER_*`` variable).
@@ -28,6 +29,8 @@ SETTINGS: dict[str, str] = {
     METRICS: "0 turns the Prometheus metrics off; default on",
     TRAIN_HOOKS: "0 leaves Ray Train's own checkpoint copies for node storage; default 1",
     REPAIR_MIB_S: "bandwidth bound of replica repair, MiB/s; default 256",
+    PLACED_SWEEP_S: "seconds between the replica registry's looks for orphan placed "
+    "blobs of writers that died (placement='writer'); 0 turns them off; default 60",
 }
 
 

@@ -36,6 +36,15 @@ State = Literal["fresh", "syncing", "stale", "failing", "failed"]
 PLACED_PASS: Provided[Callable[[list[tuple[str, str, int]], set[str], set[str]], list[str]]] = (
     Provided("the background pass over placed files")
 )
+#: The prefix of a claim on a placed blob's key in the same store (a repair of the
+#: blob in progress: ``storage.server.placed_claims``).
+CLAIM_PREFIX = "placed-claims/"
+#: The caller side's sweep of orphan placed blobs whose writer died, which the
+#: registry's actor runs at its own pace: ``(storages as (key, replica root template,
+#: K)) -> what failed`` (``storage.client.placed_keeper.sweep_dead_writers``).
+PLACED_SWEEP: Provided[Callable[[list[tuple[str, str, int]]], list[str]]] = Provided(
+    "the background sweep of orphan placed blobs"
+)
 #: A copy: (node id, the root its files live under on that node).
 Copy = tuple[str, str]
 #: The answer of ``begin``: (op id, the copies to apply it to, the fresh ones).
@@ -131,3 +140,9 @@ class RegistryCalls(Protocol):
     def targets(self, key: str) -> tuple[list[Copy], list[str]]: ...
 
     def retry_failed(self, key: str) -> None: ...
+
+    def claim_placed(self, key: str, blob: str, claim: str, owner: Owner) -> bool: ...
+
+    def release_placed(self, key: str, blob: str, claim: str) -> None: ...
+
+    def placed_claim(self, key: str, blob: str) -> tuple[str | None, int]: ...

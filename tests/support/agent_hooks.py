@@ -6,13 +6,15 @@ not yet on the other" holds until the test opens the gate.
 that method of a part of node storage's service (``NodeStorageService._uploads``) in
 that node's agent whose arguments (or their fields: a ``Commit``'s) name a path
 containing ``match`` arrive at ``gate`` and wait; then it runs (or, ``drop=True``,
-returns without running: the call as if its caller had died before sending it). The
+returns without running: the call as if its caller had died before sending it; or,
+``fail=True``, raises OSError EIO without running: a fault of the disk there). The
 rest run as always.
 ``release(node_id, ...)`` puts the method back.
 """
 
 from __future__ import annotations
 
+import errno
 import threading
 from dataclasses import dataclass, field, is_dataclass
 from typing import Any
@@ -29,6 +31,7 @@ class Hold:
     gate: Any
     match: str
     drop: bool
+    fail: bool = False
     fired: list[bool] = field(default_factory=list)
 
     def take(self, args: tuple[Any, ...]) -> bool:
@@ -55,6 +58,8 @@ def _install(agent: Any, service: str, method: str, hold: Hold) -> None:
             ray.get(hold.gate.arrive_and_wait.remote())
             if hold.drop:
                 return None
+            if hold.fail:
+                raise OSError(errno.EIO, f"injected fault of {method}", hold.match)
         return original(svc, *args, **kwargs)
 
     setattr(svc, method, held)
@@ -67,11 +72,18 @@ def _remove(agent: Any, service: str, method: str) -> None:
 
 
 def hold(
-    node_id: str, service: str, method: str, gate: Any, match: str = "", drop: bool = False
+    node_id: str,
+    service: str,
+    method: str,
+    gate: Any,
+    match: str = "",
+    drop: bool = False,
+    fail: bool = False,
 ) -> None:
     """Hold the first matching call of ``service.method`` in ``node_id``'s agent."""
     agent = node_agent(node_id)
-    ray.get(agent.__ray_call__.remote(_install, service, method, Hold(gate, match, drop)))
+    held = Hold(gate, match, drop, fail)
+    ray.get(agent.__ray_call__.remote(_install, service, method, held))
 
 
 def release(node_id: str, service: str, method: str) -> None:

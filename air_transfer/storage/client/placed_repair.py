@@ -19,7 +19,9 @@ keeps its own; the new blobs are then deleted). So a file names only holders tha
 hold its bytes, whole, at every moment. A leaving or damaged holder's blob, no
 longer named, is deleted while its node still answers. The files of a leaving
 holder go first, the newest first, so that the latest checkpoint has K copies
-before the node's deadline.
+before the node's deadline. Repairs of one file are made one at a time, in any
+processes on any nodes: each holds the replica registry's claim on the file's blob
+(``placed_claim``) and reads the file's record again once it has it.
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ import contextlib
 import errno
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
 from air_transfer.cluster import _ray_core
 from air_transfer.cluster.nodes import live_node_ids
 from air_transfer.core.checksum import chunk_checksum
 from air_transfer.core.spread import spread
 from air_transfer.errors import ChecksumError
+from air_transfer.storage.client.placed_claim import claimed
 from air_transfer.storage.client.placed_storage import PlacedStorage
 from air_transfer.storage.client.placed_sums import fetch_sums, holder_problem, write_sums
 from air_transfer.storage.node_api import ChunkAt, Commit, NodeFiles, NodeMetadata, NodeReads
@@ -46,9 +48,6 @@ from air_transfer.storage.placed_record import (
     placed_root,
 )
 from air_transfer.storage.replica_wire import on_copy
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +102,8 @@ def repair_holders(handler: PlacedStorage, path: str) -> list[str]:
     holders whose bytes match its record; the files repaired. ConnectionError naming
     a file none of whose holders is live (its bytes are lost), or when too few nodes
     live to hold it; ChecksumError naming one no live holder of which has good bytes;
-    OSError (ESTALE) for a file written, moved or deleted meanwhile."""
+    OSError (ESTALE) for a file written, moved or deleted while it is repaired (one
+    changed before is left as it is now)."""
     nodes = Nodes.now()
     return [r.path for r in plan(handler, path, nodes, every=True) if repair_one(r, nodes)]
 
@@ -129,10 +129,26 @@ def keep_holders(repairs: Iterable[Repair], nodes: Nodes) -> list[str]:
 
 
 def repair_one(repair: Repair, nodes: Nodes) -> bool:
+    """``repair`` made while it holds the replica registry's claim on the file's blob
+    (``placed_claim``: no other repair of it runs meanwhile), from the file's record
+    as it is then (another repair may have just changed it). False: nothing to do
+    (K staying holders, all good), or the file was written, moved or deleted since
+    it was listed (its new version is the writer's; a moved one, the next pass's)."""
+    with claimed(repair.handler.key, repair.record.blob):
+        try:
+            now = repair.handler.record_of(repair.path)
+        except FileNotFoundError:
+            return False
+        if now is None or now.blob != repair.record.blob:
+            return False
+        return _repair_claimed(replace(repair, record=now), nodes)
+
+
+def _repair_claimed(repair: Repair, nodes: Nodes) -> bool:
     """One file's blob copied from a good holder to new staying holders, then its
     stub swapped to name them (only if it still holds the record read), then the
     leaving and damaged holders' blobs deleted; the new blobs deleted if the swap
-    fails. False: nothing to do (K staying holders, all good)."""
+    fails."""
     handler, file, record = repair.handler, repair.path, repair.record
     kept, leaving, damaged = _judge(handler, file, record, nodes)
     if len(kept) == len(record.holders) >= handler.replicas:

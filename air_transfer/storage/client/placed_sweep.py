@@ -50,14 +50,20 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def sweep_placed(handler: PlacedStorage, dry_run: bool = False) -> list[Swept]:
+def sweep_placed(
+    handler: PlacedStorage, dry_run: bool = False, after_death: bool = False
+) -> list[Swept]:
     """Every orphan blob of ``handler``'s storage on its live nodes (and every dead
     writer's marker), judged and, unless ``dry_run``, removed; a live writer's blob
-    listed as kept. Named blobs are not listed."""
+    listed as kept. Named blobs are not listed. ``after_death`` (the registry's
+    background sweep): nothing is judged, and the stubs are not listed, unless some
+    writer that declared a blob is proven dead (two listings per node, no more)."""
     handler.ensure()
     scans = _scan(handler, blob_dir(handler.key))
     writers = {p for s in scans for ms in s.markers.values() for _, p in ms}
     gone: set[Process] = dead(writers) if writers else set()
+    if after_death and not gone:
+        return []
     if not needs_names(scans, gone):
         return [v for s in scans for v in judge(s, gone, frozenset())]
     named = _named(handler)

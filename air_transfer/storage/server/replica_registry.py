@@ -31,6 +31,7 @@ import uuid
 from dataclasses import replace
 
 from air_transfer.storage.replica_wire import Begun, Copy, CopyState, Owner, RegistryCalls, State
+from air_transfer.storage.server.placed_claims import ClaimCalls, PlacedClaims
 from air_transfer.storage.server.replica_record import BUSY_S, Failure, Op, Replicated, Store
 
 #: A caller waiting for a path that has not asked again for this long has given up.
@@ -49,12 +50,14 @@ def _related(x: str, y: str) -> bool:
     return x == y or not x or not y or y.startswith(x + "/") or x.startswith(y + "/")
 
 
-class ReplicaRegistry(RegistryCalls):
+class ReplicaRegistry(ClaimCalls, RegistryCalls):
     """The copies of every replicated node storage of the cluster (thread-safe);
     with a ``store``, each change is saved there before it returns, and the
-    records saved there are loaded at start (``replica_record``)."""
+    records saved there are loaded at start (``replica_record``). It holds the claims
+    on placed blobs too (``placed_claims``; by default, in memory, owners never dead)."""
 
-    def __init__(self, store: Store | None = None) -> None:
+    def __init__(self, store: Store | None = None, claims: PlacedClaims | None = None) -> None:
+        self.placed_claims = claims or PlacedClaims(lambda owner: True)
         self._lock = threading.Lock()
         self._store = store
         self._storages: dict[str, Replicated] = {}
