@@ -40,8 +40,10 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     yield from bucket_server(tmp_path_factory.mktemp("moto"), "tier")
 
 
-def drained(s3: S3Server, tmp: Path, prefix: str, **settings: Any) -> WriterPlacedHandler:
-    """Writer-placed node storage on the head node, drained into ``tier/prefix``."""
+def drained(s3: S3Server, tmp: Path, **settings: Any) -> WriterPlacedHandler:
+    """Writer-placed node storage on the head node, drained into ``tier/<tmp's
+    name>`` (a prefix of each test's own, whichever run of it)."""
+    prefix = tmp.name
     head = node_ids()["head"]
     storage = StorageConfig(
         replicas=2,
@@ -88,15 +90,15 @@ def uploading(s3: S3Server, key: str) -> bool:
     return any(u["Key"] == key for u in found)
 
 
-def sent_slowly(s3: S3Server, tmp: Path, prefix: str) -> tuple[WriterPlacedHandler, bytes]:
+def sent_slowly(s3: S3Server, tmp: Path) -> tuple[WriterPlacedHandler, bytes]:
     """A storage whose drain sends at 2 MiB/s, and the 12 MiB file ``ckpt/big`` its
     first worker wrote, once its holder's upload to the tier is under way."""
-    h = drained(s3, tmp, prefix, durable_bytes_per_s=2 * MiB, durable_part_bytes=5 * MiB)
+    h = drained(s3, tmp, durable_bytes_per_s=2 * MiB, durable_part_bytes=5 * MiB)
     fs = pafs.PyFileSystem(h)
     fs.create_dir(f"{h.root}/ckpt")
     data = os.urandom(12 * MiB)
     ray.get(write.options(**on(workers()[0])).remote(fs, f"{h.root}/ckpt/big", data))
-    eventually(lambda: uploading(s3, f"{prefix}/ckpt/big"), "the holder's upload to start", 60)
+    eventually(lambda: uploading(s3, f"{tmp.name}/ckpt/big"), "the holder's upload to start", 60)
     return h, data
 
 
@@ -114,12 +116,12 @@ def test_each_writer_node_sends_its_own_bytes_and_the_tier_reads_back(
     replica_cluster: Cluster, s3: S3Server, tmp_path: Path
 ) -> None:
     top_up(replica_cluster, 4)
-    h = drained(s3, tmp_path, "own")
+    h = drained(s3, tmp_path)
     writers, ids = workers()[:3], node_ids()
     before = sent()
     files = shards_by(h, writers)
     air_transfer.wait_durable(pafs.PyFileSystem(h), timeout=120)
-    assert _bucket(s3, "own") == files  # bit-identical, the stubs' records nowhere
+    assert _bucket(s3, tmp_path.name) == files  # bit-identical, the stubs' records nowhere
     after = sent()
     for i, n in enumerate(writers):  # the writer's node sent its shard, once
         assert after[ids[n]] - before[ids[n]] == SHARD + i, n
@@ -149,9 +151,9 @@ def test_a_holder_lost_or_damaged_is_passed_over(
     damage(damaged, 0)  # the writer's own copy: the other holder's is sent
     remove(replica_cluster, lost.holders[0][0])  # the writer's node, gone
     before = sent()
-    h = drained(s3, tmp_path, "passed")
+    h = drained(s3, tmp_path)
     air_transfer.wait_durable(pafs.PyFileSystem(h), timeout=120)
-    assert _bucket(s3, "passed") == files
+    assert _bucket(s3, tmp_path.name) == files
     expected = {node: 0 for node in node_ids().values()}
     expected[damaged.holders[1][0]] += damaged.size
     expected[lost.holders[1][0]] += lost.size
@@ -173,29 +175,29 @@ def test_with_no_good_holder_the_file_never_reaches_the_tier(
     assert record is not None
     damage(record, 0)
     damage(record, 1)
-    h = drained(s3, tmp_path, "bad")
+    h = drained(s3, tmp_path)
     fs = pafs.PyFileSystem(h)
     with pytest.raises(TimeoutError, match=f"ckpt/{writer}.*no holder"):
         air_transfer.wait_durable(fs, timeout=10)
-    assert f"ckpt/{writer}" not in _bucket(s3, "bad")
+    assert f"ckpt/{writer}" not in _bucket(s3, tmp_path.name)
     assert air_transfer.storage_state(fs, f"{h.root}/ckpt").durable is False
     # Written again, it drains.
     with fs.open_output_stream(f"{h.root}/ckpt/{writer}") as out:
         out.write(files[f"ckpt/{writer}"])
     air_transfer.wait_durable(fs, timeout=120)
-    assert _bucket(s3, "bad") == files
+    assert _bucket(s3, tmp_path.name) == files
 
 
 def test_a_file_replaced_while_its_bytes_are_sent_drains_as_it_is_then(
     replica_cluster: Cluster, s3: S3Server, tmp_path: Path
 ) -> None:
     top_up(replica_cluster, 4)
-    h, _ = sent_slowly(s3, tmp_path, "replaced")
+    h, _ = sent_slowly(s3, tmp_path)
     fs, path = pafs.PyFileSystem(h), f"{h.root}/ckpt/big"
     second = os.urandom(12 * MiB + 1)
     ray.get(write.options(**on(workers()[1])).remote(fs, path, second))  # its blob deleted
     air_transfer.wait_durable(fs, timeout=120)
-    assert _bucket(s3, "replaced") == {"ckpt/big": second}
+    assert _bucket(s3, tmp_path.name) == {"ckpt/big": second}
     assert read(fs, path) == second
 
 
@@ -203,10 +205,10 @@ def test_a_holder_lost_mid_send_is_passed_over(
     replica_cluster: Cluster, s3: S3Server, tmp_path: Path
 ) -> None:
     top_up(replica_cluster, 4)
-    h, data = sent_slowly(s3, tmp_path, "mid")
+    h, data = sent_slowly(s3, tmp_path)
     fs = pafs.PyFileSystem(h)
     record = h.record_of(f"{h.root}/ckpt/big")
     assert record is not None and record.holders[0][0] == node_ids()[workers()[0]]
     remove(replica_cluster, record.holders[0][0])  # mid-send: its peer sends instead
     air_transfer.wait_durable(fs, timeout=120)
-    assert _bucket(s3, "mid") == {"ckpt/big": data}
+    assert _bucket(s3, tmp_path.name) == {"ckpt/big": data}
