@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -26,8 +24,6 @@ logger = logging.getLogger(__name__)
 
 #: The longest pause between two asks for a claim held by another repair (seconds).
 MAX_PAUSE_S = 0.5
-#: How often a repair still waiting for a claim says so (seconds).
-WAIT_LOG_S = 60.0
 
 
 @contextlib.contextmanager
@@ -37,20 +33,14 @@ def claimed(key: str, blob: str) -> Iterator[None]:
     it ends (a process killed in it: once Ray knows it is dead)."""
     claim = uuid.uuid4().hex
     owner = Owner(ray.get_runtime_context().get_worker_id(), this_node_id())
-    pause, started = 0.005, time.monotonic()
-    said = started
-    while not replica_set.call(RegistryCalls.claim_placed, key, blob, claim, owner):
-        time.sleep(pause * (0.5 + random.random()))
-        pause = min(pause * 1.5, MAX_PAUSE_S)
-        if time.monotonic() - said > WAIT_LOG_S:
-            said = time.monotonic()
-            logger.warning(
-                "air-transfer: a repair of placed bytes %s in node storage %s has waited "
-                "%.0f s for another repair of them to end",
-                blob,
-                key,
-                said - started,
-            )
+    replica_set.until_granted(
+        lambda: (
+            True if replica_set.call(RegistryCalls.claim_placed, key, blob, claim, owner) else None
+        ),
+        (0.005, MAX_PAUSE_S),
+        f"a repair of placed bytes {blob} in node storage {key}",
+        "another repair of them",
+    )
     try:
         yield
     finally:

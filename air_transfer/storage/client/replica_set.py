@@ -32,7 +32,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from typing import Any, Concatenate
+from typing import Any, Concatenate, TypeVar
 
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
@@ -63,6 +63,7 @@ MAX_PAUSE_S = 0.1
 WAIT_LOG_S = 60.0
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @functools.cache
@@ -153,24 +154,32 @@ def begin(
     on each copy if it is a commit: the copies to apply it to, and the fresh ones.
     Waits, asking again, while another change holds one of its paths."""
     owner = Owner(ray.get_runtime_context().get_worker_id(), this_node_id())
-    pause, started = 0.002, time.monotonic()
+    _, copies, fresh = until_granted(
+        lambda: call(RegistryCalls.begin, key, paths, op, owner, staging),
+        (0.002, MAX_PAUSE_S),
+        f"a change of {', '.join(paths) or 'the root'} in node storage {key}",
+        "another change of the same paths",
+    )
+    return copies, fresh
+
+
+def until_granted(
+    ask: Callable[[], T | None], pauses: tuple[float, float], who: str, whom: str
+) -> T:
+    """``ask()`` again until it grants (answers anything but None), pausing from
+    ``pauses[0]`` seconds up to ``pauses[1]``, jittered (racing askers spread out); a
+    warning every ``WAIT_LOG_S`` that ``who`` waits for ``whom``."""
+    pause, started = pauses[0], time.monotonic()
     said = started
-    while True:
-        got = call(RegistryCalls.begin, key, paths, op, owner, staging)
-        if got is not None:
-            _, copies, fresh = got
-            return copies, fresh
+    while (got := ask()) is None:
         time.sleep(pause * (0.5 + random.random()))
-        pause = min(pause * 1.5, MAX_PAUSE_S)
+        pause = min(pause * 1.5, pauses[1])
         if time.monotonic() - said > WAIT_LOG_S:
             said = time.monotonic()
             logger.warning(
-                "air-transfer: a change of %s in node storage %s has waited %.0f s for "
-                "another change of the same paths to end",
-                ", ".join(paths) or "the root",
-                key,
-                said - started,
+                "air-transfer: %s has waited %.0f s for %s to end", who, said - started, whom
             )
+    return got
 
 
 def place(
