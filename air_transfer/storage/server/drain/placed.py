@@ -10,8 +10,9 @@ record's order kept (the writer's node first), so each node sends what it wrote 
 every node sends at once. A holder that is gone, or whose bytes do not match, is
 passed over with a warning naming it; with none left, the file fails for this pass,
 naming what each holder did. What a holder says it stored counts only once the drain
-confirms it in the tier itself, and only if the stub is still the one measured (a
-file replaced meanwhile is the next pass's).
+confirms it in the tier itself, and only if the stub there still names the same
+bytes (its size and checksums: a repair that gave it new holders meanwhile changes
+neither; a file replaced meanwhile is the next pass's).
 """
 
 from __future__ import annotations
@@ -109,8 +110,9 @@ class PlacedFiles:
 
         def one(agent: AgentClient, holder: Holder) -> FileRecord | None:
             made = get(agent.call(NodePlacedSends.placed_send, holder[1], send, target, settings))
-            if self._stub(seen) != placed:
-                return None
+            now = self._stub(seen, same_version=False)
+            if now is None or (now.size, now.sums) != (placed.size, placed.sums):
+                return None  # other bytes there now (a repair's new holders are the same)
             confirmed = files.confirm(objects, seen.rel, made, check_tag=True)
             if confirmed is None:
                 raise OSError(
@@ -122,12 +124,16 @@ class PlacedFiles:
 
         return self._first_holder(seen.rel, placed, one)
 
-    def _stub(self, seen: Seen) -> PlacedRecord | None:
-        """``seen``'s record, read now; None if it is no longer that stub."""
+    def _stub(self, seen: Seen, same_version: bool = True) -> PlacedRecord | None:
+        """The record of the stub at ``seen``'s path, read now; None if there is no
+        stub there now, or (``same_version``) it is not the one the scan saw."""
         assert self.replica_root is not None
-        fd, st = open_regular(self.root, storage_path(self.root, seen.rel), stubs_ok=True)
         try:
-            if not is_stub(fd) or Seen.of(seen.rel, st).version != seen.version:
+            fd, st = open_regular(self.root, storage_path(self.root, seen.rel), stubs_ok=True)
+        except FileNotFoundError:
+            return None
+        try:
+            if not is_stub(fd) or (same_version and Seen.of(seen.rel, st).version != seen.version):
                 return None
             head = os.pread(fd, RECORD_BYTES, 0)
         finally:
