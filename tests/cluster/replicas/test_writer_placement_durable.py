@@ -212,3 +212,4 @@ def test_a_holder_lost_mid_send_is_passed_over(
     remove(replica_cluster, record.holders[0][0])  # mid-send: its peer sends instead
     air_transfer.wait_durable(fs, timeout=120)
     assert _bucket(s3, tmp_path.name) == {"ckpt/big": data}
+    assert not uploading(s3, f"{tmp_path.name}/ckpt/big")  # the lost node's upload: aborted

@@ -119,6 +119,8 @@ class Drain:
             self.leftovers = True  # a part may be left open: aborted next pass
             raise
         finally:
+            # A holder that failed mid-send (its node lost) may have left one open too.
+            self.leftovers |= self.placed.take_failed_sends()
             moved = self.progress.uploaded - sent
             if moved:
                 rate = moved / max(time.perf_counter() - start, 1e-9)

@@ -60,6 +60,15 @@ class PlacedFiles:
         self._lock = threading.Lock()
         #: The record each stub had when it was measured, by path: what its send sends.
         self._measured: dict[str, tuple[tuple[int, int, int, int], PlacedRecord]] = {}
+        #: Whether a holder's send failed since last asked (it may have left an upload
+        #: open in the tier: a node lost mid-send never aborts its own).
+        self._failed_sends = False
+
+    def take_failed_sends(self) -> bool:
+        """Whether a holder's send failed since the last call."""
+        with self._lock:
+            failed, self._failed_sends = self._failed_sends, False
+        return failed
 
     def clear(self) -> None:
         """Forget the records measured (at the start of a pass: each pass measures
@@ -109,7 +118,14 @@ class PlacedFiles:
         target: DurableTarget = objects.target
 
         def one(agent: AgentClient, holder: Holder) -> FileRecord | None:
-            made = get(agent.call(NodePlacedSends.placed_send, holder[1], send, target, settings))
+            try:
+                made = get(
+                    agent.call(NodePlacedSends.placed_send, holder[1], send, target, settings)
+                )
+            except BaseException:
+                with self._lock:
+                    self._failed_sends = True
+                raise
             now = self._stub(seen, same_version=False)
             if now is None or (now.size, now.sums) != (placed.size, placed.sums):
                 return None  # other bytes there now (a repair's new holders are the same)
