@@ -41,14 +41,12 @@ from air_transfer.storage.node_api import (
     NodeMetadata,
     NodeReads,
 )
+from air_transfer.storage.placed_record import RECORD_BYTES
 from air_transfer.storage.replica_wire import on_copy
 from air_transfer.storage.server.replica_record import MAX_ATTEMPTS
 from air_transfer.storage.server.replica_registry import Copy, ReplicaRegistry
 
 logger = logging.getLogger(__name__)
-#: What of a placed file's stub is read to copy it: its record (at most 16 KiB,
-#: ``storage.placed_record.RECORD_BYTES``), zeros after it.
-STUB_HEAD_BYTES = 16 * 1024
 
 #: Repair's bandwidth bound, per registry (MiB/s of file bytes copied).
 RATE_ENV = environ.REPAIR_MIB_S
@@ -152,7 +150,7 @@ class Copier:
         """One file, chunk by chunk from the source's agent to the target's."""
         spath, tpath = self.on_source(rel), self.on_target(rel)
         # A placed file's stub is copied as one: its record, sparse, marked.
-        stub = get(self.s.call(NodeReads.placed_head, self.sroot, spath, STUB_HEAD_BYTES))
+        stub = get(self.s.call(NodeReads.placed_head, self.sroot, spath, RECORD_BYTES))
         staging, _, _ = get(self.t.call(NodeFiles.fs_open_write, self.troot, tpath, False))
         try:
             if stub is not None:

@@ -273,7 +273,7 @@ class Drain:
         if done is None:
             if content is not None:
                 done = files.send_bytes(self.objects, rel, record, content)
-            elif self.placed.holds(seen):
+            elif self.placed.measured(rel):  # no second look at the file
                 done = self.placed.send(seen, record, self.objects, self.settings)
             else:
                 done = files.send(

@@ -80,6 +80,11 @@ class PlacedFiles:
         """Whether ``seen`` is a placed file's stub (``measure`` and ``send`` it)."""
         return self.replica_root is not None and is_stub(storage_path(self.root, seen.rel))
 
+    def measured(self, rel: str) -> bool:
+        """Whether this pass measured ``rel`` as a placed file (``send`` sends it)."""
+        with self._lock:
+            return rel in self._measured
+
     def measure(self, seen: Seen) -> FileRecord | None:
         """The tier record of the placed file ``seen``: its writer's checksums, as a
         holder keeps them and its record pins them; None if it was replaced since the
