@@ -41,6 +41,7 @@ from air_transfer.transfer.handle import TransferHandle
 from air_transfer.transfer.node_owned import NodeOwnedTransfers
 from air_transfer.transfer.packing_service import PackingService
 from air_transfer.transfer.relay import Relays
+from air_transfer.transfer.relay_stream import StreamRelays
 from air_transfer.transfer.relay_window import RelayWindows
 from air_transfer.transfer.route import start_on_this_thread
 
@@ -51,9 +52,9 @@ def _owned_transfer(source: Source, config: TransferConfig) -> tuple[CheckpointR
     return ref, done
 
 
-def _relay(checkpoint: CheckpointRef, node: str) -> CheckpointRef | None:
+def _relay(checkpoint: CheckpointRef, node: str, alone: bool) -> fanout.Relayed | None:
     """A relay, on ``node``, of a whole-directory transfer this agent owns."""
-    return fanout.relay(checkpoint, node, _handle_of)
+    return fanout.relay(checkpoint, node, _handle_of, alone)
 
 
 def _handle_of(checkpoint: Any) -> TransferHandle:
@@ -74,6 +75,7 @@ class NodeAgent(AgentSelf):
         self._owned = NodeOwnedTransfers()
         self._copies = fanout.ChunkCopies()
         self._windows = RelayWindows()
+        self._feeds = StreamRelays()
         node = str(ray.get_runtime_context().get_node_id())
         self._storage = NodeStorageService(
             node,
@@ -90,6 +92,7 @@ class NodeAgent(AgentSelf):
             Relays(),
             self._copies,
             self._windows,
+            self._feeds,
             self._owned,
             *self._storage.services,
             around=self._storage.rules.around,  # every change fenced, then the drain woken
@@ -121,6 +124,7 @@ class NodeAgent(AgentSelf):
         return {
             **self._storage.counters(),
             "bytes_packed": self._packing.bytes_packed,
+            "bytes_streamed": self._packing.bytes_streamed,
             "chunks_reused": live.chunks_reused,
             "bytes_reused": live.bytes_reused,
             "chunks_relayed": self._copies.chunks_copied,
@@ -129,6 +133,11 @@ class NodeAgent(AgentSelf):
             "window_bytes_served": self._windows.bytes_served,
             "window_peak_bytes": self._windows.peak_bytes,
             "window_streams_refused": self._windows.streams_refused,
+            "feed_bytes_fed": self._feeds.bytes_fed,
+            "feed_bytes_joined": self._feeds.bytes_joined,
+            "feed_bytes_served": self._feeds.bytes_served,
+            "feed_streams_refused": self._feeds.streams_refused,
+            "feed_streams_dropped": self._feeds.streams_dropped,
         }
 
     def incremental_counters(self) -> dict[str, int]:

@@ -54,6 +54,10 @@ class Knobs:
     #: How often such a wait checks that its caller still runs (a caller that died
     #: before handing over its checkpoint frees the thread).
     relay_poll_s: float = up_to(1.0, 60)
+    #: How long one reader of a relayed ``streamed`` transfer may hold up the others
+    #: (``transfer.relay_stream``: they move in lockstep) before it is dropped and reads
+    #: the transfer itself: far above a chunk's write, so only a stuck reader is.
+    relay_stall_s: float = up_to(60.0, 3600)
     #: Chunks packed by one task each before tasks take ``pack_task_bytes`` of them: readers
     #: get the first chunks as early as possible.
     single_chunk_tasks: int = count(8)

@@ -13,17 +13,23 @@ that node or from one another, never from the packing node, and wait for a copy
 not made yet as they wait for a chunk not yet packed; each chunk is verified
 against its checksum as any chunk is.
 
-Only ``Layout.CHUNKS`` transfers are relayed (one object per chunk). Onto a node
-whose object store is at least twice the checkpoint (``RELAY_SHARE``), the relay is
-of copies: they cost that store one checkpoint for as long as the relay's checkpoint
-is referenced, beside its own reader's chunks; the chunk pulled there is a secondary
-copy again once copied (Ray may evict it). A larger checkpoint gets a *windowed*
-relay (``transfer.relay_window``): its readers stream the chunks from that node's
-agent, which keeps at most ``WINDOW_SHARE`` of its store of them, each stream at most
-``STREAM_SHARE`` in flight (its window of chunks ahead shrunk to fit) and only as many
-streams at once as fit the rest of ``RELAY_SHARE`` (a reader beyond them reads from
-the packing node), so the relay costs that store at most ``RELAY_SHARE`` whatever the
-checkpoint's size and the number of readers.
+A ``Layout.CHUNKS`` transfer (one object per chunk) is relayed from the second
+reader's node on. Onto a node whose object store is at least twice the checkpoint
+(``RELAY_SHARE``), the relay is of copies: they cost that store one checkpoint for
+as long as the relay's checkpoint is referenced, beside its own reader's chunks; the
+chunk pulled there is a secondary copy again once copied (Ray may evict it). A
+larger checkpoint gets a *windowed* relay (``transfer.relay_window``): its readers
+stream the chunks from that node's agent, which keeps at most ``WINDOW_SHARE`` of its
+store of them, each stream at most ``STREAM_SHARE`` in flight (its window of chunks
+ahead shrunk to fit) and only as many streams at once as fit the rest of
+``RELAY_SHARE`` (a reader beyond them reads from the packing node), so the relay
+costs that store at most ``RELAY_SHARE`` whatever the checkpoint's size and the
+number of readers.
+
+A ``streamed`` transfer (larger than the packing node's store) has no chunk objects:
+its relay is one stream of it to the first reader's node, shared by every reader in
+lockstep (``transfer.relay_stream``), that node's own reader included, and within
+the same shares of its store.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol, cast
 
 import numpy as np
@@ -39,7 +46,10 @@ import ray
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import object_store_bytes
 from air_transfer.cluster.refs import CheckpointRef
+from air_transfer.config import TransferConfig
+from air_transfer.core.knobs import KNOBS
 from air_transfer.transfer.handle import TransferHandle
+from air_transfer.transfer.relay_stream import StreamRelay, StreamRelayStrategy
 from air_transfer.transfer.relay_window import WindowedRelay, WindowedRelayStrategy
 from air_transfer.transfer.start import CHECKPOINT_OF
 from air_transfer.transfer.strategies.base import Layout
@@ -78,28 +88,82 @@ class ChunkCopies(FanoutCalls):
         return chunk
 
 
+@dataclass(frozen=True)
+class Relayed:
+    """A relay made: its checkpoint's ref, and whether the readers on its own node
+    read it too (a relay of a ``streamed`` transfer: its feed is then the one stream
+    of the transfer to that node)."""
+
+    ref: CheckpointRef
+    for_its_node: bool
+
+
 def relay(
-    checkpoint: CheckpointRef, node: str, handle_of: Callable[[object], TransferHandle]
-) -> CheckpointRef | None:
+    checkpoint: CheckpointRef,
+    node: str,
+    handle_of: Callable[[object], TransferHandle],
+    alone: bool = False,
+) -> Relayed | None:
     """A relay of the transferred ``checkpoint`` (owned by this process) on ``node``,
-    owned by this process: the ref of a checkpoint over copies of its chunks that
-    ``node``'s agent makes, or, for a checkpoint larger than ``RELAY_SHARE`` of
-    ``node``'s object store, over that agent's window of them; None for a transfer
-    that is not one object per chunk, or onto a node whose store Ray does not list."""
+    owned by this process: a checkpoint over copies of its chunks that ``node``'s
+    agent makes, or, for a checkpoint larger than ``RELAY_SHARE`` of ``node``'s object
+    store, over that agent's window of them, or, for a ``streamed`` transfer, over
+    that agent's feed of it (``relay_stream``). None onto a node whose store Ray does
+    not list, for a transfer of another layout, and, ``alone`` (for the first reader,
+    on ``node``, with no other reader yet), for any but a ``streamed`` transfer: a
+    reader on the node of a relay of copies reads the chunks its node pulls anyway."""
     handle = handle_of(ray.get(checkpoint))
-    if handle.strategy.layout is not Layout.CHUNKS or not isinstance(handle.payload, list):
+    layout = handle.strategy.layout
+    if alone and layout is not Layout.STREAMED:
         return None
     store = object_store_bytes(node)
     if store is None:
         return None
+    if layout is Layout.STREAMED:
+        return Relayed(_put(_fed(handle, AgentClient(node), store)), for_its_node=True)
+    if layout is not Layout.CHUNKS or not isinstance(handle.payload, list):
+        return None
     agent = AgentClient(node)
     if handle.manifest.total_bytes > store * RELAY_SHARE:
-        return _put(_windowed(handle, agent, store))
+        return Relayed(_put(_windowed(handle, agent, store)), for_its_node=False)
     # Ray resolves a ref passed as an argument: the agent gets the chunk's array.
     copies = [
         agent.call(FanoutCalls.copy_chunk, cast(np.ndarray, chunk)) for chunk in handle.payload
     ]
-    return _put(dataclasses.replace(handle, payload=copies))
+    return Relayed(_put(dataclasses.replace(handle, payload=copies)), for_its_node=False)
+
+
+def _fed(handle: TransferHandle, agent: AgentClient, store: int) -> TransferHandle:
+    """The ``streamed`` ``handle`` read through a feed on ``agent``'s node, whose
+    object store is ``store`` bytes, within ``feed_bounds``. The relay node's own
+    reader streams through it too, in place of a stream of its own from the packing
+    node."""
+    ahead, cap_chunks, streams = feed_bounds(store, handle.manifest.chunk_bytes, handle.config)
+    upstream = dataclasses.replace(handle, config=handle.config.replace(window=ahead))
+    payload = StreamRelay(
+        agent.actor, agent.node_id, handle.transfer_id, upstream, cap_chunks, streams,
+        KNOBS.relay_stall_s,
+    )  # fmt: skip
+    return dataclasses.replace(
+        handle,
+        strategy=StreamRelayStrategy(),
+        payload=payload,
+        config=handle.config.replace(window=ahead),
+    )
+
+
+def feed_bounds(store: int, chunk_bytes: int, config: TransferConfig) -> tuple[int, int, int]:
+    """A feed's bounds on a node whose object store is ``store`` bytes: the chunks
+    fetched ahead by its stream from the packing node and by each reader's stream
+    (``stream_window``), the chunks it keeps (``WINDOW_SHARE`` of the store, one at
+    least), and the readers on other nodes that stream at once (each ``2 x ahead``
+    chunks in flight, as many as fit the rest of ``RELAY_SHARE``, one at least; the
+    relay node's own reader is not one of them: its own stream would cost as much)."""
+    ahead = stream_window(store, chunk_bytes, config.window)
+    cap_chunks = max(1, int(store * WINDOW_SHARE) // chunk_bytes)
+    fed = (cap_chunks + ahead) * chunk_bytes
+    streams = max(1, (int(store * RELAY_SHARE) - fed) // (2 * ahead * chunk_bytes))
+    return ahead, cap_chunks, streams
 
 
 def _windowed(handle: TransferHandle, agent: AgentClient, store: int) -> TransferHandle:

@@ -40,6 +40,8 @@ class PackingService:
         self._lock = threading.Lock()
         #: Source bytes put into chunk objects by ``pack_chunks`` and ``pack_stream``.
         self.bytes_packed = 0
+        #: Bytes yielded by ``stream``: a ``streamed`` transfer's, once per reader.
+        self.bytes_streamed = 0
 
     @served
     def stream(
@@ -85,6 +87,8 @@ class PackingService:
                     "bytes it had; pack it again",
                     source.root,
                 )
+            with self._lock:
+                self.bytes_streamed += memoryview(view).nbytes
             # The yielded array is copied into the object store before the generator
             # resumes, so the reader thread may reuse this buffer afterwards.
             yield np.frombuffer(view, dtype=np.uint8)

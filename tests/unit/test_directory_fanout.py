@@ -2,7 +2,10 @@
 without Ray: a reader that asks while a reader on another node reads the transfer
 gets one relay of it, made on the earliest such reader's node; a reader on that node
 gets the transfer itself; the relay goes with the transfer's last reader, and one
-on a node gone is made again on a node alive."""
+on a node gone is made again on a node alive. A ``streamed`` transfer's relay (a
+feed) is made for the first reader, on its node, and read by that node's readers
+too; a reader on the storage node itself reads the transfer, and no relay is made
+there."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from air_transfer.config import TransferConfig
 from air_transfer.core.scan import Source
 from air_transfer.storage.server import directory_transfers
 from air_transfer.storage.server.directory_transfers import DirectoryTransfers
+from air_transfer.transfer.fanout import Relayed
 
 CHUNK = 1024
 CONFIG = TransferConfig(cache_bytes=CHUNK)
@@ -33,14 +37,19 @@ class Starts:
 
 
 class Relays:
-    """Makes a relay as the agent would (``transfer.fanout.relay``), recording where."""
+    """Makes a relay as the agent would (``transfer.fanout.relay``), recording where:
+    of copies, for readers on other nodes (none for a reader alone), or, ``streamed``,
+    a feed its own node's readers read too (made for the first reader)."""
 
-    def __init__(self) -> None:
+    def __init__(self, streamed: bool = False) -> None:
         self.made: list[tuple[str, str]] = []
+        self.streamed = streamed
 
-    def __call__(self, checkpoint: Any, node: str) -> str:
+    def __call__(self, checkpoint: Any, node: str, alone: bool) -> Relayed | None:
+        if alone and not self.streamed:
+            return None
         self.made.append((checkpoint, node))
-        return f"relay of {checkpoint} on {node}"
+        return Relayed(f"relay of {checkpoint} on {node}", for_its_node=self.streamed)
 
 
 @pytest.fixture
@@ -97,7 +106,9 @@ def test_a_relay_on_a_node_gone_is_made_again_on_a_live_readers_node(root: str) 
 
 
 def test_a_transfer_that_cannot_be_relayed_is_read_itself(root: str) -> None:
-    transfers = DirectoryTransfers(Starts(), None, lambda ref, node: None, lambda: {"a", "b"})
+    transfers = DirectoryTransfers(
+        Starts(), None, lambda ref, node, alone: None, lambda: {"a", "b"}
+    )
     transfers.ref(root, "ckpt", CONFIG, "a")
     assert transfers.ref(root, "ckpt", CONFIG, "b")[:3:2] == ("transfer 1", False)
     assert transfers.relays == 0
@@ -115,3 +126,33 @@ def test_the_relay_of_readers_taken_for_dead_goes_with_their_leases(
     now[0] += directory_transfers.KNOBS.read_lease_s
     assert transfers.ref(root, "ckpt", CONFIG, "c")[:3:2] == ("transfer 2", False)
     assert transfers.ref(root, "ckpt", CONFIG, "d")[0] == "relay of transfer 2 on c"
+
+
+def test_a_streamed_transfers_feed_is_made_for_the_first_reader_and_read_on_its_node(
+    root: str,
+) -> None:
+    """Defect: the relay node's own reader read the ``streamed`` transfer itself, a
+    second stream of it from the storage node beside the feed's."""
+    relays, live = Relays(streamed=True), {"a", "b", "c"}
+    transfers = DirectoryTransfers(Starts(), None, relays, lambda: live, here="s")
+    first = transfers.ref(root, "ckpt", CONFIG, "a")
+    assert first[0] == "relay of transfer 1 on a" and first[2]
+    others = [transfers.ref(root, "ckpt", CONFIG, n)[0] for n in ("a", "b", "c")]
+    assert others == ["relay of transfer 1 on a"] * 3
+    assert relays.made == [("transfer 1", "a")]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_reader_on_the_storage_node_reads_the_transfer_and_hosts_no_relay(
+    root: str, streamed: bool
+) -> None:
+    """Defect: a reader on the storage node itself was handed the relay on another
+    reader's node (its chunks pulled back over the network), and the earliest reader
+    there got the relay made on the storage node."""
+    relays, live = Relays(streamed), {"s", "a", "b"}
+    transfers = DirectoryTransfers(Starts(), None, relays, lambda: live, here="s")
+    assert transfers.ref(root, "ckpt", CONFIG, "s")[:3:2] == ("transfer 1", False)
+    transfers.ref(root, "ckpt", CONFIG, "a")
+    transfers.ref(root, "ckpt", CONFIG, "b")
+    assert transfers.ref(root, "ckpt", CONFIG, "s")[:3:2] == ("transfer 1", False)
+    assert [node for _, node in relays.made] == ["a"]

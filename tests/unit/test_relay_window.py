@@ -4,10 +4,14 @@ chunks, dropping the lowest first, and never a chunk larger than the cap; the
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
-from air_transfer.transfer.fanout import STREAM_SHARE, stream_window
+from air_transfer.config import TransferConfig
+from air_transfer.transfer.fanout import RELAY_SHARE, STREAM_SHARE, feed_bounds, stream_window
+from air_transfer.transfer.relay_stream import Bounds, StreamRelayStrategy, _Feed
 from air_transfer.transfer.relay_window import WindowedRelayStrategy, _Window
 
 MiB = 1024 * 1024
@@ -34,9 +38,10 @@ def test_a_chunk_larger_than_the_cap_is_not_kept_and_a_kept_one_not_twice() -> N
     assert list(window.kept) == [1]
 
 
-def test_the_relayed_strategy_refuses_to_pack() -> None:
+@pytest.mark.parametrize("strategy", [WindowedRelayStrategy(), StreamRelayStrategy()])
+def test_the_relayed_strategies_refuse_to_pack(strategy: object) -> None:
     with pytest.raises(TypeError, match="never packed"):
-        WindowedRelayStrategy().pack(None)  # type: ignore[arg-type]
+        strategy.pack(None)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
@@ -52,3 +57,40 @@ def test_a_relayed_readers_window_keeps_its_stream_within_its_share_of_the_store
 ) -> None:
     assert stream_window(store, chunk, asked) == ahead
     assert ahead == 1 or 2 * ahead * chunk <= store * STREAM_SHARE
+
+
+def _feed(cap_chunks: int, readers: dict[int, int]) -> _Feed:
+    feed = _Feed(iter(()), Bounds(cap_chunks, 4, 60.0), threading.Condition())
+    feed.next_index.update(readers)
+    return feed
+
+
+def test_a_feed_keeps_its_last_cap_chunks_and_waits_for_its_slowest_reader() -> None:
+    """The chunks kept are the last ``cap_chunks`` fed, so every reader's next is
+    among them while the feed stays within ``cap_chunks`` of the slowest."""
+    feed = _feed(3, {1: 0, 2: 0})
+    for _ in range(3):
+        assert not feed.full()
+        feed.add(_chunk(1))
+    assert sorted(feed.kept) == [0, 1, 2] and feed.full()  # the slowest is at 0
+    feed.next_index[1] = feed.next_index[2] = 1
+    feed.add(_chunk(1))
+    assert sorted(feed.kept) == [1, 2, 3] and feed.full()
+    assert feed.lowest() == 1
+
+
+@pytest.mark.parametrize(
+    ("store", "chunk", "window", "bounds"),
+    [
+        (600 * MiB, 32 * MiB, 4, (1, 2, 3)),  # (300 - 3 x 32) // 64 MiB
+        (128 * MiB, MiB, 3, (3, 19, 7)),  # (64 - 22) // 6 MiB
+        (64 * MiB, 32 * MiB, 4, (1, 1, 1)),  # nothing fits: one of each at least
+    ],
+)
+def test_a_feed_keeps_its_chunks_and_streams_within_its_share_of_the_store(
+    store: int, chunk: int, window: int, bounds: tuple[int, int, int]
+) -> None:
+    ahead, cap_chunks, streams = feed_bounds(store, chunk, TransferConfig(window=window))
+    assert (ahead, cap_chunks, streams) == bounds
+    if streams > 1:
+        assert (cap_chunks + ahead + 2 * ahead * streams) * chunk <= store * RELAY_SHARE

@@ -10,7 +10,8 @@ budget, the cap and idleness are ``chunk_cache``'s.
 Fan-out: a reader that asks while a reader on another node holds a lease on the same
 transfer gets its *relay* (``transfer.fanout``): copies of the chunks made on the
 node of the earliest such reader (one relay per transfer, made when the second node
-asks), so that N nodes reading at once make this node push the checkpoint about
+asks; a ``streamed`` transfer's, a feed of it, when the first node asks, which its
+own reader reads too), so that N nodes reading at once make this node push the checkpoint about
 once, not N times (Ray pulls an object from any node holding it, and readers in step
 find this node alone). The relay is dropped when the transfer's last reader lets go
 (or when its node is gone: the next reader gets a new one); a reader whose relay was
@@ -39,12 +40,14 @@ from air_transfer.core.knobs import KNOBS
 from air_transfer.core.placed_mark import is_stub, stub_refused
 from air_transfer.core.scan import Source, Stamp, scan
 from air_transfer.storage.server.chunk_cache import capped, reaper
+from air_transfer.transfer.fanout import Relayed
 
 #: Starts a transfer of a directory owned by the agent: (checkpoint ref, completion).
 StartTransfer = Callable[[Source, TransferConfig], tuple[CheckpointRef, DoneRef | None]]
-#: A relay of a transfer on a node (``transfer.fanout.relay``): its checkpoint's ref,
-#: None if the transfer cannot be relayed.
-Relay = Callable[[CheckpointRef, str], CheckpointRef | None]
+#: A relay of a transfer on a node (``transfer.fanout.relay``), for a reader there
+#: alone (True: no reader on another node yet) or for readers on other nodes; None
+#: if the transfer is not relayed so.
+Relay = Callable[[CheckpointRef, str, bool], Relayed | None]
 
 
 class DirectoryTransferLeases:
@@ -98,7 +101,7 @@ class _Transfer:
     ref: CheckpointRef
     size: int  # file bytes
     used: float  # time.monotonic() of the last request or release
-    relay: tuple[str, CheckpointRef] | None = None  # its node, its checkpoint
+    relay: tuple[str, Relayed] | None = None  # its node, the relay
 
 
 class DirectoryTransfers:
@@ -117,11 +120,13 @@ class DirectoryTransfers:
         cap: int | None = None,
         relay: Relay | None = None,
         live_nodes: Callable[[], set[str]] = set,
+        here: str | None = None,
     ) -> None:
         self._start = start
         self._cap = cap  # ``cache_cap``: at most this many bytes kept, whatever asked
         self._relay = relay  # None: no fan-out (every reader gets the transfer itself)
         self._live_nodes = live_nodes  # the ids of the nodes alive now
+        self._here = here  # this node's id: its readers read the transfer itself
         self._lock = threading.Lock()
         self._held: OrderedDict[Hashable, _Transfer] = OrderedDict()
         self._leases = DirectoryTransferLeases()
@@ -172,22 +177,24 @@ class DirectoryTransfers:
     def _relayed(self, key: Hashable, held: _Transfer, node: str) -> CheckpointRef | None:
         """The relay of ``held`` for a reader on ``node``: the one made (on a node
         still alive), else one made now on the node of the earliest reader in flight
-        on another node that is alive; None for a reader on the relay's node, or
-        with no reader in flight on another node."""
-        others = [n for n in self._leases.nodes(key) if n != node]
-        if self._relay is None or (held.relay is None and not others):
+        on another node that is alive, or, with none, on ``node`` if its readers read
+        such a relay too (a ``streamed`` transfer's). None for a reader on this node,
+        or on the node of a relay its readers do not read."""
+        if self._relay is None or node == self._here:
             return None
-        live = self._live_nodes()
-        if held.relay is not None and held.relay[0] not in live:
+        others = [n for n in self._leases.nodes(key) if n not in (node, self._here)]
+        if held.relay is not None and held.relay[0] not in self._live_nodes():
             held.relay = None
         if held.relay is None:
-            on = next((n for n in others if n in live), None)
-            made = None if on is None else self._relay(held.ref, on)
-            if on is None or made is None:
+            live = self._live_nodes() if others else set()
+            on = next((n for n in others if n in live), node)
+            made = self._relay(held.ref, on, on == node)
+            if made is None:
                 return None
             held.relay = (on, made)
             self.relays += 1
-        return None if held.relay[0] == node else held.relay[1]
+        on, made = held.relay
+        return made.ref if on != node or made.for_its_node else None
 
     def release(self, lease: str) -> None:
         """The reader holding ``lease`` is done: its transfer is kept now only within

@@ -67,7 +67,9 @@ class NodeStorageService(NodeCopies, NodeReads, NodeCheckpoints):
         live_nodes: Callable[[], set[str]] = set,
     ) -> None:
         self._files = FileChunks(submit, cache_cap(store_bytes))
-        self._directories = DirectoryTransfers(start, cache_cap(store_bytes), relay, live_nodes)
+        self._directories = DirectoryTransfers(
+            start, cache_cap(store_bytes), relay, live_nodes, here=node_id
+        )
         self._handle_of = handle_of  # a transfer's handle, of a checkpoint or handle
         #: Metadata, with the durable tier of each root that has one (its drain).
         self._disk = TieredDisk(DiskStorage(), node_id)

@@ -1,0 +1,193 @@
+"""Fan-out of a ``streamed`` checkpoint (one larger than the storage node's object
+store) restored from node storage on ``node_a`` by readers on two nodes at once: the
+storage node streams it once, to a feed on the first reader's node that both readers
+read in lockstep (``transfer.relay_stream``); a feed lost mid-read is read again from
+the storage node; and, on the relay node's agent itself, a reader that joins late
+reads what the feed has passed from a stream of its own, a stuck reader is dropped
+after its stall time, and readers over the feed's share are refused."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+import pytest
+import ray
+
+from air_transfer import storage_filesystem
+from air_transfer.checkpoint import ChunkedCheckpoint
+from air_transfer.cluster.agent_client import AgentClient
+from air_transfer.cluster.nodes import node_agent
+from air_transfer.config import TransferConfig
+from air_transfer.errors import CheckpointLostError
+from air_transfer.transfer.relay_stream import Bounds, StreamRelays
+from tests.support.checkpoints import MiB, digest_tree, kill_and_wait, make_checkpoint, on
+from tests.support.cluster import node_ids
+from tests.support.gates import Gate, HoldPackingAt, hold_packing
+from tests.support.node_storage import CONFIG, read_counters
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.usefixtures("cluster")
+
+STREAMED = CONFIG.replace(strategy="streamed")
+SIZE = 24 * MiB  # 25 chunks of 1 MiB: more than a feed keeps on a 128 MiB store (19)
+
+
+@ray.remote(num_cpus=0)
+def restore(f: pafs.FileSystem, path: str, local: str) -> dict[str, str]:
+    """What Ray Train's restore on another node does with a node-storage checkpoint."""
+    from air_transfer.train.hooks import download_directory
+
+    assert download_directory(f, path, local)
+    return digest_tree(local)
+
+
+def _size(src: Path) -> int:
+    return sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+
+
+def _grown(name: str, key: str, before: dict[str, Any]) -> int:
+    return read_counters(name)[key] - before[name][key]
+
+
+@contextlib.contextmanager
+def holding(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A ``streamed`` checkpoint in node storage on ``node_a``, a restore of it on
+    ``node_b`` mid-read (the storage agent held at a gate after its first 2 MiB) and
+    a restore on the head that has asked for it too; the gate opens at the end."""
+    src = make_checkpoint(tmp_path / "ckpt", SIZE)
+    f = storage_filesystem(node=node_ids()["node_a"], config=STREAMED, root=str(tmp_path))
+    storage = node_agent(node_ids()["node_a"])
+    before = {n: read_counters(n) for n in ("node_a", "node_b")}
+    gate = Gate.options(**on("head")).remote()
+    hold_packing(storage, HoldPackingAt(2 * MiB, gate))
+    try:
+        first = restore.options(**on("node_b")).remote(f, str(src), str(tmp_path / "r1"))
+        ray.get(gate.wait_for_arrivals.remote(1), timeout=60)  # the first is mid-read
+        second = restore.options(**on("head")).remote(f, str(src), str(tmp_path / "r2"))
+        eventually(
+            lambda: _grown("node_a", "bytes_served", before) == 2 * _size(src),
+            "the second reader to ask",
+            180,
+        )
+        yield {"src": src, "before": before, "gate": gate, "readers": [first, second]}
+    finally:
+        ray.get(gate.open.remote())
+        hold_packing(storage, None)
+
+
+def test_readers_on_two_nodes_share_one_stream_from_the_storage_node(tmp_path: Path) -> None:
+    """Defect: each reader of a ``streamed`` checkpoint had the storage node read and
+    push it once (4 readers of 0.6 GB with 600 MiB stores: 4.00x). The first
+    reader's node now feeds it, once, to its own reader and to the other's."""
+    with holding(tmp_path) as state:
+        ray.get(state["gate"].open.remote())
+        assert ray.get(state["readers"], timeout=180) == [digest_tree(state["src"])] * 2
+    size, before = _size(state["src"]), state["before"]
+    assert _grown("node_a", "bytes_streamed", before) == size  # one stream, not two
+    assert _grown("node_a", "transfers_relayed", before) == 1
+    assert _grown("node_b", "feed_bytes_fed", before) == size
+    assert _grown("node_b", "feed_bytes_joined", before) == 0
+    assert _grown("node_b", "feed_bytes_served", before) == 2 * size
+    relay = AgentClient(node_ids()["node_b"])
+    eventually(lambda: ray.get(relay.call(StreamRelays.relay_feeds)) == 0, "the feed to go", 60)
+
+
+def test_a_feed_lost_mid_read_is_read_again_from_the_storage_node(tmp_path: Path) -> None:
+    """The feed's node's agent killed mid-read: both readers, the one on its node
+    too, read the transfer itself, and get the source's bytes."""
+    with holding(tmp_path) as state:
+        agent = node_agent(node_ids()["node_b"])
+        kill_and_wait(agent, ray.get(agent.pid.remote()))
+        ray.get(state["gate"].open.remote())
+        assert ray.get(state["readers"], timeout=180) == [digest_tree(state["src"])] * 2
+    assert _grown("node_a", "bytes_served", state["before"]) == 4 * _size(state["src"])
+
+
+@pytest.fixture(scope="module")
+def streamed() -> Iterator[tuple[Any, list[bytes]]]:
+    """A ``streamed`` transfer of 8 chunks of 1 MiB packed on the driver's node, and
+    the chunks' bytes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        chunks = [bytes([i]) * MiB for i in range(8)]
+        (Path(tmp) / "model.bin").write_bytes(b"".join(chunks))
+        config = TransferConfig(strategy="streamed", chunk_bytes=MiB, window=1)
+        checkpoint = ray.get(ChunkedCheckpoint.from_directory(tmp).to_object_ref(config=config))
+        yield checkpoint.handle(), chunks
+
+
+def _stream(handle: Any, bounds: Bounds, reader_node: str, key: str, start: int = 0) -> Any:
+    relay = AgentClient(node_ids()["node_b"])
+    n = handle.manifest.num_chunks
+    return relay.stream(1, StreamRelays.relayed_stream, key, handle, start, n, bounds, reader_node)
+
+
+def test_a_late_reader_reads_what_the_feed_passed_from_a_stream_of_its_own(
+    streamed: tuple[Any, list[bytes]],
+) -> None:
+    """A reader that asks once the feed has dropped its first chunks joins it at
+    its lowest chunk kept and reads those before from a stream of its own; the
+    first reader then moves in step with it, and both get every chunk."""
+    handle, chunks = streamed
+    key, bounds = f"late-{uuid.uuid4().hex}", Bounds(2, 4, 60.0)
+    before = read_counters("node_b")
+    first = _stream(handle, bounds, "elsewhere", key)
+    got = [bytes(ray.get(next(first))) for _ in range(5)]  # the feed has dropped chunk 0
+    late = _stream(handle, bounds, "elsewhere-2", key)
+    with ThreadPoolExecutor(1) as reader:  # the two read at once: they move in step
+        rest = reader.submit(lambda: [bytes(ray.get(ref)) for ref in first])
+        assert [bytes(ray.get(ref)) for ref in late] == chunks
+        assert got + rest.result(timeout=120) == chunks
+    after = read_counters("node_b")
+    joined = after["feed_bytes_joined"] - before["feed_bytes_joined"]
+    assert MiB <= joined < len(chunks) * MiB
+    assert after["feed_bytes_fed"] - before["feed_bytes_fed"] == len(chunks) * MiB
+
+
+def test_a_stuck_reader_is_dropped_after_its_stall_time(
+    streamed: tuple[Any, list[bytes]],
+) -> None:
+    """A reader that stops reading holds the others up to its stall time, then is
+    dropped with CheckpointLostError (it then reads the transfer itself) while the
+    others read on to the end."""
+    handle, chunks = streamed
+    key, bounds = f"stuck-{uuid.uuid4().hex}", Bounds(2, 4, 1.0)
+    before = read_counters("node_b")
+    stuck = _stream(handle, bounds, "elsewhere", key)
+    assert bytes(ray.get(next(stuck))) == chunks[0]
+    moving = _stream(handle, bounds, "elsewhere-2", key)
+    assert [bytes(ray.get(ref)) for ref in moving] == chunks
+    with pytest.raises(ray.exceptions.RayTaskError) as dropped:
+        for ref in stuck:
+            ray.get(ref)
+    assert isinstance(dropped.value.cause, CheckpointLostError)
+    assert "held its other readers up for 1 s" in str(dropped.value.cause)
+    assert read_counters("node_b")["feed_streams_dropped"] - before["feed_streams_dropped"] == 1
+
+
+def test_a_feed_refuses_a_reader_over_its_share_but_not_its_own_nodes(
+    streamed: tuple[Any, list[bytes]],
+) -> None:
+    """A feed streams to at most ``max_streams`` readers on other nodes at once: one
+    more is refused before any chunk, with CheckpointLostError (its reader then
+    reads the transfer itself); a reader on the feed's own node is not counted."""
+    handle, chunks = streamed
+    key, bounds = f"share-{uuid.uuid4().hex}", Bounds(8, 1, 60.0)  # keeps every chunk
+    first = _stream(handle, bounds, "elsewhere", key)
+    assert bytes(ray.get(next(first))) == chunks[0]
+    refused = _stream(handle, bounds, "elsewhere-2", key)
+    with pytest.raises(ray.exceptions.RayTaskError) as over:
+        ray.get(next(refused))
+    assert isinstance(over.value.cause, CheckpointLostError)
+    assert "already streams to 1 readers on other nodes" in str(over.value.cause)
+    local = _stream(handle, bounds, node_ids()["node_b"], key)
+    assert [bytes(ray.get(ref)) for ref in local] == chunks
+    assert [bytes(ray.get(ref)) for ref in first] == chunks[1:]
+    relay = AgentClient(node_ids()["node_b"])
+    eventually(lambda: ray.get(relay.call(StreamRelays.relay_feeds)) == 0, "the feed to go", 60)
