@@ -219,3 +219,21 @@ def test_a_deleted_file_leaves_the_bucket(s3: S3Server, tmp_path: Path) -> None:
                 break
     assert status.deletes_pending == 0
     assert_same(root, target)  # .metadata.tmp is not in the bucket any more
+
+
+def test_s3_clients_for_different_filesystems_share_one_loaded_model() -> None:
+    """Each cached client (one per distinct ``S3FileSystem``) has its own credentials
+    and endpoint, but botocore's S3 model is loaded and kept once, not per client."""
+    from air_transfer.storage.durable.s3 import client_for
+
+    def fs(key: str, port: int) -> pafs.S3FileSystem:
+        return pafs.S3FileSystem(
+            access_key=key, secret_key="s", endpoint_override=f"127.0.0.1:{port}",
+            scheme="http", region="us-east-1",
+        )  # fmt: skip
+
+    one, two = client_for(fs("one", 9)), client_for(fs("two", 8))
+    assert one is not two and one.meta.endpoint_url != two.meta.endpoint_url
+    assert one._request_signer._credentials.access_key == "one"
+    assert two._request_signer._credentials.access_key == "two"
+    assert one._loader is two._loader
