@@ -47,10 +47,11 @@ def test_drained_into_s3_bit_identical(s3: S3Server, tmp_path: Path) -> None:
 
 
 def _kill_mid_upload(tmp_path: Path, uri: str, started: object, rate: int = MiB) -> Path:
-    """A drain child uploading an 8 MiB file at ``rate`` bytes/s, killed once
-    ``started`` (an S3 multipart upload shows once its first 5 MiB part is full)."""
+    """A drain child uploading a 12 MiB file at ``rate`` bytes/s, killed once
+    ``started`` (an S3 multipart upload shows once its first 5 MiB part is full; the
+    7 MiB after it leave the test time to kill the child before the upload ends)."""
     root = tmp_path / "root"
-    write_file(root / "big.bin", random.Random(2).randbytes(8 * MiB))
+    write_file(root / "big.bin", random.Random(2).randbytes(12 * MiB))
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.support.drain_child", str(root), uri, str(rate)],
         cwd=REPO_ROOT, env=child_env(), stdout=subprocess.PIPE,
@@ -72,7 +73,7 @@ def test_a_drain_killed_mid_upload_leaves_no_object(s3: S3Server, tmp_path: Path
         found = client.list_multipart_uploads(Bucket="ckpts")  # type: ignore[attr-defined]
         return any(u["Key"] == "killed/big.bin" for u in found.get("Uploads", []))
 
-    _kill_mid_upload(tmp_path, s3.uri("ckpts", "killed"), uploading, rate=2 * MiB)
+    _kill_mid_upload(tmp_path, s3.uri("ckpts", "killed"), uploading, rate=4 * MiB)
     [info] = target.filesystem.get_file_info([target.path("big.bin")])
     assert info.type == pafs.FileType.NotFound
     assert TierReads(target).listing("", True, set()) is None  # no manifest: nothing
