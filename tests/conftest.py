@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -104,7 +105,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     (``gc.freeze``): the suite collects garbage hundreds of times, to release refs
     held in reference cycles before it checks that Ray freed them, and each full
     collection took ~0.12-0.16 s scanning those objects; it now scans only what the
-    tests made."""
+    tests made. botocore's S3 and IAM models, loaded at a module's first S3 client,
+    are loaded first where S3 tests were collected, so that they are frozen too."""
+    if "tests.support.s3" in sys.modules:
+        from tests.support import s3
+
+        s3.load_models()
     gc.freeze()
 
 

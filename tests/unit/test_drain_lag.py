@@ -19,7 +19,7 @@ MiB = 1024 * 1024
 
 def test_reports_faster_than_the_tier_stay_within_max_lag_bytes(tmp_path: Path) -> None:
     root, target = tmp_path / "root", local_target(tmp_path / "durable")
-    limit, report = 3 * MiB, 2 * MiB
+    limit, report = 3 * MiB // 2, MiB  # two reports not yet durable pass the limit
     settings = DrainSettings(
         chunk_bytes=256 * 1024, bytes_per_s=4 * MiB, max_lag_bytes=limit, rescan_s=60.0,
         backoff_s=(0.05, 0.5),
@@ -57,13 +57,13 @@ def test_a_report_larger_than_the_limit_waits_until_nothing_else_is_behind(
 ) -> None:
     root, target = tmp_path / "root", local_target(tmp_path / "durable")
     settings = DrainSettings(
-        chunk_bytes=256 * 1024, bytes_per_s=2 * MiB, max_lag_bytes=MiB, rescan_s=60.0
+        chunk_bytes=256 * 1024, bytes_per_s=2 * MiB, max_lag_bytes=MiB // 4, rescan_s=60.0
     )
     with draining(root, target, settings) as drainer:
-        write_file(root / "ckpt_0" / "model.bin", b"0" * (2 * MiB))
+        write_file(root / "ckpt_0" / "model.bin", b"0" * (MiB // 2))
         drainer.touch()
-        assert drainer.admit(4 * MiB) is None  # 2 MiB behind: it waits
-        key = eventually(lambda: drainer.admit(4 * MiB), "the big report admitted", 60)
-        assert drainer.status().lag_bytes >= 4 * MiB  # its room is counted until released
+        assert drainer.admit(MiB) is None  # 512 KiB behind: it waits
+        key = eventually(lambda: drainer.admit(MiB), "the big report admitted", 60)
+        assert drainer.status().lag_bytes >= MiB  # its room is counted until released
         drainer.release(key)
         assert drainer.status().lag_bytes == 0

@@ -47,10 +47,11 @@ def test_drained_into_s3_bit_identical(s3: S3Server, tmp_path: Path) -> None:
 
 
 def _kill_mid_upload(tmp_path: Path, uri: str, started: object, rate: int = MiB) -> Path:
-    """A drain child uploading an 8 MiB file at ``rate`` bytes/s, killed once
-    ``started`` (an S3 multipart upload shows once its first 5 MiB part is full)."""
+    """A drain child uploading a 12 MiB file at ``rate`` bytes/s, killed once
+    ``started`` (an S3 multipart upload shows once its first 5 MiB part is full; the
+    7 MiB after it leave the test time to kill the child before the upload ends)."""
     root = tmp_path / "root"
-    write_file(root / "big.bin", random.Random(2).randbytes(8 * MiB))
+    write_file(root / "big.bin", random.Random(2).randbytes(12 * MiB))
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.support.drain_child", str(root), uri, str(rate)],
         cwd=REPO_ROOT, env=child_env(), stdout=subprocess.PIPE,
@@ -72,7 +73,7 @@ def test_a_drain_killed_mid_upload_leaves_no_object(s3: S3Server, tmp_path: Path
         found = client.list_multipart_uploads(Bucket="ckpts")  # type: ignore[attr-defined]
         return any(u["Key"] == "killed/big.bin" for u in found.get("Uploads", []))
 
-    _kill_mid_upload(tmp_path, s3.uri("ckpts", "killed"), uploading, rate=2 * MiB)
+    _kill_mid_upload(tmp_path, s3.uri("ckpts", "killed"), uploading, rate=4 * MiB)
     [info] = target.filesystem.get_file_info([target.path("big.bin")])
     assert info.type == pafs.FileType.NotFound
     assert TierReads(target).listing("", True, set()) is None  # no manifest: nothing
@@ -219,3 +220,21 @@ def test_a_deleted_file_leaves_the_bucket(s3: S3Server, tmp_path: Path) -> None:
                 break
     assert status.deletes_pending == 0
     assert_same(root, target)  # .metadata.tmp is not in the bucket any more
+
+
+def test_s3_clients_for_different_filesystems_share_one_loaded_model() -> None:
+    """Each cached client (one per distinct ``S3FileSystem``) has its own credentials
+    and endpoint, but botocore's S3 model is loaded and kept once, not per client."""
+    from air_transfer.storage.durable.s3 import client_for
+
+    def fs(key: str, port: int) -> pafs.S3FileSystem:
+        return pafs.S3FileSystem(
+            access_key=key, secret_key="s", endpoint_override=f"127.0.0.1:{port}",
+            scheme="http", region="us-east-1",
+        )  # fmt: skip
+
+    one, two = client_for(fs("one", 9)), client_for(fs("two", 8))
+    assert one is not two and one.meta.endpoint_url != two.meta.endpoint_url
+    assert one._request_signer._credentials.access_key == "one"
+    assert two._request_signer._credentials.access_key == "two"
+    assert one._loader is two._loader

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.fs as pafs
 
 from air_transfer.core.threads import pool
+from air_transfer.storage.durable.boto_loader import botocore_session
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
@@ -60,6 +61,7 @@ def _make_client(kwargs: dict[str, Any]) -> Any:
     from botocore import UNSIGNED
 
     session = boto3.session.Session(
+        botocore_session=botocore_session(),
         aws_access_key_id=kwargs.get("access_key") or None,
         aws_secret_access_key=kwargs.get("secret_key") or None,
         aws_session_token=kwargs.get("session_token") or None,
