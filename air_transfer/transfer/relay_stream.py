@@ -135,6 +135,12 @@ class _Feed:
     def full(self) -> bool:
         return self.fed - self.lowest() >= self.bounds.cap_chunks
 
+    def joinable(self) -> int:
+        """The lowest index a reader that joins now may take from the feed: one kept,
+        and still kept once the chunk being fed (if any) is added."""
+        passing = self.fed + self.feeding - self.bounds.cap_chunks
+        return max(min(self.kept, default=self.fed), passing)
+
     def add(self, chunk: Buffer) -> None:
         """Keep ``chunk``, the next fed, and only the ``cap_chunks`` last fed: every
         reader's next is among them (the feed waits for the slowest), and so is a
@@ -238,7 +244,7 @@ class StreamRelays:
                         "this node's object store allows: read the checkpoint from the "
                         "node that packed it"
                     )
-                joined_at = min(max(start, min(feed.kept, default=feed.fed)), stop)
+                joined_at = min(max(start, feed.joinable()), stop)
                 feed.next_index[stream] = joined_at
                 if not here:
                     feed.remote.add(stream)
@@ -260,6 +266,12 @@ class StreamRelays:
                     raise fresh(feed.failed)
                 if index in feed.kept:
                     return feed.kept[index]
+                if index < feed.fed:  # never: the feed waits for its slowest reader
+                    raise CheckpointLostError(
+                        f"chunk {index} of a relayed transfer left the relay's window "
+                        "before this reader took it: read the checkpoint from the node "
+                        "that packed it"
+                    )
                 if not feed.feeding and not feed.full():
                     feed.feeding = True
                     break

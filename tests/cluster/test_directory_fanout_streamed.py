@@ -9,10 +9,10 @@ after its stall time, and readers over the feed's share are refused."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import tempfile
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,23 @@ def _stream(handle: Any, bounds: Bounds, reader_node: str, key: str, start: int 
     return relay.stream(1, StreamRelays.relayed_stream, key, handle, start, n, bounds, reader_node)
 
 
+@ray.remote(num_cpus=0)
+class Reader:
+    """A reader of a feed in a process of its own, as each restore is: it reads as
+    many chunks as it is told, when it is told."""
+
+    def __init__(self, handle: Any, bounds: Bounds, key: str) -> None:
+        self._handle, self._bounds, self._key = handle, bounds, key
+        self._refs: Any = None
+
+    def read(self, count: int | None = None) -> list[bytes]:
+        if self._refs is None:  # asks when told to, not when its process is up
+            node = f"elsewhere-{uuid.uuid4().hex}"
+            self._refs = _stream(self._handle, self._bounds, node, self._key)
+        taken = itertools.islice(self._refs, count)
+        return [bytes(ray.get(ref)) for ref in taken]
+
+
 def test_a_late_reader_reads_what_the_feed_passed_from_a_stream_of_its_own(
     streamed: tuple[Any, list[bytes]],
 ) -> None:
@@ -137,13 +154,19 @@ def test_a_late_reader_reads_what_the_feed_passed_from_a_stream_of_its_own(
     handle, chunks = streamed
     key, bounds = f"late-{uuid.uuid4().hex}", Bounds(2, 4, 60.0)
     before = read_counters("node_b")
-    first = _stream(handle, bounds, "elsewhere", key)
-    got = [bytes(ray.get(next(first))) for _ in range(5)]  # the feed has dropped chunk 0
-    late = _stream(handle, bounds, "elsewhere-2", key)
-    with ThreadPoolExecutor(1) as reader:  # the two read at once: they move in step
-        rest = reader.submit(lambda: [bytes(ray.get(ref)) for ref in first])
-        assert [bytes(ray.get(ref)) for ref in late] == chunks
-        assert got + rest.result(timeout=120) == chunks
+    first = Reader.options(**on("head")).remote(handle, bounds, key)
+    late = Reader.options(**on("head")).remote(handle, bounds, key)
+    try:
+        # The first reads 5 chunks and is held there (one chunk ahead at most): the
+        # feed has dropped chunk 0 when the late one asks; then both read at once.
+        got = ray.get(first.read.remote(5))
+        got_late = ray.get(late.read.remote(1))
+        both = [late.read.remote(), first.read.remote()]
+        assert ray.get(both, timeout=120) == [chunks[1:], chunks[5:]]
+        assert got == chunks[:5] and got_late == chunks[:1]
+    finally:
+        for reader in (first, late):
+            ray.kill(reader)
     after = read_counters("node_b")
     joined = after["feed_bytes_joined"] - before["feed_bytes_joined"]
     assert MiB <= joined < len(chunks) * MiB

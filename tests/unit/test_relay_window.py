@@ -94,3 +94,25 @@ def test_a_feed_keeps_its_chunks_and_streams_within_its_share_of_the_store(
     assert (ahead, cap_chunks, streams) == bounds
     if streams > 1:
         assert (cap_chunks + ahead + 2 * ahead * streams) * chunk <= store * RELAY_SHARE
+
+
+def test_a_reader_joining_while_a_chunk_is_fed_joins_at_one_that_stays_kept() -> None:
+    """Defect: a reader that joined while another fed the next chunk joined at the
+    lowest chunk kept, which that chunk then pushed out; it waited for it until it
+    was dropped as stuck (60 s), then read the whole transfer again."""
+    feed = _feed(2, {1: 5})
+    for _ in range(6):
+        feed.add(_chunk(1))
+    assert sorted(feed.kept) == [4, 5] and feed.joinable() == 4
+    feed.feeding = True  # reader 1 feeds chunk 6: it pushes chunk 4 out
+    assert feed.joinable() == 5
+    feed.next_index[2] = feed.joinable()
+    feed.add(_chunk(1))
+    assert feed.next_index[2] in feed.kept
+
+
+def test_a_reader_joining_a_feed_that_has_dropped_nothing_joins_at_its_start() -> None:
+    feed = _feed(3, {1: 1})
+    feed.add(_chunk(1))
+    feed.feeding = True
+    assert feed.joinable() == 0
