@@ -52,7 +52,7 @@ from air_transfer.transfer.handle import TransferHandle
 from air_transfer.transfer.relay_stream import StreamRelay, StreamRelayStrategy
 from air_transfer.transfer.relay_window import WindowedRelay, WindowedRelayStrategy
 from air_transfer.transfer.start import CHECKPOINT_OF
-from air_transfer.transfer.strategies.base import Layout
+from air_transfer.transfer.strategies.base import Layout, TransferStrategy
 
 #: The most of a node's object store a relay's copies may take.
 RELAY_SHARE = 0.5
@@ -144,12 +144,7 @@ def _fed(handle: TransferHandle, agent: AgentClient, store: int) -> TransferHand
         agent.actor, agent.node_id, handle.transfer_id, upstream, cap_chunks, streams,
         KNOBS.relay_stall_s,
     )  # fmt: skip
-    return dataclasses.replace(
-        handle,
-        strategy=StreamRelayStrategy(),
-        payload=payload,
-        config=handle.config.replace(window=ahead),
-    )
+    return _streamed_as(handle, StreamRelayStrategy(), payload, ahead)
 
 
 def feed_bounds(store: int, chunk_bytes: int, config: TransferConfig) -> tuple[int, int, int]:
@@ -178,12 +173,16 @@ def _windowed(handle: TransferHandle, agent: AgentClient, store: int) -> Transfe
         agent.actor, agent.node_id, handle.transfer_id, tuple(handle.payload),
         int(store * WINDOW_SHARE), streams,
     )  # fmt: skip
-    return dataclasses.replace(
-        handle,
-        strategy=WindowedRelayStrategy(),
-        payload=payload,
-        config=handle.config.replace(window=ahead),
-    )
+    return _streamed_as(handle, WindowedRelayStrategy(), payload, ahead)
+
+
+def _streamed_as(
+    handle: TransferHandle, strategy: TransferStrategy, payload: object, ahead: int
+) -> TransferHandle:
+    """``handle`` read as ``strategy``'s streams of ``payload``, each reader
+    fetching ``ahead`` chunks ahead (the same manifest and checksums)."""
+    config = handle.config.replace(window=ahead)
+    return dataclasses.replace(handle, strategy=strategy, payload=payload, config=config)
 
 
 def stream_window(store: int, chunk_bytes: int, window: int) -> int:

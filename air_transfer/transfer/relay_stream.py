@@ -183,7 +183,8 @@ class StreamRelays:
         reader then reads the transfer itself), and when this reader held the others
         up for ``stall_s``; what the feed's stream raises, raised."""
         stream = next(self._streams)
-        feed, joined_at = self._join(key, upstream, start, stop, bounds, stream, reader_node)
+        here = reader_node == this_node_id()
+        feed, joined_at = self._join(key, upstream, range(start, stop), bounds, stream, here)
         try:
             if start < joined_at:  # the feed has passed them: from a stream of its own
                 for chunk in upstream.iter_chunks(start, joined_at):
@@ -214,19 +215,13 @@ class StreamRelays:
             return len(self._feeds)
 
     def _join(
-        self,
-        key: str,
-        upstream: TransferHandle,
-        start: int,
-        stop: int,
-        bounds: Bounds,
-        stream: int,
-        reader_node: str,
-    ) -> tuple[_Feed, int]:
-        """The feed of ``key`` (opened at ``start`` if none is) with ``stream``
-        registered, and the index it joins the feed at (before it: the chunks the
-        feed dropped already)."""
-        here = reader_node == this_node_id()
+        self, key: str, upstream: TransferHandle, wanted: range, bounds: Bounds, stream: int,
+        here: bool,
+    ) -> tuple[_Feed, int]:  # fmt: skip
+        """The feed of ``key`` (opened at ``wanted``'s start if none is) with
+        ``stream`` (``here``: of a reader on this node) registered, and the index it
+        joins the feed at (before it: the chunks the feed dropped already)."""
+        start, stop = wanted.start, wanted.stop
         with self._lock:
             feed = self._feeds.get(key)
             if feed is None:

@@ -6,76 +6,33 @@ source's bytes, and a relay lost mid-read is read again from the storage node.""
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.fs as pafs
 import pytest
 import ray
 
-from air_transfer import storage_filesystem
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.errors import CheckpointLostError
 from air_transfer.transfer.fanout import WINDOW_SHARE
 from air_transfer.transfer.relay_window import RelayWindows
-from tests.support.checkpoints import MiB, digest_tree, kill_and_wait, make_checkpoint, on
+from tests.support.checkpoints import MiB, digest_tree, kill_and_wait
 from tests.support.cluster import STORE_BYTES, node_ids
-from tests.support.gates import Gate, HoldPackingAt, hold_packing
+from tests.support.fanout import grown, holding, tree_size
 from tests.support.node_storage import CONFIG, read_counters
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("cluster")
 
 
-@ray.remote(num_cpus=0)
-def restore(f: pafs.FileSystem, path: str, local: str) -> dict[str, str]:
-    """What Ray Train's restore on another node does with a node-storage checkpoint."""
-    from air_transfer.train.hooks import download_directory
-
-    assert download_directory(f, path, local)
-    return digest_tree(local)
-
-
-def _size(src: Path) -> int:
-    return sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
-
-
-@contextlib.contextmanager
-def holding(tmp_path: Path, size: int) -> Iterator[dict[str, Any]]:
-    """A checkpoint of about ``size`` bytes in node storage on ``node_a``, a restore
-    of it on ``node_b`` mid-read (the storage agent's packing held at a gate after
-    its first 2 MiB) and a restore of it on the head that has asked for it too; the
-    gate opens at the end whatever the test did."""
-    src = make_checkpoint(tmp_path / "ckpt", size)
-    f = storage_filesystem(node=node_ids()["node_a"], config=CONFIG, root=str(tmp_path))
-    storage = node_agent(node_ids()["node_a"])
-    before = {n: read_counters(n) for n in ("node_a", "node_b")}
-    gate = Gate.options(**on("head")).remote()
-    hold_packing(storage, HoldPackingAt(2 * MiB, gate))
-    try:
-        first = restore.options(**on("node_b")).remote(f, str(src), str(tmp_path / "r1"))
-        ray.get(gate.wait_for_arrivals.remote(1), timeout=60)  # the first is mid-read
-        second = restore.options(**on("head")).remote(f, str(src), str(tmp_path / "r2"))
-
-        def served() -> int:
-            return read_counters("node_a")["bytes_served"] - before["node_a"]["bytes_served"]
-
-        eventually(lambda: served() == 2 * _size(src), "the second reader to ask", 180)
-        yield {"src": src, "before": before, "gate": gate, "readers": [first, second]}
-    finally:
-        ray.get(gate.open.remote())
-        hold_packing(storage, None)
-
-
 @pytest.fixture
 def held(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """``holding`` a checkpoint of 6 MiB (7 chunks)."""
-    with holding(tmp_path, 6 * MiB) as state:
+    with holding(tmp_path, 6 * MiB, CONFIG) as state:
         yield state
 
 
@@ -92,9 +49,9 @@ def test_a_second_node_reads_a_relay_made_once_on_the_first_readers_node(
     assert ray.get(held["readers"], timeout=120) == [digest_tree(src)] * 2
     storage, relay = read_counters("node_a"), read_counters("node_b")
     assert storage["transfers_packed"] - before["node_a"]["transfers_packed"] == 1
-    assert storage["bytes_read"] - before["node_a"]["bytes_read"] == _size(src)
+    assert storage["bytes_read"] - before["node_a"]["bytes_read"] == tree_size(src)
     assert storage["transfers_relayed"] - before["node_a"]["transfers_relayed"] == 1
-    assert relay["bytes_relayed"] - before["node_b"]["bytes_relayed"] == _size(src)
+    assert relay["bytes_relayed"] - before["node_b"]["bytes_relayed"] == tree_size(src)
     assert storage["transfer_readers"] == 0
 
 
@@ -108,7 +65,7 @@ def test_a_relay_lost_mid_read_is_read_again_from_the_storage_node(
     ray.get(held["gate"].open.remote())
     assert ray.get(held["readers"], timeout=120) == [digest_tree(held["src"])] * 2
     served = read_counters("node_a")["bytes_served"] - held["before"]["node_a"]["bytes_served"]
-    assert served == 3 * _size(held["src"])  # the second reader asked again
+    assert served == 3 * tree_size(held["src"])  # the second reader asked again
 
 
 def test_the_relay_outlives_the_reader_on_its_node(held: dict[str, Any]) -> None:
@@ -121,15 +78,10 @@ def test_the_relay_outlives_the_reader_on_its_node(held: dict[str, Any]) -> None
     ray.get(held["gate"].open.remote())
     assert ray.get(second, timeout=120) == digest_tree(held["src"])
     served = read_counters("node_a")["bytes_served"] - held["before"]["node_a"]["bytes_served"]
-    assert served == 2 * _size(held["src"])  # the relay, read to the end: no second ask
+    assert served == 2 * tree_size(held["src"])  # the relay, read to the end: no second ask
     assert read_counters("node_b")["bytes_relayed"] - held["before"]["node_b"]["bytes_relayed"] == (
-        _size(held["src"])
+        tree_size(held["src"])
     )
-
-
-def _grown(name: str, key: str, before: dict[str, Any]) -> int:
-    """How much counter ``key`` of node ``name``'s agent grew since ``before``."""
-    return read_counters(name)[key] - before[name][key]
 
 
 def test_a_checkpoint_over_half_the_relay_nodes_store_is_relayed_through_a_window(
@@ -140,15 +92,15 @@ def test_a_checkpoint_over_half_the_relay_nodes_store_is_relayed_through_a_windo
     Its relay is now a window on that node: the second reader streams the chunks from
     the relay node's agent, which pulls each once and keeps at most ``WINDOW_SHARE``
     of its store of them, so the relay never fills that store."""
-    with holding(tmp_path, STORE_BYTES // 2 + 8 * MiB) as state:
+    with holding(tmp_path, STORE_BYTES // 2 + 8 * MiB, CONFIG) as state:
         ray.get(state["gate"].open.remote())
         assert ray.get(state["readers"], timeout=180) == [digest_tree(state["src"])] * 2
-    size, before = _size(state["src"]), state["before"]
-    assert _grown("node_a", "transfers_relayed", before) == 1
-    assert _grown("node_a", "bytes_served", before) == 2 * size  # no reader asked again
-    assert _grown("node_b", "window_bytes_pulled", before) == size  # each chunk once
-    assert _grown("node_b", "window_bytes_served", before) == size
-    assert _grown("node_b", "bytes_relayed", before) == 0  # no copies of the whole
+    size, before = tree_size(state["src"]), state["before"]
+    assert grown("node_a", "transfers_relayed", before) == 1
+    assert grown("node_a", "bytes_served", before) == 2 * size  # no reader asked again
+    assert grown("node_b", "window_bytes_pulled", before) == size  # each chunk once
+    assert grown("node_b", "window_bytes_served", before) == size
+    assert grown("node_b", "bytes_relayed", before) == 0  # no copies of the whole
     assert 0 < read_counters("node_b")["window_peak_bytes"] <= STORE_BYTES * WINDOW_SHARE
     relay_agent = AgentClient(node_ids()["node_b"])
     eventually(lambda: ray.get(relay_agent.call(RelayWindows.relay_windows)) == 0, "window", 60)
@@ -160,14 +112,14 @@ def test_a_windowed_relay_lost_mid_read_is_read_again_from_the_storage_node(
     """The relay node's agent killed while it streams the window to the second
     reader (its first chunks served, the rest not packed yet): that reader reads the
     transfer itself, and gets the source's bytes."""
-    with holding(tmp_path, STORE_BYTES // 2 + 8 * MiB) as state:
+    with holding(tmp_path, STORE_BYTES // 2 + 8 * MiB, CONFIG) as state:
         before = state["before"]
-        eventually(lambda: _grown("node_b", "window_bytes_served", before) >= MiB, "mid-read", 60)
+        eventually(lambda: grown("node_b", "window_bytes_served", before) >= MiB, "mid-read", 60)
         agent = node_agent(node_ids()["node_b"])
         kill_and_wait(agent, ray.get(agent.pid.remote()))
         ray.get(state["gate"].open.remote())
         assert ray.get(state["readers"], timeout=180) == [digest_tree(state["src"])] * 2
-    assert _grown("node_a", "bytes_served", before) == 3 * _size(state["src"])  # asked again
+    assert grown("node_a", "bytes_served", before) == 3 * tree_size(state["src"])  # asked again
 
 
 def test_a_windowed_relays_reader_killed_mid_read_closes_its_window(tmp_path: Path) -> None:
@@ -175,9 +127,9 @@ def test_a_windowed_relays_reader_killed_mid_read_closes_its_window(tmp_path: Pa
     agent ends that stream and lets go of the window (no chunk left pinned there),
     and the reader on the relay node still reads the transfer to the end."""
     relay_agent = AgentClient(node_ids()["node_b"])
-    with holding(tmp_path, STORE_BYTES // 2 + 8 * MiB) as state:
+    with holding(tmp_path, STORE_BYTES // 2 + 8 * MiB, CONFIG) as state:
         before = state["before"]
-        eventually(lambda: _grown("node_b", "window_bytes_served", before) >= MiB, "mid-read", 60)
+        eventually(lambda: grown("node_b", "window_bytes_served", before) >= MiB, "mid-read", 60)
         first, second = state["readers"]
         ray.cancel(second, force=True)
         with pytest.raises(ray.exceptions.RayError):

@@ -8,7 +8,6 @@ after its stall time, and readers over the feed's share are refused."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import tempfile
 import uuid
@@ -16,20 +15,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
 import pytest
 import ray
 
-from air_transfer import storage_filesystem
 from air_transfer.checkpoint import ChunkedCheckpoint
 from air_transfer.cluster.agent_client import AgentClient
 from air_transfer.cluster.nodes import node_agent
 from air_transfer.config import TransferConfig
 from air_transfer.errors import CheckpointLostError
 from air_transfer.transfer.relay_stream import Bounds, StreamRelays
-from tests.support.checkpoints import MiB, digest_tree, kill_and_wait, make_checkpoint, on
+from tests.support.checkpoints import MiB, digest_tree, kill_and_wait, on
 from tests.support.cluster import node_ids
-from tests.support.gates import Gate, HoldPackingAt, hold_packing
+from tests.support.fanout import grown, holding, tree_size
 from tests.support.node_storage import CONFIG, read_counters
 from tests.support.waiting import eventually
 
@@ -39,62 +36,19 @@ STREAMED = CONFIG.replace(strategy="streamed")
 SIZE = 24 * MiB  # 25 chunks of 1 MiB: more than a feed keeps on a 128 MiB store (19)
 
 
-@ray.remote(num_cpus=0)
-def restore(f: pafs.FileSystem, path: str, local: str) -> dict[str, str]:
-    """What Ray Train's restore on another node does with a node-storage checkpoint."""
-    from air_transfer.train.hooks import download_directory
-
-    assert download_directory(f, path, local)
-    return digest_tree(local)
-
-
-def _size(src: Path) -> int:
-    return sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
-
-
-def _grown(name: str, key: str, before: dict[str, Any]) -> int:
-    return read_counters(name)[key] - before[name][key]
-
-
-@contextlib.contextmanager
-def holding(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """A ``streamed`` checkpoint in node storage on ``node_a``, a restore of it on
-    ``node_b`` mid-read (the storage agent held at a gate after its first 2 MiB) and
-    a restore on the head that has asked for it too; the gate opens at the end."""
-    src = make_checkpoint(tmp_path / "ckpt", SIZE)
-    f = storage_filesystem(node=node_ids()["node_a"], config=STREAMED, root=str(tmp_path))
-    storage = node_agent(node_ids()["node_a"])
-    before = {n: read_counters(n) for n in ("node_a", "node_b")}
-    gate = Gate.options(**on("head")).remote()
-    hold_packing(storage, HoldPackingAt(2 * MiB, gate))
-    try:
-        first = restore.options(**on("node_b")).remote(f, str(src), str(tmp_path / "r1"))
-        ray.get(gate.wait_for_arrivals.remote(1), timeout=60)  # the first is mid-read
-        second = restore.options(**on("head")).remote(f, str(src), str(tmp_path / "r2"))
-        eventually(
-            lambda: _grown("node_a", "bytes_served", before) == 2 * _size(src),
-            "the second reader to ask",
-            180,
-        )
-        yield {"src": src, "before": before, "gate": gate, "readers": [first, second]}
-    finally:
-        ray.get(gate.open.remote())
-        hold_packing(storage, None)
-
-
 def test_readers_on_two_nodes_share_one_stream_from_the_storage_node(tmp_path: Path) -> None:
     """Defect: each reader of a ``streamed`` checkpoint had the storage node read and
     push it once (4 readers of 0.6 GB with 600 MiB stores: 4.00x). The first
     reader's node now feeds it, once, to its own reader and to the other's."""
-    with holding(tmp_path) as state:
+    with holding(tmp_path, SIZE, STREAMED) as state:
         ray.get(state["gate"].open.remote())
         assert ray.get(state["readers"], timeout=180) == [digest_tree(state["src"])] * 2
-    size, before = _size(state["src"]), state["before"]
-    assert _grown("node_a", "bytes_streamed", before) == size  # one stream, not two
-    assert _grown("node_a", "transfers_relayed", before) == 1
-    assert _grown("node_b", "feed_bytes_fed", before) == size
-    assert _grown("node_b", "feed_bytes_joined", before) == 0
-    assert _grown("node_b", "feed_bytes_served", before) == 2 * size
+    size, before = tree_size(state["src"]), state["before"]
+    assert grown("node_a", "bytes_streamed", before) == size  # one stream, not two
+    assert grown("node_a", "transfers_relayed", before) == 1
+    assert grown("node_b", "feed_bytes_fed", before) == size
+    assert grown("node_b", "feed_bytes_joined", before) == 0
+    assert grown("node_b", "feed_bytes_served", before) == 2 * size
     relay = AgentClient(node_ids()["node_b"])
     eventually(lambda: ray.get(relay.call(StreamRelays.relay_feeds)) == 0, "the feed to go", 60)
 
@@ -102,12 +56,12 @@ def test_readers_on_two_nodes_share_one_stream_from_the_storage_node(tmp_path: P
 def test_a_feed_lost_mid_read_is_read_again_from_the_storage_node(tmp_path: Path) -> None:
     """The feed's node's agent killed mid-read: both readers, the one on its node
     too, read the transfer itself, and get the source's bytes."""
-    with holding(tmp_path) as state:
+    with holding(tmp_path, SIZE, STREAMED) as state:
         agent = node_agent(node_ids()["node_b"])
         kill_and_wait(agent, ray.get(agent.pid.remote()))
         ray.get(state["gate"].open.remote())
         assert ray.get(state["readers"], timeout=180) == [digest_tree(state["src"])] * 2
-    assert _grown("node_a", "bytes_served", state["before"]) == 4 * _size(state["src"])
+    assert grown("node_a", "bytes_served", state["before"]) == 4 * tree_size(state["src"])
 
 
 @pytest.fixture(scope="module")
