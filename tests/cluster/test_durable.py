@@ -167,12 +167,14 @@ def test_a_drain_whose_agent_was_killed_mid_upload_is_resumed(s3: S3Server, tmp_
     """The storage node's agent killed mid-pass: a new one resumes the drain from the
     saved attachment (no credentials in it: the next caller attaches them again),
     what the pass had finished is not sent again, and what was cut off never shows."""
-    fs = _storage(s3, tmp_path, "killed", durable_bytes_per_s=2 * MiB, durable_part_bytes=5 * MiB)
+    fs = _storage(s3, tmp_path, "killed", durable_bytes_per_s=4 * MiB, durable_part_bytes=5 * MiB)
     root = tmp_path / "root"
     _writers(fs, root, ["small.bin", "big.bin"], MiB)
     air_transfer.wait_durable(fs, timeout=120)
     _writers(fs, root, ["done.bin"], MiB)
-    _writers(fs, root, ["big-0.bin"], 24 * MiB)  # ~12 s at 2 MiB/s: killed mid-way
+    # ~4 s at 4 MiB/s (a second's worth may go at once): its multipart upload shows
+    # once the first 5 MiB part is sent, ~3.75 s before the upload ends: killed mid-way.
+    _writers(fs, root, ["big-0.bin"], 20 * MiB)
     client: Any = s3.client()
 
     def finished_and_uploading() -> bool:
@@ -192,7 +194,7 @@ def test_a_drain_whose_agent_was_killed_mid_upload_is_resumed(s3: S3Server, tmp_
     handler = node_storage_handler(fs)
     assert handler is not None
     status = handler.link.call(NodeDurable.durable_status, handler.root)
-    assert status.uploaded_bytes == 24 * MiB  # the cut-off file alone, sent again
+    assert status.uploaded_bytes == 20 * MiB  # the cut-off file alone, sent again
     assert not client.list_multipart_uploads(Bucket="tier").get("Uploads")
 
 

@@ -1,12 +1,12 @@
 """A Ray Train run on replicated node storage loses its storage node mid-run: the
 run goes on, the next reports land on the live copies, a worker restart restores the
 latest checkpoint from a copy byte for byte, and ``num_to_keep`` deletes apply to
-every copy (the one repair re-makes included)."""
+every copy (the one repair re-makes included). On the replica tests' cluster, whose
+removed nodes are known dead within seconds: a cluster of its own cost a start."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,8 @@ from air_transfer import TransferConfig, storage_filesystem
 from air_transfer.storage.client.handler import node_storage_handler
 from air_transfer.storage.client.replicas import ReplicatedHandler
 from tests.support.checkpoints import MiB, digest_tree
-from tests.support.cluster import node_ids, start_cluster
-from tests.support.replicas import copies_identical, remove
+from tests.support.cluster import node_ids
+from tests.support.replicas import copies_identical, remove, workers
 from tests.support.train_fns import train_loop
 from tests.support.waiting import eventually
 
@@ -30,30 +30,15 @@ pytestmark = pytest.mark.own_ray  # a Ray of its own (tests/conftest.py: the ord
 CONFIG = TransferConfig(chunk_bytes=MiB, window=4)
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    """The tier's head, node_a and node_b, but a removed node is known dead after 3
-    missed health checks 0.5 s apart, not Ray's default 5 x 3 s."""
-    c = start_cluster(
-        "node_a",
-        "node_b",
-        system_config={"health_check_period_ms": 500, "health_check_failure_threshold": 3},
-    )
-    yield c
-    ray.shutdown()
-    c.shutdown()
-
-
-ON_NODE_A = {"CPU": 1, "node_a": 0.01}
-
-
-def test_the_storage_node_is_removed_mid_run(cluster: Cluster, tmp_path: Path) -> None:
+def test_the_storage_node_is_removed_mid_run(cluster4: Cluster, tmp_path: Path) -> None:
+    """Storage on one worker node (copied to the head), the run's worker on another."""
+    trainer_node, storage_node = workers()[:2]
     ids = node_ids()
     copies = tmp_path / "copies"
     fs = storage_filesystem(
-        node=ids["node_b"],
+        node=ids[storage_node],
         config=CONFIG,
-        root=str(copies / ids["node_b"]),
+        root=str(copies / ids[storage_node]),
         replicas=2,
         replica_nodes=(ids["head"],),
         replica_root=str(copies / "{node_id}"),
@@ -72,7 +57,9 @@ def test_the_storage_node_is_removed_mid_run(cluster: Cluster, tmp_path: Path) -
             "fail_after": 2,
             "fail_marker": str(tmp_path / "failed"),
         },
-        scaling_config=ray.train.ScalingConfig(num_workers=1, resources_per_worker=ON_NODE_A),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=1, resources_per_worker={"CPU": 1, trainer_node: 0.01}
+        ),
         run_config=ray.train.RunConfig(
             name="replicated",
             storage_path=storage,
@@ -85,7 +72,7 @@ def test_the_storage_node_is_removed_mid_run(cluster: Cluster, tmp_path: Path) -
     run = threading.Thread(target=lambda: outcome.update(result=trainer.fit()))
     run.start()
     eventually(lambda: (tmp_path / "pause" / "paused").exists(), "step 1 reported", 300)
-    remove(cluster, ids["node_b"])  # the storage node, with checkpoints 0 and 1
+    remove(cluster4, ids[storage_node])  # the storage node, with checkpoints 0 and 1
     (tmp_path / "pause" / "go").touch()
     run.join(600)
     result: ray.train.Result = outcome["result"]
@@ -96,7 +83,7 @@ def test_the_storage_node_is_removed_mid_run(cluster: Cluster, tmp_path: Path) -
     assert [m["step"] for m in metrics] == [2, 3]
     assert metrics[1]["restored_step"] == 2
     assert metrics[1]["restored_digests"] == metrics[0]["digests"]
-    # Every copy (the head's, and the one repair made on node_a) holds the kept two.
+    # Every copy (the head's, and the one repair made on another node) holds the kept two.
     stored = copies_identical(handler, 2)
     run_dir = "runs/replicated/"
     names = sorted(
