@@ -49,7 +49,7 @@ from air_transfer.cluster.refs import CheckpointRef
 from air_transfer.config import TransferConfig
 from air_transfer.core.knobs import KNOBS
 from air_transfer.transfer.handle import TransferHandle
-from air_transfer.transfer.relay_stream import StreamRelay, StreamRelayStrategy
+from air_transfer.transfer.relay_stream import Bounds, StreamRelay, StreamRelayStrategy
 from air_transfer.transfer.relay_window import WindowedRelay, WindowedRelayStrategy
 from air_transfer.transfer.start import CHECKPOINT_OF
 from air_transfer.transfer.strategies.base import Layout, TransferStrategy
@@ -140,10 +140,8 @@ def _fed(handle: TransferHandle, agent: AgentClient, store: int) -> TransferHand
     node."""
     ahead, cap_chunks, streams = feed_bounds(store, handle.manifest.chunk_bytes, handle.config)
     upstream = dataclasses.replace(handle, config=handle.config.replace(window=ahead))
-    payload = StreamRelay(
-        agent.actor, agent.node_id, handle.transfer_id, upstream, cap_chunks, streams,
-        KNOBS.relay_stall_s,
-    )  # fmt: skip
+    bounds = Bounds(cap_chunks, streams, KNOBS.relay_stall_s)
+    payload = StreamRelay(agent.actor, agent.node_id, handle.transfer_id, upstream, bounds)
     return _streamed_as(handle, StreamRelayStrategy(), payload, ahead)
 
 

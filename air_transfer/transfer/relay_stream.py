@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,16 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class Bounds:
+    """A feed's bounds: chunks kept ahead of its slowest reader, readers on other
+    nodes at once, and the seconds a reader may hold the others up."""
+
+    cap_chunks: int
+    max_streams: int
+    stall_s: float
+
+
+@dataclass(frozen=True)
 class StreamRelay:
     """The payload of a relay of a ``streamed`` transfer: which agent relays, the
     transfer itself (its feed; a reader holds it, so the transfer stays while it
@@ -59,9 +69,7 @@ class StreamRelay:
     node_id: str
     key: str
     upstream: TransferHandle
-    cap_chunks: int
-    max_streams: int
-    stall_s: float
+    bounds: Bounds
 
 
 class StreamRelayStrategy(TransferStrategy):
@@ -90,7 +98,7 @@ class StreamRelayStrategy(TransferStrategy):
             relay.upstream,
             start,
             stop,
-            Bounds(relay.cap_chunks, relay.max_streams, relay.stall_s),
+            relay.bounds,
             this_node_id(),
         )
         yield from fetch_in_order(refs, config.window)
@@ -100,23 +108,13 @@ class StreamRelayStrategy(TransferStrategy):
         return upstream.refs()
 
 
-@dataclass(frozen=True)
-class Bounds:
-    """A feed's bounds: chunks kept ahead of its slowest reader, readers on other
-    nodes at once, and the seconds a reader may hold the others up."""
-
-    cap_chunks: int
-    max_streams: int
-    stall_s: float
-
-
 @dataclass
 class _Feed:
     """One relayed transfer's feed on this node: its stream from the packing node,
     the chunks kept (``kept``, by index: the last ``cap_chunks`` fed), the next index
     it feeds (``fed``), and each reader's next index (``next_index``)."""
 
-    upstream: Iterator[Buffer]
+    upstream: Generator[Buffer, None, None]
     bounds: Bounds
     changed: threading.Condition
     kept: dict[int, Buffer] = field(default_factory=dict)
@@ -184,7 +182,7 @@ class StreamRelays:
         up for ``stall_s``; what the feed's stream raises, raised."""
         stream = next(self._streams)
         here = reader_node == this_node_id()
-        feed, joined_at = self._join(key, upstream, range(start, stop), bounds, stream, here)
+        feed, joined_at = self._join(key, upstream, start, stop, bounds, stream, here)
         try:
             if start < joined_at:  # the feed has passed them: from a stream of its own
                 for chunk in upstream.iter_chunks(start, joined_at):
@@ -215,13 +213,18 @@ class StreamRelays:
             return len(self._feeds)
 
     def _join(
-        self, key: str, upstream: TransferHandle, wanted: range, bounds: Bounds, stream: int,
+        self,
+        key: str,
+        upstream: TransferHandle,
+        start: int,
+        stop: int,
+        bounds: Bounds,
+        stream: int,
         here: bool,
-    ) -> tuple[_Feed, int]:  # fmt: skip
-        """The feed of ``key`` (opened at ``wanted``'s start if none is) with
-        ``stream`` (``here``: of a reader on this node) registered, and the index it
-        joins the feed at (before it: the chunks the feed dropped already)."""
-        start, stop = wanted.start, wanted.stop
+    ) -> tuple[_Feed, int]:
+        """The feed of ``key`` (opened at ``start`` if none is) with ``stream``
+        (``here``: of a reader on this node) registered, and the index it joins the
+        feed at (before it: the chunks the feed dropped already)."""
         with self._lock:
             feed = self._feeds.get(key)
             if feed is None:
@@ -320,6 +323,4 @@ class StreamRelays:
             del self._feeds[key]
         feed.kept.clear()
         if not feed.feeding:
-            close = getattr(feed.upstream, "close", None)
-            if close is not None:
-                close()
+            feed.upstream.close()

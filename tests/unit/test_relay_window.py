@@ -60,7 +60,7 @@ def test_a_relayed_readers_window_keeps_its_stream_within_its_share_of_the_store
 
 
 def _feed(cap_chunks: int, readers: dict[int, int]) -> _Feed:
-    feed = _Feed(iter(()), Bounds(cap_chunks, 4, 60.0), threading.Condition())
+    feed = _Feed((c for c in ()), Bounds(cap_chunks, 4, 60.0), threading.Condition())
     feed.next_index.update(readers)
     return feed
 
